@@ -1,0 +1,262 @@
+/* Attention: argument checks, ISA dispatch, LSE merge. */
+#include <math.h>
+#include <string.h>
+
+#include <sift/error.h>
+
+#include "attn-private.h"
+
+static SiftIsa detected_isa = SIFT_ISA_SCALAR;
+static SiftIsa active_isa = SIFT_ISA_SCALAR;
+static gsize isa_once = 0;
+
+static SiftIsa
+cpu_isa (void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init ();
+#ifdef SIFT_HAVE_AVX512
+  if (__builtin_cpu_supports ("avx512f") && __builtin_cpu_supports ("avx512bw")
+      && __builtin_cpu_supports ("avx512vl") && __builtin_cpu_supports ("avx512dq")
+      && __builtin_cpu_supports ("fma"))
+    return SIFT_ISA_AVX512;
+#endif
+#ifdef SIFT_HAVE_AVX2
+  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")
+      && __builtin_cpu_supports ("f16c"))
+    return SIFT_ISA_AVX2;
+#endif
+#endif
+  return SIFT_ISA_SCALAR;
+}
+
+static void
+isa_init (void)
+{
+  if (g_once_init_enter (&isa_once))
+    {
+      detected_isa = cpu_isa ();
+      active_isa = detected_isa;
+      const char *env = g_getenv ("SIFT_ISA");
+      if (env != NULL)
+        {
+          if (g_str_equal (env, "scalar"))
+            active_isa = SIFT_ISA_SCALAR;
+          else if (g_str_equal (env, "avx2") && detected_isa >= SIFT_ISA_AVX2)
+            active_isa = SIFT_ISA_AVX2;
+          else if (g_str_equal (env, "avx512") && detected_isa >= SIFT_ISA_AVX512)
+            active_isa = SIFT_ISA_AVX512;
+          else
+            g_warning ("SIFT_ISA=%s is unknown or unsupported by this CPU; using %s", env,
+                       sift_isa_name (detected_isa));
+        }
+      g_once_init_leave (&isa_once, 1);
+    }
+}
+
+SiftIsa
+sift_isa_detect (void)
+{
+  isa_init ();
+  return detected_isa;
+}
+
+SiftIsa
+sift_isa_active (void)
+{
+  isa_init ();
+  return active_isa;
+}
+
+gboolean
+sift_isa_force (SiftIsa isa)
+{
+  isa_init ();
+  if (isa > detected_isa)
+    return FALSE;
+  active_isa = isa;
+  return TRUE;
+}
+
+const char *
+sift_isa_name (SiftIsa isa)
+{
+  switch (isa)
+    {
+    case SIFT_ISA_SCALAR: return "scalar";
+    case SIFT_ISA_AVX2: return "avx2";
+    case SIFT_ISA_AVX512: return "avx512";
+    }
+  return "invalid";
+}
+
+static const SiftAttnKernels *
+kernels (void)
+{
+  switch (sift_isa_active ())
+    {
+#ifdef SIFT_HAVE_AVX512
+    case SIFT_ISA_AVX512: return &sift_attn_kernels_avx512;
+#endif
+#ifdef SIFT_HAVE_AVX2
+    case SIFT_ISA_AVX2: return &sift_attn_kernels_avx2;
+#endif
+    default: return &sift_attn_kernels_scalar;
+    }
+}
+
+static gboolean
+shape_error (GError **error, const char *fmt, ...) G_GNUC_PRINTF (2, 3);
+
+static gboolean
+shape_error (GError **error, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  char *msg = g_strdup_vprintf (fmt, ap);
+  va_end (ap);
+  g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_SHAPE, msg);
+  g_free (msg);
+  return FALSE;
+}
+
+/* Checks q, k, v, out and lse agree; fills the kernel arguments. */
+static gboolean
+prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+         const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
+      || !sift_view_check (v, "v", error) || !sift_view_check (out, "out", error))
+    return FALSE;
+  if (q->dtype != SIFT_DTYPE_F32 || out->dtype != SIFT_DTYPE_F32)
+    {
+      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+                   "q and out must be f32 (got %s and %s)", sift_dtype_name (q->dtype),
+                   sift_dtype_name (out->dtype));
+      return FALSE;
+    }
+  if (lse == NULL && q->n_tokens > 0)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "lse is NULL");
+      return FALSE;
+    }
+  if (q->head_dim != k->head_dim || k->head_dim != v->head_dim || out->head_dim != q->head_dim)
+    return shape_error (error, "head_dim differs: q %d, k %d, v %d, out %d", q->head_dim,
+                        k->head_dim, v->head_dim, out->head_dim);
+  if (k->n_heads != v->n_heads || k->n_tokens != v->n_tokens)
+    return shape_error (error,
+                        "k [%d heads][%" G_GINT64_FORMAT " tokens] and v [%d heads][%" G_GINT64_FORMAT
+                        " tokens] differ",
+                        k->n_heads, k->n_tokens, v->n_heads, v->n_tokens);
+  if (q->n_heads % k->n_heads != 0)
+    return shape_error (error, "%d query heads are not a multiple of %d kv heads", q->n_heads,
+                        k->n_heads);
+  if (out->n_heads != q->n_heads || out->n_tokens != q->n_tokens)
+    return shape_error (error, "out [%d][%" G_GINT64_FORMAT "] does not match q [%d][%" G_GINT64_FORMAT "]",
+                        out->n_heads, out->n_tokens, q->n_heads, q->n_tokens);
+  float scale = opts ? opts->scale : 0.0f;
+  if (!isfinite (scale))
+    {
+      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "scale %g is not finite",
+                   (double) scale);
+      return FALSE;
+    }
+  *a = (SiftAttnArgs) {
+    .q = q, .k = k, .v = v, .out = out, .lse = lse,
+    .scale = scale != 0.0f ? scale : 1.0f / sqrtf ((float) q->head_dim),
+    .causal = opts ? opts->causal : FALSE,
+    .q_offset = opts ? opts->q_offset : 0,
+  };
+  return TRUE;
+}
+
+gboolean
+sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v, const SiftAttnOpts *opts,
+                 SiftView *out, float *lse, GError **error)
+{
+  SiftAttnArgs a;
+  if (!prepare (&a, q, k, v, opts, out, lse, error))
+    return FALSE;
+  kernels ()->dense (&a);
+  return TRUE;
+}
+
+gboolean
+sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v, const SiftAttnOpts *opts,
+                  SiftView *out, float *lse, GError **error)
+{
+  SiftAttnArgs a;
+  if (!prepare (&a, q, k, v, opts, out, lse, error))
+    return FALSE;
+  if (q->n_tokens < 1 || q->n_tokens > SIFT_ATTN_DECODE_MAX_ROWS)
+    return shape_error (error, "decode takes 1..%d query rows, not %" G_GINT64_FORMAT,
+                        SIFT_ATTN_DECODE_MAX_ROWS, q->n_tokens);
+  kernels ()->decode (&a);
+  return TRUE;
+}
+
+gboolean
+sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v, const gint64 *rows,
+                  gsize n_rows, const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  SiftAttnArgs a;
+  if (!prepare (&a, q, k, v, opts, out, lse, error))
+    return FALSE;
+  if (rows == NULL && n_rows > 0)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "rows is NULL");
+      return FALSE;
+    }
+  for (gsize n = 0; n < n_rows; n++)
+    if (rows[n] < 0 || rows[n] >= k->n_tokens)
+      return shape_error (error, "rows[%" G_GSIZE_FORMAT "] = %" G_GINT64_FORMAT
+                          " is outside the %" G_GINT64_FORMAT " keys",
+                          n, rows[n], k->n_tokens);
+  a.rows = rows;
+  a.n_rows = n_rows;
+  kernels ()->gather (&a);
+  return TRUE;
+}
+
+gboolean
+sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
+{
+  if (!sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error))
+    return FALSE;
+  if (o1->dtype != SIFT_DTYPE_F32 || o2->dtype != SIFT_DTYPE_F32)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "merge takes f32 outputs");
+      return FALSE;
+    }
+  if (o1->n_heads != o2->n_heads || o1->n_tokens != o2->n_tokens || o1->head_dim != o2->head_dim)
+    return shape_error (error, "merge: shapes differ");
+  if ((lse1 == NULL || lse2 == NULL) && o1->n_tokens > 0)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "merge: lse is NULL");
+      return FALSE;
+    }
+  const gint32 d = o1->head_dim;
+  for (gint64 h = 0; h < o1->n_heads; h++)
+    for (gint64 t = 0; t < o1->n_tokens; t++)
+      {
+        float *l1 = &lse1[h * o1->n_tokens + t];
+        float l2 = lse2[h * o1->n_tokens + t];
+        if (l2 == -INFINITY)
+          continue; /* empty partial: identity */
+        float *a = sift_view_row (o1, h, t);
+        const float *b = sift_view_row (o2, h, t);
+        if (*l1 == -INFINITY)
+          {
+            memcpy (a, b, (gsize) d * sizeof (float));
+            *l1 = l2;
+            continue;
+          }
+        float m = MAX (*l1, l2);
+        float w1 = expf (*l1 - m), w2 = expf (l2 - m);
+        float inv = 1.0f / (w1 + w2);
+        for (gint32 c = 0; c < d; c++)
+          a[c] = (w1 * a[c] + w2 * b[c]) * inv;
+        *l1 = m + logf (w1 + w2);
+      }
+  return TRUE;
+}

@@ -1,0 +1,116 @@
+/* sift — the YAML configuration, parsed and validated.
+ *
+ * Every key, its type, default and range is in docs/config.md. Errors
+ * (SIFT_CONFIG_ERROR) read "file:line:col: message" followed by the source
+ * line and a caret under the offending node. */
+#pragma once
+
+#include <glib.h>
+#include <sift/dtype.h>
+#include <sift/engine.h>
+#include <sift/params.h>
+#include <sift/policy.h>
+
+G_BEGIN_DECLS
+
+typedef struct _SiftRegistry SiftRegistry;
+
+/* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md). */
+typedef struct {
+  gint64 sink_tokens;            /* 4; first tokens every query attends to (0: off) */
+  double sink_strength;          /* 4.0; logit boost of sink keys */
+  double locality;               /* 1.0; strength of the recency bias (0: off) */
+  double locality_scale;         /* 64.0; tokens over which recency decays */
+  gint64 heavy_hitters;          /* 8; columns that attract attention everywhere (0: off) */
+  double heavy_hitter_strength;  /* 2.0 */
+  gint64 rope_dims;              /* 32; dims with rotary embedding (0: none; even, <= head_dim) */
+  double rope_base;              /* 10000.0 */
+  double retrieval_heads;        /* 0.25; fraction of heads whose question attends to the needle */
+  double needle_strength;        /* 8.0; logit of question . needle key in retrieval heads */
+  double noise;                  /* 1.0; scale of the random part of q and k */
+} SiftSyntheticConfig;
+
+typedef enum {
+  SIFT_NEEDLE_SINGLE = 0,
+  SIFT_NEEDLE_MULTIKEY = 1,   /* distractors with near-identical keys, other values */
+  SIFT_NEEDLE_MULTIVALUE = 2, /* one key, several values: all must be retrieved */
+  SIFT_NEEDLE_MULTIQUERY = 3, /* several needles, each asked for */
+} SiftNeedleKind;
+
+typedef enum {
+  SIFT_SPACING_EXPLICIT = 0,  /* the list as given */
+  SIFT_SPACING_LINEAR = 1,
+  SIFT_SPACING_SIGMOID = 2,   /* denser near the ends (classic NIAH depth spacing) */
+} SiftSpacing;
+
+/* harness: the needle grid. */
+typedef struct {
+  gint64 *lengths; gsize n_lengths;   /* [1024, 2048, 4096] */
+  SiftSpacing length_spacing;         /* explicit; linear/sigmoid use length_min/max/count */
+  gint64 length_min, length_max, length_count;
+  double *depths; gsize n_depths;     /* [0.0, 0.25, 0.5, 0.75, 1.0] */
+  SiftSpacing depth_spacing;          /* explicit; linear/sigmoid use depth_count over [0, 1] */
+  gint64 depth_count;
+  SiftNeedleKind needle;              /* single */
+  gint64 n_distractors;               /* 3 (multikey) */
+  gint64 n_values;                    /* 3 (multivalue) */
+  gint64 n_queries;                   /* 2 (multiquery) */
+  gint64 question_tokens;             /* 4: last tokens of the prompt that ask */
+  gint64 decode_steps;                /* 8 */
+  double min_accuracy;                /* 0.0; exit 1 below this (fraction of cells passed) */
+  guint64 seed;                       /* 1 */
+  char *out_dir;                      /* "sift-out" */
+} SiftHarnessConfig;
+
+/* A policy in one phase: its name, resolved ops and validated params. */
+typedef struct {
+  char *name;
+  const SiftPolicyOps *ops;
+  SiftParams *params;
+} SiftPolicyChoice;
+
+/* One column of a comparison: `policy:` (one) or `policies:` (a list). */
+typedef struct {
+  char *label;                        /* default: "<prefill>+<decode>" or the common name */
+  SiftPolicyChoice prefill;           /* default: full */
+  SiftPolicyChoice decode;            /* default: full */
+  gint64 *dense_layers; gsize n_dense_layers; /* layers that use dense attention in both phases */
+} SiftPolicySetup;
+
+typedef struct {
+  char *file;                         /* the first file read */
+  /* model */
+  char *source;                       /* "synthetic" | "random" */
+  SiftModelShape shape;               /* layers 2, q_heads 8, kv_heads 2, head_dim 64; scale 0 = 1/sqrt(d) */
+  guint64 seed;                       /* 1 */
+  SiftSyntheticConfig synthetic;
+  /* kv */
+  SiftDType store_dtype;              /* f16 */
+  SiftDType compute_dtype;            /* f32 */
+  gint64 capacity_tokens;             /* 0 = unbounded */
+  /* offload */
+  char *store;                        /* "host" | "file" */
+  char *store_path;                   /* file store path; default "<out_dir>/kv.store" */
+  gboolean store_keep;
+  gboolean store_direct;
+  gint32 ring_slots;                  /* 4 */
+  SiftPipeline pipeline;              /* ring */
+  /* policies */
+  GPtrArray *setups;                  /* SiftPolicySetup *, at least one */
+  /* harness */
+  SiftHarnessConfig harness;
+} SiftConfig;
+
+/* Parses one file. With registry non-NULL, policy names are resolved and
+ * their params validated against the plugins' declarations (loading only
+ * the modules named); with NULL they are only checked syntactically. */
+SiftConfig *sift_config_load (const char *path, SiftRegistry *registry, GError **error);
+/* Applies "section.key=value" (e.g. "kv.block_size=128",
+ * "policy.decode.params.token_budget=1024"), checked like the file. */
+gboolean sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *registry, GError **error);
+/* The resolved config as YAML (every key, defaults filled). */
+char *sift_config_to_yaml (const SiftConfig *config);
+void sift_config_free (SiftConfig *config);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftConfig, sift_config_free)
+
+G_END_DECLS

@@ -1,0 +1,110 @@
+/* sift — the OffloadEngine: compute-side buffers, the copy worker, pipelines.
+ *
+ * One engine serves one sequence; several engines may share a SiftStore.
+ * Compute-side buffers (all in the compute dtype, block layout
+ * [n_kv_heads][block_size][head_dim] per K and per V):
+ *   - n_slots ring slots of one block each (n_slots >= 2);
+ *   - a prefill buffer per layer holding the current chunk;
+ *   - a decode buffer per layer of block_size tokens;
+ *   - a double buffer for the cross-layer decode pipeline.
+ * A copy worker thread performs loads (store -> slot, converting dtype) and
+ * stores asynchronously; slot events say "ready" and "compute done".
+ * The first section is what a policy may call; the rest is the host's. */
+#pragma once
+
+#include <glib.h>
+#include <sift/error.h>
+#include <sift/policy.h>
+#include <sift/store.h>
+#include <sift/view.h>
+
+G_BEGIN_DECLS
+
+/* ---- Calls for policies ------------------------------------------------ */
+
+typedef enum {
+  SIFT_LOAD_K = 1,
+  SIFT_LOAD_V = 2,
+  SIFT_LOAD_KV = 3,
+} SiftLoadWhat;
+
+gint32 sift_engine_n_slots (SiftEngine *engine);
+/* Queues a load of a stored block of `layer` into `slot` (asynchronous).
+ * The slot must be free (never loaded, or marked done). */
+gboolean sift_engine_load_block (SiftEngine *engine, gint32 layer, gint64 block_id, gint32 slot,
+                                 SiftLoadWhat what, GError **error);
+/* Waits until the slot's load finished; reports the load's error if it failed. */
+gboolean sift_engine_wait_slot (SiftEngine *engine, gint32 slot, GError **error);
+/* Views of a loaded slot: [n_kv_heads][block_size][head_dim]; n_valid_out (may be NULL)
+ * gets the block's valid tokens. Only after wait_slot succeeded. */
+void sift_engine_slot_kv (SiftEngine *engine, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out);
+/* Compute on the slot is finished: it may be loaded again. */
+void sift_engine_slot_done (SiftEngine *engine, gint32 slot);
+
+/* The tokens not yet stored that this call may attend: prefill, the current
+ * chunk [q_pos, q_pos + n_q); decode, the decode buffer [kv_len, q_pos + n_q)
+ * (the call's own rows included). Views [n_kv_heads][tokens][head_dim]. */
+void sift_engine_local_kv (SiftEngine *engine, const SiftPolicyContext *ctx, SiftView *k, SiftView *v);
+
+/* Gathers K and V rows at absolute token positions of `layer` (stored or
+ * local, any order) into f32 [n_kv_heads][n][head_dim] views the caller
+ * owns; bytes read from the store count as loaded. */
+gboolean sift_engine_gather_rows (SiftEngine *engine, gint32 layer, const gint64 *positions, gsize n,
+                                  SiftView *k_out, SiftView *v_out, GError **error);
+
+/* The default pipeline over `selection` (NULL: every stored block), then
+ * the local tokens, merged by LSE; what a NULL compute_chunked_* runs. A
+ * policy that only wants to alter the selection can call it. */
+gboolean sift_engine_attend_default (SiftEngine *engine, const SiftPolicyContext *ctx,
+                                     const SiftSelection *selection, SiftView *out, float *lse,
+                                     GError **error);
+
+/* Cross-layer decode pipeline: start loads layer 0's selected blocks into
+ * one half of the double buffer; get returns layer `layer`'s blocks (waiting
+ * if needed) and starts loading layer + 1's into the other half; end drains. */
+gboolean sift_engine_pipeline_start (SiftEngine *engine, const SiftSelection *layer0_selection,
+                                     GError **error);
+gboolean sift_engine_pipeline_get (SiftEngine *engine, gint32 layer, const SiftSelection *next_selection,
+                                   SiftView *k, SiftView *v, gsize *n_blocks_out, GError **error);
+void sift_engine_pipeline_end (SiftEngine *engine);
+
+/* ---- Host side ---------------------------------------------------------- */
+
+typedef enum {
+  SIFT_PIPELINE_RING = 0,        /* ring slots per layer */
+  SIFT_PIPELINE_CROSS_LAYER = 1, /* decode: load layer l+1 while layer l computes */
+} SiftPipeline;
+
+typedef struct {
+  SiftModelShape shape;
+  SiftDType compute_dtype;  /* slots and buffers: f32, f16 or bf16 */
+  gint32 n_slots;           /* >= 2 */
+  SiftPipeline pipeline;
+  gint64 max_tokens;        /* block table capacity per sequence; 0 = unbounded */
+} SiftEngineConfig;
+
+SiftEngine *sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **error);
+void sift_engine_free (SiftEngine *engine);
+/* New sequence: every buffer, the block table (its blocks released to the
+ * store) and the counters cleared. Policies are reset by the runner. */
+void sift_engine_reset (SiftEngine *engine);
+const SiftEngineConfig *sift_engine_config (const SiftEngine *engine);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftEngine, sift_engine_free)
+
+/* Counters since the last reset. */
+typedef struct {
+  guint64 bytes_loaded;       /* store -> compute side */
+  guint64 bytes_stored;       /* compute side -> store */
+  guint64 blocks_available;   /* summed over select calls */
+  guint64 blocks_selected;
+  guint64 tokens_available;   /* KV tokens that could be attended, summed over rows and heads */
+  guint64 tokens_attended;    /* KV tokens actually attended, summed over rows and heads */
+  gdouble seconds_stalled;    /* compute thread waiting for loads */
+  gdouble seconds_compute;    /* in attention kernels */
+  gdouble seconds_load;       /* copy worker busy loading */
+} SiftCounters;
+
+/* Per layer and phase (layer = -1: totals over layers). */
+void sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, SiftCounters *out);
+
+G_END_DECLS

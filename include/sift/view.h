@@ -1,0 +1,76 @@
+/* sift — strided tensor views.
+ *
+ * Attention works on 3-D views [heads][tokens][dim] whose last axis is
+ * contiguous; the head and token axes have arbitrary strides, so one type
+ * covers a model's token-major output ([tokens][heads][dim]: head_stride =
+ * dim, token_stride = heads * dim) and the engine's block layout
+ * ([heads][block][dim]: head_stride = block * dim, token_stride = dim). */
+#pragma once
+
+#include <glib.h>
+#include <sift/dtype.h>
+
+G_BEGIN_DECLS
+
+typedef struct {
+  void *data;           /* element (h, t, 0) at data + (h * head_stride + t * token_stride) elements */
+  SiftDType dtype;      /* f32, f16 or bf16 */
+  gint32 n_heads;
+  gint32 head_dim;
+  gint64 n_tokens;
+  gint64 head_stride;   /* elements from head h to h + 1 */
+  gint64 token_stride;  /* elements from token t to t + 1 */
+} SiftView;
+
+/* A view of contiguous [tokens][heads][dim] memory. */
+static inline SiftView
+sift_view_thd (void *data, SiftDType dtype, gint64 n_tokens, gint32 n_heads, gint32 head_dim)
+{
+  SiftView v = { data, dtype, n_heads, head_dim, n_tokens, head_dim, (gint64) n_heads * head_dim };
+  return v;
+}
+
+/* A view of contiguous [heads][tokens][dim] memory. */
+static inline SiftView
+sift_view_htd (void *data, SiftDType dtype, gint32 n_heads, gint64 n_tokens, gint32 head_dim)
+{
+  SiftView v = { data, dtype, n_heads, head_dim, n_tokens, n_tokens * head_dim, head_dim };
+  return v;
+}
+
+/* Pointer to row (h, t). */
+static inline void *
+sift_view_row (const SiftView *v, gint64 h, gint64 t)
+{
+  gsize es = v->dtype == SIFT_DTYPE_F32 ? 4 : 2;
+  return (char *) v->data + (gsize) (h * v->head_stride + t * v->token_stride) * es;
+}
+
+/* Heads [h0, h0 + n) of a view. */
+static inline SiftView
+sift_view_heads (const SiftView *v, gint32 h0, gint32 n)
+{
+  SiftView r = *v;
+  r.data = sift_view_row (v, h0, 0);
+  r.n_heads = n;
+  return r;
+}
+
+/* Tokens [t0, t0 + n) of a view. */
+static inline SiftView
+sift_view_tokens (const SiftView *v, gint64 t0, gint64 n)
+{
+  SiftView r = *v;
+  r.data = sift_view_row (v, 0, t0);
+  r.n_tokens = n;
+  return r;
+}
+
+/* Copies row (h, t) into dst[head_dim] as f32. */
+void sift_view_row_to_f32 (const SiftView *v, gint64 h, gint64 t, float *dst);
+
+/* Checks that a view is usable: non-NULL data (unless empty), dtype f32/f16/bf16,
+ * positive head_dim; `what` names it in the error ("q", "k", ...). */
+gboolean sift_view_check (const SiftView *v, const char *what, GError **error);
+
+G_END_DECLS

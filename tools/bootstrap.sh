@@ -1,0 +1,24 @@
+#!/bin/sh
+# Sets up sift from scratch on Debian 12 (as root): installs the build
+# dependencies with apt-get when any is missing, builds with meson into
+# build/, then runs the main job (`run`, the default) or the whole test
+# suite (`test`). Extra arguments after `run` go to `sift needle`.
+set -eu
+cd "$(dirname "$0")/.."
+
+packages="gcc libc6-dev meson ninja-build pkg-config libglib2.0-dev libyaml-dev libcmocka-dev libcairo2-dev liburing-dev"
+if ! dpkg -s $packages >/dev/null 2>&1; then
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages
+fi
+
+[ -f build/build.ninja ] || meson setup build
+meson compile -C build
+
+mode=${1:-run}
+[ $# -gt 0 ] && shift
+case "$mode" in
+  run)  exec ./build/tools/sift bench attention "$@" ;;
+  test) exec meson test -C build --print-errorlogs "$@" ;;
+  *)    echo "usage: $0 [run|test]" >&2; exit 2 ;;
+esac
