@@ -59,9 +59,11 @@ typedef struct {
 
 typedef struct {
   SiftPolicySetup pub;
+  char *where;                /* for messages: "policy", "policies[2]" */
   gboolean label_given;
   GPtrArray *raw[2];          /* RawParam *: [0] prefill, [1] decode, as written */
   Origin choice_at[2];        /* the name nodes (seq 0: the default) */
+  Origin at;                  /* the setup's mapping (seq 0: the implied default) */
   Origin label_at, dense_at;
 } Setup;
 

@@ -175,9 +175,10 @@ choice_clear (SiftPolicyChoice *choice)
 }
 
 static Setup *
-setup_new (void)
+setup_new (const char *where)
 {
   Setup *s = g_new0 (Setup, 1);
+  s->where = g_strdup (where);
   s->pub.prefill.name = g_strdup ("full");
   s->pub.decode.name = g_strdup ("full");
   for (int p = 0; p < 2; p++)
@@ -190,6 +191,7 @@ setup_free (gpointer data)
 {
   Setup *s = data;
   g_free (s->pub.label);
+  g_free (s->where);
   choice_clear (&s->pub.prefill);
   choice_clear (&s->pub.decode);
   g_free (s->pub.dense_layers);
@@ -202,16 +204,6 @@ static SiftPolicyChoice *
 setup_choice (Setup *s, int phase)
 {
   return phase == 0 ? &s->pub.prefill : &s->pub.decode;
-}
-
-static const char *
-setup_where (const Setup *s, char *buf, gsize size)
-{
-  if (s->label_given)
-    g_snprintf (buf, size, "policies.%s", s->pub.label);
-  else
-    g_snprintf (buf, size, "policy");
-  return buf;
 }
 
 /* Sets one raw param on a resolved choice, with the error at its node. */
@@ -233,8 +225,7 @@ resolve_choice (Setup *s, int phase, SiftRegistry *registry, const char *fallbac
 {
   SiftPolicyChoice *choice = setup_choice (s, phase);
   const Origin *at = s->choice_at[phase].src ? &s->choice_at[phase] : NULL;
-  char where[256];
-  g_autofree char *path = g_strdup_printf ("%s.%s", setup_where (s, where, sizeof where), phase_names[phase]);
+  g_autofree char *path = g_strdup_printf ("%s.%s", s->where, phase_names[phase]);
   GError *local = NULL;
   const SiftPolicyInfo *info = sift_registry_lookup (registry, choice->name, &local);
   if (info == NULL)
@@ -243,8 +234,8 @@ resolve_choice (Setup *s, int phase, SiftRegistry *registry, const char *fallbac
         fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_UNKNOWN_POLICY, at, fallback, "%s: %s", path,
                  local->message);
       else
-        fail_at (error, local->domain, local->code, at, fallback, "%s: policy '%s': %s", path, choice->name,
-                 local->message);
+        fail_at (error, local->domain, local->code, at, fallback, "%s: policy '%s' cannot be loaded: %s", path,
+                 choice->name, local->message);
       g_error_free (local);
       return FALSE;
     }
@@ -678,7 +669,8 @@ parse_setup (Ctx *c, yaml_node_t *node, const char *path, GError **error)
             node_kind (node));
       return FALSE;
     }
-  Setup *s = setup_new ();
+  Setup *s = setup_new (path);
+  s->at = origin_of (c, node);
   add_setup (c->cfg, s);
   return parse_mapping (c, node, sift_config_setup_keys, s, path, error);
 }
@@ -792,6 +784,21 @@ source_free (gpointer data)
   g_free (src);
 }
 
+/* An error at the end of the input points after the last character. */
+static void
+clamp_to_text (Origin *at)
+{
+  g_auto (GStrv) lines = g_strsplit (at->src->text, "\n", -1);
+  gint n = (gint) g_strv_length (lines);
+  while (n > 1 && lines[n - 1][0] == '\0')
+    n--;
+  if (n > 0 && at->line > n)
+    {
+      at->line = n;
+      at->col = (gint) g_utf8_strlen (lines[n - 1], -1) + 1;
+    }
+}
+
 /* Parses text as one YAML document into doc; FALSE with a located SYNTAX error. */
 static gboolean
 load_document (const Source *src, const char *text, gint col_offset, yaml_document_t *doc, GError **error)
@@ -827,6 +834,7 @@ load_document (const Source *src, const char *text, gint col_offset, yaml_docume
       Origin at = { src, (gint) parser.problem_mark.line + 1, (gint) parser.problem_mark.column + 1, 0 };
       if (parser.problem_mark.line == 0)
         at.col += col_offset;
+      clamp_to_text (&at);
       if (parser.context != NULL)
         FAIL (SYNTAX, &at, "invalid YAML: %s %s (started at line %d, column %d)",
               parser.problem ? parser.problem : "syntax error", parser.context, (int) parser.context_mark.line + 1,
@@ -1166,7 +1174,7 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
   const char *file = cfg->pub.file;
   if (cfg->pub.setups->len == 0)
     {
-      g_ptr_array_add (cfg->pub.setups, setup_new ());
+      g_ptr_array_add (cfg->pub.setups, setup_new ("policy"));
       cfg->implied_setup = TRUE;
     }
   for (guint i = 0; i < cfg->pub.setups->len; i++)
@@ -1184,9 +1192,9 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
           Setup *t = cfg->pub.setups->pdata[j];
           if (strcmp (s->pub.label, t->pub.label) == 0)
             {
-              const Origin *at = s->label_given ? &s->label_at : s->choice_at[0].src ? &s->choice_at[0] : NULL;
+              const Origin *at = s->label_given ? &s->label_at : s->at.src ? &s->at : NULL;
               fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, at, file,
-                       "two setups are labelled '%s'; give each a distinct 'label'", s->pub.label);
+                       "%s: two setups are labelled '%s'; give each a distinct 'label'", s->where, s->pub.label);
               return FALSE;
             }
         }
@@ -1196,15 +1204,15 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
           if (layer >= cfg->pub.shape.n_layers)
             {
               fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE, s->dense_at.src ? &s->dense_at : NULL, file,
-                       "dense_layers: layer %" G_GINT64_FORMAT " does not exist (model.layers = %d)", layer,
-                       cfg->pub.shape.n_layers);
+                       "%s.dense_layers: layer %" G_GINT64_FORMAT " does not exist (model.layers = %d)",
+                       s->where, layer, cfg->pub.shape.n_layers);
               return FALSE;
             }
           for (gsize e = 0; e < d; e++)
             if (s->pub.dense_layers[e] == layer)
               {
                 fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, s->dense_at.src ? &s->dense_at : NULL,
-                         file, "dense_layers: layer %" G_GINT64_FORMAT " is listed twice", layer);
+                         file, "%s.dense_layers: layer %" G_GINT64_FORMAT " is listed twice", s->where, layer);
                 return FALSE;
               }
         }

@@ -11,6 +11,7 @@
 #include <sift/registry.h>
 
 #include "nearest.h"
+#include "registry-private.h"
 
 #ifndef SIFT_POLICY_DIR
 #error "SIFT_POLICY_DIR must be defined by the build"
@@ -372,7 +373,7 @@ sift_registry_lookup (SiftRegistry *registry, const char *name, GError **error)
   for (guint i = 0; i < registry->modules->len; i++)
     {
       Module *m = registry->modules->pdata[i];
-      if (m->state != MODULE_UNTRIED || strcmp (m->stem, want) != 0)
+      if (strcmp (m->stem, want) != 0)
         continue;
       if (!module_load (registry, m, &local) && m->state == MODULE_FAILED)
         {
@@ -390,18 +391,13 @@ sift_registry_lookup (SiftRegistry *registry, const char *name, GError **error)
     }
 
   /* Then every other module: duplicates among them are detected here. */
-  g_autoptr (GString) failures = g_string_new (NULL);
   guint n_failed = 0;
   for (guint i = 0; i < registry->modules->len; i++)
     {
       Module *m = registry->modules->pdata[i];
       if (m->state == MODULE_UNTRIED)
         module_load (registry, m, NULL);
-      if (m->state == MODULE_FAILED)
-        {
-          g_string_append_printf (failures, "%s%s", n_failed ? "; " : "", m->error->message);
-          n_failed++;
-        }
+      n_failed += m->state == MODULE_FAILED;
     }
   info = found (registry, name, &local);
   if (info != NULL || local != NULL)
@@ -433,7 +429,7 @@ sift_registry_lookup (SiftRegistry *registry, const char *name, GError **error)
   g_autofree char *dirs = g_strjoinv (G_SEARCHPATH_SEPARATOR_S, registry->search_path);
   g_string_append_printf (msg, "; searched %s", *dirs ? dirs : "(no directories)");
   if (n_failed > 0)
-    g_string_append_printf (msg, "; %u module(s) failed to load: %s", n_failed, failures->str);
+    g_string_append_printf (msg, "; %u other module(s) failed to load ('sift policies list' shows why)", n_failed);
   g_set_error_literal (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_UNKNOWN, msg->str);
   return NULL;
 }
@@ -475,4 +471,14 @@ sift_registry_list (SiftRegistry *registry, GPtrArray *failures, GError **error)
     }
   g_ptr_array_sort (out, cmp_info);
   return out;
+}
+
+guint
+sift_registry_n_opened (SiftRegistry *registry)
+{
+  g_return_val_if_fail (registry != NULL, 0);
+  guint n = 0;
+  for (guint i = 0; i < registry->modules->len; i++)
+    n += ((Module *) registry->modules->pdata[i])->state != MODULE_UNTRIED;
+  return n;
 }
