@@ -68,6 +68,8 @@ static const Broken bad_default = { "bad_default", SIFT_PLUGIN_ERROR_INVALID, BR
 static const Broken duplicate = { "dup", SIFT_PLUGIN_ERROR_DUPLICATE,
                                   BROKEN_DIR "/dup-b.so: policy 'dup' is also provided by", BROKEN_DIR "/dup-a.so" };
 
+#define BROKEN_TEST(c) { "broken plugin: " #c, test_broken, NULL, NULL, (void *) &c }
+
 static void
 test_broken (void **state)
 {
@@ -282,13 +284,13 @@ int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_prestate (test_broken, (void *) &not_shared_object),
-    cmocka_unit_test_prestate (test_broken, (void *) &no_entry),
-    cmocka_unit_test_prestate (test_broken, (void *) &abi_major),
-    cmocka_unit_test_prestate (test_broken, (void *) &abi_minor),
-    cmocka_unit_test_prestate (test_broken, (void *) &missing_method),
-    cmocka_unit_test_prestate (test_broken, (void *) &bad_default),
-    cmocka_unit_test_prestate (test_broken, (void *) &duplicate),
+    BROKEN_TEST (not_shared_object),
+    BROKEN_TEST (no_entry),
+    BROKEN_TEST (abi_major),
+    BROKEN_TEST (abi_minor),
+    BROKEN_TEST (missing_method),
+    BROKEN_TEST (bad_default),
+    BROKEN_TEST (duplicate),
     cmocka_unit_test (test_init_fails),
     cmocka_unit_test (test_unknown),
     cmocka_unit_test (test_list),
