@@ -275,6 +275,27 @@ test_values_and_params (void **state)
     fail_msg ("%s", error->message);
 }
 
+/* Without a registry names and params are kept as written, unchecked. */
+static void
+test_no_registry (void **state)
+{
+  (void) state;
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftConfig) c = sift_config_load_string (
+    "raw.yaml", "policy: {decode: {name: someday, params: {k: 3, l: [1, 2]}}}\n", NULL, &error);
+  if (c == NULL)
+    fail_msg ("%s", error->message);
+  const SiftPolicySetup *s = c->setups->pdata[0];
+  assert_null (s->decode.ops);
+  assert_null (s->decode.params);
+  assert_true (sift_config_set (c, "policy.decode.params.k=4", NULL, &error));
+  g_autofree char *yaml = sift_config_to_yaml (c);
+  assert_contains (yaml, "    decode:\n      name: someday\n      params:\n        l: [1, 2]\n        k: 4\n", "raw");
+  /* Syntax is still checked. */
+  assert_false (sift_config_set (c, "policy.decode=Not A Name", NULL, &error));
+  assert_int_equal (error->code, SIFT_CONFIG_ERROR_TYPE);
+}
+
 /* --set errors are located in the assignment itself. */
 static void
 test_set_errors (void **state)
@@ -430,6 +451,7 @@ main (void)
     cmocka_unit_test (test_fixtures_cli),
     cmocka_unit_test (test_defaults),
     cmocka_unit_test (test_values_and_params),
+    cmocka_unit_test (test_no_registry),
     cmocka_unit_test (test_set_errors),
     cmocka_unit_test (test_apply_together),
     cmocka_unit_test (test_merge),

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sys/wait.h>
 #include <sift/params.h>
 #include <sift/registry.h>
 
@@ -58,11 +59,53 @@ test_full (void **state)
   sift_policy_reset (policy);
 }
 
+/* `sift policies` finds Full in the build tree, uninstalled. */
+static char *
+run_sift (const char *const *args, gint *exit_status, char **err)
+{
+  g_autoptr (GPtrArray) argv = g_ptr_array_new ();
+  g_ptr_array_add (argv, (gpointer) SIFT_EXE);
+  for (gsize i = 0; args[i]; i++)
+    g_ptr_array_add (argv, (gpointer) args[i]);
+  g_ptr_array_add (argv, NULL);
+  char *out = NULL;
+  gint status = 0;
+  g_autoptr (GError) error = NULL;
+  if (!g_spawn_sync (NULL, (char **) argv->pdata, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, err, &status, &error))
+    fail_msg ("cannot run %s: %s", SIFT_EXE, error->message);
+  assert_true (WIFEXITED (status));
+  *exit_status = WEXITSTATUS (status);
+  return out;
+}
+
+static void
+test_cli (void **state)
+{
+  (void) state;
+  gint status;
+  g_autofree char *err1 = NULL, *err2 = NULL, *err3 = NULL;
+  const char *list[] = { "policies", "list", NULL };
+  g_autofree char *out = run_sift (list, &status, &err1);
+  assert_int_equal (status, 0);
+  assert_non_null (strstr (out, "full           prefill,decode  -"));
+  assert_non_null (strstr (out, "policies/full/libfull." G_MODULE_SUFFIX));
+  const char *info[] = { "policies", "info", "full", NULL };
+  g_autofree char *out2 = run_sift (info, &status, &err2);
+  assert_int_equal (status, 0);
+  assert_non_null (strstr (out2, "full 1.0: dense attention"));
+  assert_non_null (strstr (out2, "params:   none"));
+  const char *unknown[] = { "policies", "info", "fulll", NULL };
+  g_autofree char *out3 = run_sift (unknown, &status, &err3);
+  assert_int_equal (status, 2);
+  assert_non_null (strstr (err3, "no policy named 'fulll'; did you mean 'full'?"));
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_full),
+    cmocka_unit_test (test_cli),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
