@@ -1,4 +1,6 @@
 /* Policy instances: allocation, init, reset, finalize; the ops-table check. */
+#include <dlfcn.h>
+
 #include <sift/error.h>
 #include <sift/params.h>
 #include <sift/policy.h>
@@ -20,8 +22,12 @@ sift_policy_new (const SiftPolicyOps *ops, const SiftParams *params, const SiftM
       GError *local = NULL;
       if (!ops->init (self, params, &local))
         {
-          g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INIT, "policy '%s': init failed: %s",
-                       ops->name, local ? local->message : "(no message)");
+          /* The module holding the ops table names the file. */
+          Dl_info where = { 0 };
+          gboolean named = dladdr (ops, &where) != 0 && where.dli_fname != NULL;
+          g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INIT, "%s%spolicy '%s': init failed: %s",
+                       named ? where.dli_fname : "", named ? ": " : "", ops->name,
+                       local ? local->message : "(no message)");
           g_clear_error (&local);
           g_free (copy);
           g_free (self);

@@ -89,7 +89,7 @@ test_init_fails (void **state)
   SiftModelShape shape = { 1, 4, 2, 32, 16, 64, 0.1f };
   g_autoptr (SiftParams) params = sift_params_new (info->ops->params, &error);
   assert_null (sift_policy_new (info->ops, params, &shape, &error));
-  assert_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INIT, "policy 'init_fails': init failed",
+  assert_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INIT, BROKEN_DIR "/init-fails.so: policy 'init_fails': init failed",
                 "the test plugin refuses to start (as designed)");
 }
 
