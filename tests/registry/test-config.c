@@ -27,6 +27,7 @@ static const struct {
   { "dense-layer", SIFT_CONFIG_ERROR_RANGE, FALSE },
   { "duplicate-key", SIFT_CONFIG_ERROR_DUPLICATE_KEY, FALSE },
   { "duplicate-label", SIFT_CONFIG_ERROR_INVALID, FALSE },
+  { "empty-policies", SIFT_CONFIG_ERROR_MISSING, FALSE },
   { "kv-heads", SIFT_CONFIG_ERROR_INVALID, FALSE },
   { "missing-name", SIFT_CONFIG_ERROR_MISSING, FALSE },
   { "not-mapping", SIFT_CONFIG_ERROR_TYPE, FALSE },
@@ -124,6 +125,36 @@ test_fixtures_cli (void **state)
       assert_string_equal (out, "");
       assert_contains (err, want, path);
     }
+}
+
+/* `sift config check a b --set ...`: files merged in order, then the
+ * assignments; the resolved YAML on stdout. */
+static void
+test_cli_merge (void **state)
+{
+  (void) state;
+  g_autofree char *dir = g_dir_make_tmp ("sift-cli-XXXXXX", NULL);
+  g_autofree char *a = g_build_filename (dir, "a.yaml", NULL);
+  g_autofree char *b = g_build_filename (dir, "b.yaml", NULL);
+  assert_true (g_file_set_contents (a, "kv: {block_size: 32, chunk_size: 64}\npolicy: {label: one}\n", -1, NULL));
+  assert_true (g_file_set_contents (b, "kv: {block_size: 16}\npolicies: [{label: two, decode: good}]\n", -1, NULL));
+  const char *argv[] = { SIFT_EXE, "config", "check", a, b, "--set", "policies.two.decode.params.stride=5",
+                         "--set", "harness.out=elsewhere", "--policy-path", GOOD_DIR, "--policy-path", FULL_DIR, NULL };
+  g_auto (GStrv) env = g_environ_setenv (g_get_environ (), "SIFT_POLICY_PATH", "", TRUE);
+  env = g_environ_setenv (env, "SIFT_POLICY_SYSTEM_PATH", "", TRUE);
+  g_autofree char *out = NULL, *err = NULL;
+  gint status = 0;
+  assert_true (g_spawn_sync (NULL, (char **) argv, env, G_SPAWN_DEFAULT, NULL, NULL, &out, &err, &status, NULL));
+  if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
+    fail_msg ("exit %d: %s", WEXITSTATUS (status), err);
+  assert_contains (out, "  block_size: 16\n  chunk_size: 64\n", "merged kv");
+  assert_contains (out, "  - label: one\n", "first setup");
+  assert_contains (out, "  - label: two\n    prefill: full\n    decode:\n      name: good\n      params:\n        stride: 5\n",
+                   "second setup");
+  assert_contains (out, "  path: elsewhere/kv.store\n", "store path follows harness.out");
+  g_unlink (a);
+  g_unlink (b);
+  g_rmdir (dir);
 }
 
 /* Every fixture on disk is in the table above, and has its .expected. */
@@ -449,6 +480,7 @@ main (void)
     cmocka_unit_test (test_fixtures_complete),
     cmocka_unit_test (test_fixtures_api),
     cmocka_unit_test (test_fixtures_cli),
+    cmocka_unit_test (test_cli_merge),
     cmocka_unit_test (test_defaults),
     cmocka_unit_test (test_values_and_params),
     cmocka_unit_test (test_no_registry),
