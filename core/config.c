@@ -1007,9 +1007,19 @@ find_key (const Key *table, const Part *part, const char *path, GError **error)
   return NULL;
 }
 
+static gboolean
+declares (const SiftParams *params, const char *name)
+{
+  for (const SiftParamSpec *spec = sift_params_specs (params); spec != NULL && spec->name; spec++)
+    if (strcmp (spec->name, name) == 0)
+      return TRUE;
+  return FALSE;
+}
+
 /* policy.X... (every setup) or policies.LABEL.X... (one setup). */
 static gboolean
-set_in_setup (Ctx *c, Setup *s, Part *parts, gsize n, yaml_node_t *value, const char *path, GError **error)
+set_in_setup (Ctx *c, Setup *s, Part *parts, gsize n, yaml_node_t *value, const char *path, gboolean *skipped,
+              GError **error)
 {
   if (n == 0)
     {
@@ -1040,6 +1050,13 @@ set_in_setup (Ctx *c, Setup *s, Part *parts, gsize n, yaml_node_t *value, const 
   r->key_at = parts[2].at;
   r->value_at = origin_of (c, value);
   SiftPolicyChoice *choice = setup_choice (s, phase);
+  if (skipped != NULL && choice->params != NULL && !declares (choice->params, r->key))
+    {
+      /* policy.X.params.P: setups whose policy lacks P are left alone. */
+      *skipped = TRUE;
+      raw_param_free (r);
+      return TRUE;
+    }
   if (choice->params != NULL && !apply_param (choice, sub, r, error))
     {
       raw_param_free (r);
@@ -1106,14 +1123,23 @@ set_one (Config *cfg, const char *assignment, SiftRegistry *registry, GError **e
     }
   else if (ok && k->type == KEY_SETUP)
     {
+      /* A parameter goes to every setup whose policy declares it; when
+       * none does, the first setup reports it (with the nearest name). */
+      guint applied = 0;
       for (guint i = 0; ok && i < cfg->pub.setups->len; i++)
-        ok = set_in_setup (&c, cfg->pub.setups->pdata[i], part + 1, n - 1, value, "policy", error);
+        {
+          gboolean skipped = FALSE;
+          ok = set_in_setup (&c, cfg->pub.setups->pdata[i], part + 1, n - 1, value, "policy", &skipped, error);
+          applied += ok && !skipped;
+        }
+      if (ok && applied == 0)
+        ok = set_in_setup (&c, cfg->pub.setups->pdata[0], part + 1, n - 1, value, "policy", NULL, error);
     }
   else if (ok && k->type == KEY_SETUPS)
     {
       Setup *s = n >= 2 ? find_setup (cfg, &part[1], error) : NULL;
       path = n >= 2 ? g_strdup_printf ("policies.%s", part[1].name) : NULL;
-      ok = s != NULL && set_in_setup (&c, s, part + 2, n - 2, value, path, error);
+      ok = s != NULL && set_in_setup (&c, s, part + 2, n - 2, value, path, NULL, error);
     }
   else if (ok)
     {

@@ -114,7 +114,8 @@ SiftConfig *sift_config_new_default (SiftRegistry *registry, GError **error);
  * `policy`/`policies` setups are appended (labels must stay distinct). */
 gboolean sift_config_merge_file (SiftConfig *config, const char *path, SiftRegistry *registry, GError **error);
 /* Applies several assignments, then checks the combination once (so
- * "kv.block_size=100" and "kv.chunk_size=500" may be given together). */
+ * "kv.block_size=100" and "kv.chunk_size=500" may be given together).
+ * After an error the config may be partly changed: free it. */
 gboolean sift_config_apply (SiftConfig *config, const char *const *assignments, SiftRegistry *registry,
                             GError **error);
 /* Applies "section.key=value" (e.g. "kv.block_size=128",

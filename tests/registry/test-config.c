@@ -302,8 +302,18 @@ test_values_and_params (void **state)
   assert_true (sift_config_set (c, "policies.second.decode=full", registry, &error));
   assert_null (b->decode.params == NULL ? NULL : sift_params_specs (b->decode.params));
   assert_string_equal (b->label, "second");
+  /* policy.*.params.P goes only to setups whose policy declares P... */
+  assert_true (sift_config_set (c, "policy.decode.params.stride=9", registry, &error));
+  assert_int_equal (sift_params_get_int (a->decode.params, "stride"), 9);
+  g_autofree char *yaml = sift_config_to_yaml (c);
+  assert_contains (yaml, "  - label: second\n    prefill: full\n    decode: full\n", "full untouched");
   if (error != NULL)
     fail_msg ("%s", error->message);
+  /* ... and is an error when no setup's policy does. */
+  assert_false (sift_config_set (c, "policy.prefill.params.stride=3", registry, &error));
+  assert_int_equal (error->code, SIFT_CONFIG_ERROR_PARAM);
+  assert_contains (error->message, "policy.prefill.params.stride: policy 'full': undeclared parameter 'stride'",
+                   "no setup declares it");
 }
 
 /* Without a registry names and params are kept as written, unchecked. */
