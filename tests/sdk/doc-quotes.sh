@@ -1,0 +1,48 @@
+#!/bin/bash
+# Code the tutorial quotes must be the example's code, character for
+# character: every fenced block right after a marker line
+#   <!-- quote: plugins/streaming/streaming.c -->
+# must appear verbatim (as consecutive whole lines) in that file.
+#
+#   doc-quotes.sh DOC SOURCE_ROOT
+set -euo pipefail
+doc=$1 root=$2
+[ -f "$doc" ] || { echo "FAIL: no $doc" >&2; exit 1; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/sift-quotes.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# Split the quoted blocks into files: tmp/N.src names the quoted file,
+# tmp/N.block holds the block's lines.
+awk -v dir="$tmp" '
+  /^<!-- quote: [^ ]+ -->$/ { file = $3; next }
+  file != "" && !inside && /^```/ { inside = 1; n++; print file > (dir "/" n ".src"); close (dir "/" n ".src");
+                                    printf "" > (dir "/" n ".block"); next }
+  inside && /^```$/ { inside = 0; file = ""; close (dir "/" n ".block"); next }
+  inside { print >> (dir "/" n ".block"); next }
+  file != "" && !/^$/ { print FILENAME ":" FNR ": a quote marker must be followed by a fenced block" > "/dev/stderr"; exit 1 }
+' "$doc"
+
+n=0 bad=0
+for src in "$tmp"/*.src; do
+  [ -e "$src" ] || break
+  n=$((n + 1))
+  block=${src%.src}.block
+  file="$root/$(cat "$src")"
+  [ -f "$file" ] || { echo "FAIL: quoted file $(cat "$src") does not exist" >&2; bad=1; continue; }
+  [ -s "$block" ] || { echo "FAIL: an empty quote of $(cat "$src")" >&2; bad=1; continue; }
+  # Whole lines, consecutive, in order: the block as one string must occur
+  # in the file as one string, starting at a line start.
+  if ! awk -v blockfile="$block" '
+        BEGIN { RS = "^$"; getline want < blockfile; close (blockfile) }
+        { text = "\n" $0 }
+        END { exit index (text, "\n" want) ? 0 : 1 }' "$file"; then
+    echo "FAIL: this block of $doc is not verbatim in $(cat "$src"):" >&2
+    sed 's/^/  | /' "$block" >&2
+    bad=1
+  fi
+done
+# A tutorial that quotes nothing checks nothing.
+(( n >= 4 )) || { echo "FAIL: only $n quoted blocks in $doc (markers: <!-- quote: FILE -->)" >&2; exit 1; }
+(( bad == 0 )) || exit 1
+echo "ok: $n quoted blocks verbatim"

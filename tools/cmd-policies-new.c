@@ -1,0 +1,334 @@
+/* sift policies new NAME [DIR]: writes a skeleton policy plugin into DIR
+ * (default ./NAME): NAME.c (the ops table, one declared parameter, an
+ * example select_blocks), test-NAME.c (loads the built plugin and checks
+ * its selection), meson.build (finds sift through pkg-config, installs
+ * into its policydir) and meson_options.txt. Nothing is overwritten.
+ *
+ * The template is embedded below, one string per line, so the installed
+ * sift needs no data files. Placeholders: @NAME@ the policy name, @IDENT@
+ * the name as a C identifier, @TYPE@ in CamelCase, @SIFT_VERSION@ this
+ * sift's version. tests/sdk builds what this writes against an installed
+ * sift and runs its test; docs/writing-a-policy.md explains every line. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <sift/version.h>
+
+#include "cli.h"
+#include "commands.h"
+
+/* policy.c */
+static const char *const template_policy_c[] = {
+  "/* @NAME@: a sift sparse-attention policy.",
+  " *",
+  " * Written by `sift policies new` as a starting point: it keeps the",
+  " * attention sinks' block and the `recent_blocks` newest stored blocks.",
+  " * Replace select_blocks with your rule; docs/writing-a-policy.md (in sift's",
+  " * source) walks through every method, and plugins/streaming is a complete",
+  " * example. */",
+  "#include <sift/sift.h>",
+  "",
+  "typedef struct {",
+  "  SiftPolicy parent;     /* first: the host fills it */",
+  "  gint64 recent_blocks;  /* newest stored blocks every query attends */",
+  "} @TYPE@Policy;",
+  "",
+  "/* Declared parameters: the host validates YAML against this table and",
+  " * `sift policies info @NAME@` prints it. */",
+  "static const SiftParamSpec @IDENT@_params[] = {",
+  "  { \"recent_blocks\", SIFT_PARAM_INT, \"8\", 0, 1 << 20, NULL,",
+  "    \"newest stored blocks every query attends\" },",
+  "  { NULL, 0, NULL, 0, 0, NULL, NULL },",
+  "};",
+  "",
+  "static gboolean",
+  "@IDENT@_init (SiftPolicy *self, const SiftParams *params, GError **error)",
+  "{",
+  "  @TYPE@Policy *p = (@TYPE@Policy *) self;",
+  "  (void) error; /* values are already checked against @IDENT@_params */",
+  "  p->recent_blocks = sift_params_get_int (params, \"recent_blocks\");",
+  "  return TRUE;",
+  "}",
+  "",
+  "/* `available` holds the layer's stored block ids, ascending; add a subset.",
+  " * sift_selection_add_q_head / _kv_head select for one head only. */",
+  "static gboolean",
+  "@IDENT@_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx,",
+  "    const gint64 *available, gsize n_available, SiftSelection *selected, GError **error)",
+  "{",
+  "  @TYPE@Policy *p = (@TYPE@Policy *) self;",
+  "  (void) ctx;",
+  "  (void) error;",
+  "  gsize first_recent = n_available > (gsize) p->recent_blocks ? n_available - (gsize) p->recent_blocks : 0;",
+  "  for (gsize i = 0; i < n_available; i++)",
+  "    if (i == 0 || i >= first_recent)",
+  "      sift_selection_add (selected, available[i]);",
+  "  return TRUE;",
+  "}",
+  "",
+  "static const SiftPolicyOps @IDENT@_ops = {",
+  "  SIFT_POLICY_OPS_HEADER,",
+  "  .name = \"@NAME@\",",
+  "  .version = \"0.1\",",
+  "  .description = \"sink block + the newest stored blocks (edit me)\",",
+  "  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE",
+  "           | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,",
+  "  .params = @IDENT@_params,",
+  "  .instance_size = sizeof (@TYPE@Policy),",
+  "  .init = @IDENT@_init,",
+  "  /* Optional, NULL here: finalize (free what init allocated), reset (clear",
+  "   * per-sequence state), compute_chunked_prefill / _decode (NULL: the",
+  "   * engine's default pipeline), on_prefill_offload / on_decode_offload. */",
+  "  .select_blocks = @IDENT@_select_blocks,",
+  "};",
+  "",
+  "SIFT_PLUGIN_DEFINE (&@IDENT@_ops)",
+  NULL,
+};
+
+/* test.c */
+static const char *const template_test_c[] = {
+  "/* Loads the built plugin the way sift does (SIFT_POLICY_PATH points at the",
+  " * build folder, see meson.build) and checks its selection against the rule",
+  " * written out by hand. Change `expected` when you change select_blocks. */",
+  "#include <stdio.h>",
+  "#include <stdlib.h>",
+  "",
+  "#include <sift/sift.h>",
+  "",
+  "#define CHECK(cond)                                                            \\",
+  "  do {                                                                         \\",
+  "    if (!(cond)) {                                                             \\",
+  "      fprintf (stderr, \"%s:%d: check failed: %s\\n\", __FILE__, __LINE__, #cond); \\",
+  "      exit (1);                                                                \\",
+  "    }                                                                          \\",
+  "  } while (0)",
+  "#define CHECK_OK(call, error)                                                  \\",
+  "  do {                                                                         \\",
+  "    if (!(call)) {                                                             \\",
+  "      fprintf (stderr, \"%s:%d: %s: %s\\n\", __FILE__, __LINE__, #call,          \\",
+  "               (error) ? (error)->message : \"failed\");                         \\",
+  "      exit (1);                                                                \\",
+  "    }                                                                          \\",
+  "  } while (0)",
+  "",
+  "/* What select_blocks should keep of blocks 0..n-1: block 0 and the",
+  " * `recent` newest. */",
+  "static gboolean",
+  "expected (gint64 id, gint64 n, gint64 recent)",
+  "{",
+  "  return id == 0 || id >= n - recent;",
+  "}",
+  "",
+  "int",
+  "main (void)",
+  "{",
+  "  GError *error = NULL;",
+  "  g_autoptr (SiftRegistry) reg = sift_registry_new (NULL);",
+  "  const SiftPolicyInfo *info = sift_registry_lookup (reg, \"@NAME@\", &error);",
+  "  CHECK_OK (info != NULL, error);",
+  "  CHECK_OK (sift_policy_ops_check (info->ops, info->file, &error), error);",
+  "",
+  "  /* The host rejects out-of-range values before init sees them. */",
+  "  g_autoptr (SiftParams) params = sift_params_new (info->ops->params, &error);",
+  "  CHECK_OK (params != NULL, error);",
+  "  CHECK (!sift_params_set_text (params, \"recent_blocks\", \"-1\", &error));",
+  "  g_clear_error (&error);",
+  "  CHECK_OK (sift_params_set_text (params, \"recent_blocks\", \"3\", &error), error);",
+  "",
+  "  SiftModelShape shape = { .n_layers = 1, .n_q_heads = 4, .n_kv_heads = 2, .head_dim = 8,",
+  "                           .block_size = 16, .chunk_size = 16 };",
+  "  g_autoptr (SiftPolicy) policy = sift_policy_new (info->ops, params, &shape, &error);",
+  "  CHECK_OK (policy != NULL, error);",
+  "",
+  "  /* 1..10 stored full blocks of 16 tokens; the query row follows them. */",
+  "  for (gint64 n = 1; n <= 10; n++)",
+  "    {",
+  "      SiftBlockMeta blocks[10];",
+  "      gint64 available[10];",
+  "      for (gint64 i = 0; i < n; i++)",
+  "        {",
+  "          blocks[i] = (SiftBlockMeta) { .first_token = 16 * i, .n_valid = 16, .phase = SIFT_PHASE_PREFILL };",
+  "          available[i] = i;",
+  "        }",
+  "      SiftPolicyContext ctx = { .phase = SIFT_PHASE_DECODE, .block_size = 16, .kv_len = 16 * n,",
+  "                                .q_pos = 16 * n, .n_q = 1, .shape = &shape, .blocks = blocks,",
+  "                                .n_blocks = n };",
+  "      g_autoptr (SiftSelection) sel = sift_selection_new (shape.n_q_heads, shape.n_kv_heads);",
+  "      CHECK_OK (policy->ops->select_blocks (policy, &ctx, available, (gsize) n, sel, &error), error);",
+  "      /* What the engine checks after every call: ids from `available`, no repeats. */",
+  "      CHECK_OK (sift_selection_validate (sel, available, (gsize) n, info->ops->name, &error), error);",
+  "      gsize k = 0;",
+  "      for (gint64 id = 0; id < n; id++)",
+  "        if (expected (id, n, 3))",
+  "          {",
+  "            CHECK (k < sift_selection_n_blocks (sel));",
+  "            CHECK (sift_selection_block (sel, k) == id);",
+  "            k++;",
+  "          }",
+  "      CHECK (k == sift_selection_n_blocks (sel));",
+  "    }",
+  "  printf (\"ok\\n\");",
+  "  return 0;",
+  "}",
+  NULL,
+};
+
+/* meson.build */
+static const char *const template_meson_build[] = {
+  "# An out-of-tree sift policy: builds against an installed sift found with",
+  "# pkg-config, and installs into sift's policy directory (or -Dpolicydir=DIR).",
+  "project('@NAME@', 'c',",
+  "  version: '1.0',",
+  "  meson_version: '>= 1.0.0',",
+  "  default_options: ['c_std=gnu11', 'warning_level=3', 'werror=true'])",
+  "",
+  "sift_dep = dependency('sift', version: '>= @SIFT_VERSION@')",
+  "",
+  "policydir = get_option('policydir')",
+  "if policydir == ''",
+  "  policydir = sift_dep.get_variable(pkgconfig: 'policydir')",
+  "endif",
+  "",
+  "plugin = shared_module('@NAME@', '@NAME@.c',",
+  "  dependencies: sift_dep,",
+  "  install: true,",
+  "  install_dir: policydir)",
+  "",
+  "test('@NAME@', executable('test-@NAME@', 'test-@NAME@.c', dependencies: sift_dep),",
+  "     env: {'SIFT_POLICY_PATH': meson.current_build_dir(), 'SIFT_POLICY_SYSTEM_PATH': ''})",
+  NULL,
+};
+
+/* meson_options.txt */
+static const char *const template_meson_options[] = {
+  "option('policydir', type: 'string', value: '',",
+  "       description: 'Where to install the plugin (default: the policydir of sift.pc)')",
+  NULL,
+};
+
+typedef struct {
+  const char *file;             /* @NAME@ replaced */
+  const char *const *lines;
+} TemplateFile;
+
+static const TemplateFile template_files[] = {
+  { "@NAME@.c", template_policy_c },
+  { "test-@NAME@.c", template_test_c },
+  { "meson.build", template_meson_build },
+  { "meson_options.txt", template_meson_options },
+};
+
+typedef struct {
+  const char *key;
+  const char *value;
+} Subst;
+
+static char *
+expand (const char *text, const Subst *subs, gsize n_subs)
+{
+  GString *s = g_string_new (text);
+  for (gsize i = 0; i < n_subs; i++)
+    g_string_replace (s, subs[i].key, subs[i].value, 0);
+  return g_string_free (s, FALSE);
+}
+
+/* Policy names are [a-z0-9_-]+ (policy.h); the skeleton also uses the name
+ * for C identifiers and file names, so it must start with a letter. */
+static gboolean
+valid_name (const char *name)
+{
+  if (!g_ascii_islower (name[0]) || strlen (name) > 64)
+    return FALSE;
+  for (const char *p = name; *p; p++)
+    if (!g_ascii_islower (*p) && !g_ascii_isdigit (*p) && *p != '-' && *p != '_')
+      return FALSE;
+  return TRUE;
+}
+
+static char *
+camel_case (const char *name)
+{
+  GString *s = g_string_new (NULL);
+  gboolean upper = TRUE;
+  for (const char *p = name; *p; p++)
+    {
+      if (*p == '-' || *p == '_')
+        upper = TRUE;
+      else
+        {
+          g_string_append_c (s, upper ? g_ascii_toupper (*p) : *p);
+          upper = FALSE;
+        }
+    }
+  return g_string_free (s, FALSE);
+}
+
+int
+sift_cmd_policies_new (int argc, char **argv)
+{
+  GOptionEntry entries[] = { G_OPTION_ENTRY_NULL };
+  if (!sift_cli_parse ("policies new", "NAME [DIR] - write a skeleton policy plugin into DIR (default ./NAME)",
+                       entries, &argc, &argv))
+    return SIFT_EXIT_USAGE;
+  if (argc < 2 || argc > 3)
+    {
+      fprintf (stderr, "Usage: sift policies new NAME [DIR]\n");
+      return SIFT_EXIT_USAGE;
+    }
+  const char *name = argv[1];
+  const char *dir = argc == 3 ? argv[2] : name;
+  if (!valid_name (name))
+    {
+      fprintf (stderr, "sift policies new: invalid policy name '%s': use lower-case letters, digits, '-' and '_', "
+                       "starting with a letter (at most 64)\n", name);
+      return SIFT_EXIT_USAGE;
+    }
+
+  g_autofree char *ident = g_strdelimit (g_strdup (name), "-", '_');
+  g_autofree char *type = camel_case (name);
+  const Subst subs[] = {
+    { "@NAME@", name }, { "@IDENT@", ident }, { "@TYPE@", type }, { "@SIFT_VERSION@", SIFT_VERSION_STRING },
+  };
+
+  /* Refuse before writing anything, so a clash leaves DIR as it was. */
+  g_autoptr (GPtrArray) paths = g_ptr_array_new_with_free_func (g_free);
+  for (gsize i = 0; i < G_N_ELEMENTS (template_files); i++)
+    {
+      g_autofree char *file = expand (template_files[i].file, subs, G_N_ELEMENTS (subs));
+      char *path = g_build_filename (dir, file, NULL);
+      g_ptr_array_add (paths, path);
+      if (g_file_test (path, G_FILE_TEST_EXISTS))
+        {
+          fprintf (stderr, "sift policies new: %s already exists; not overwriting anything\n", path);
+          return SIFT_EXIT_USAGE;
+        }
+    }
+  if (g_mkdir_with_parents (dir, 0755) != 0)
+    {
+      fprintf (stderr, "sift policies new: cannot create %s: %s\n", dir, g_strerror (errno));
+      return SIFT_EXIT_FAILED;
+    }
+  for (gsize i = 0; i < G_N_ELEMENTS (template_files); i++)
+    {
+      g_autofree char *lines = g_strjoinv ("\n", (char **) template_files[i].lines);
+      g_autofree char *text = expand (lines, subs, G_N_ELEMENTS (subs));
+      g_autofree char *with_newline = g_strconcat (text, "\n", NULL);
+      g_autoptr (GError) error = NULL;
+      const char *path = paths->pdata[i];
+      if (!g_file_set_contents (path, with_newline, -1, &error))
+        {
+          fprintf (stderr, "sift policies new: %s\n", error->message);
+          return SIFT_EXIT_FAILED;
+        }
+      printf ("wrote %s\n", path);
+    }
+  printf ("\nBuild and test it against the installed sift (found through pkg-config):\n"
+          "  cd %s && meson setup build && meson test -C build\n"
+          "Then select it in YAML (decode: %s) with SIFT_POLICY_PATH=$PWD/build, or `meson install -C build`.\n",
+          dir, name);
+  return SIFT_EXIT_OK;
+}
