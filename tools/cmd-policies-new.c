@@ -199,6 +199,7 @@ static const char *const template_meson_build[] = {
   "  install_dir: policydir)",
   "",
   "test('@NAME@', executable('test-@NAME@', 'test-@NAME@.c', dependencies: sift_dep),",
+  "     depends: plugin,",
   "     env: {'SIFT_POLICY_PATH': meson.current_build_dir(), 'SIFT_POLICY_SYSTEM_PATH': ''})",
   NULL,
 };
