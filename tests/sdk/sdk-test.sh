@@ -236,6 +236,16 @@ case "$mode" in
     build_plugin "$tmp/my-policy"
     SIFT_POLICY_PATH="$tmp/my-policy/build" "$sift" policies info my-policy > "$tmp/info.out" 2>&1 \
       || { cat "$tmp/info.out" >&2; fail "sift policies info my-policy"; }
+    # Its test can fail: drop the first block from the selection.
+    sed -i 's/if (i == 0 || i >= first_recent)/if (i >= first_recent)/' "$tmp/my-policy/my-policy.c"
+    grep -q 'if (i >= first_recent)' "$tmp/my-policy/my-policy.c" || fail "the skeleton's select_blocks changed; update this test"
+    if "$meson" test -C "$tmp/my-policy/build" > "$tmp/broken.out" 2>&1; then
+      fail "the skeleton's test passes a policy that breaks its rule"
+    fi
+    rc=0
+    "$sift" policies new 2-bad > "$tmp/bad-name.out" 2>&1 || rc=$?
+    (( rc == 2 )) || fail "sift policies new 2-bad exited $rc, want 2"
+    grep -q "invalid policy name '2-bad'" "$tmp/bad-name.out" || fail "no clear message for an invalid name"
     ;;
   *)
     echo "usage: $0 streaming|needle|new BUILD_ROOT SOURCE_ROOT MESON [SANITIZE]" >&2
