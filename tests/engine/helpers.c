@@ -88,6 +88,17 @@ test_checker_free (TestChecker *c)
   g_free (c);
 }
 
+/* The logical block of token j: the prompt's blocks (the last possibly
+ * partial), then decode blocks of block_size. */
+static gint64
+block_of (const TestChecker *c, gint64 j)
+{
+  const gint64 bs = c->shape->block_size;
+  if (c->prompt == 0 || j < c->prompt)
+    return j / bs;
+  return (c->prompt + bs - 1) / bs + (j - c->prompt) / bs;
+}
+
 /* softmax(scale q.k) v over the keys row i may see, in double. */
 static void
 check_call (gpointer data, const SiftPolicyContext *ctx, const SiftView *out, const float *lse)
@@ -111,7 +122,7 @@ check_call (gpointer data, const SiftPolicyContext *ctx, const SiftView *out, co
         for (gint64 j = 0; j < limit; j++)
           {
             logit[j] = -INFINITY;
-            if (j < ctx->kv_len && c->keep != NULL && !c->keep (j / s->block_size, h, c->keep_data))
+            if (j < ctx->kv_len && c->keep != NULL && !c->keep (block_of (c, j), h, c->keep_data))
               continue;
             const float *kr = K + (j * s->n_kv_heads + g) * d;
             double dot = 0;
@@ -140,6 +151,7 @@ check_call (gpointer data, const SiftPolicyContext *ctx, const SiftView *out, co
             ref_max = MAX (ref_max, fabs (r));
             diff = MAX (diff, fabs (r - o[x]));
           }
+        if (g_getenv ("DBG") && diff / MAX (ref_max, 1e-3) > 1e-5) g_printerr ("bad: phase %d layer %d qpos %ld nq %d kvlen %ld h %d i %d err %g\n", ctx->phase, ctx->layer, (long) ctx->q_pos, ctx->n_q, (long) ctx->kv_len, h, i, diff / MAX (ref_max, 1e-3));
         c->max_err = MAX (c->max_err, diff / MAX (ref_max, 1e-3));
         double ref_lse = m + log (sum);
         c->max_lse_err = MAX (c->max_lse_err, fabs (ref_lse - lse[h * ctx->n_q + i]) / MAX (1.0, fabs (ref_lse)));

@@ -18,6 +18,7 @@ typedef struct {
   const SiftModelShape *shape;
   gint64 n_tokens;         /* tokens cached */
   float **k, **v;          /* [n_layers] -> [n_tokens][n_kv_heads][head_dim] */
+  gint64 prompt;           /* prefill tokens, for the block of a token (keep) */
   TestKeep keep;
   gpointer keep_data;
   double max_err;          /* max over calls of |out - ref|_inf / max(|ref|_inf, 1e-3) per row */
