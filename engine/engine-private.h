@@ -2,6 +2,8 @@
  * copy worker), pipeline.c (the default pipelines) and runner.c. */
 #pragma once
 
+#include <pthread.h>
+
 #include <sift/engine.h>
 #include <sift/store.h>
 
@@ -59,8 +61,8 @@ struct _SiftEngine {
 
   /* Copy worker. */
   GThread *worker;
-  GMutex lock;                /* guards everything the worker touches below, slots and xl states */
-  GCond cond;                 /* broadcast on every job finished and every job queued */
+  pthread_mutex_t lock;                /* guards everything the worker touches below, slots and xl states */
+  pthread_cond_t cond;                 /* broadcast on every job finished and every job queued */
   GQueue jobs;                /* Job * */
   gint32 running;             /* jobs popped and not finished (0 or 1) */
   gboolean quit;

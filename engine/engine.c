@@ -36,7 +36,7 @@ sift_engine_counters_at (SiftEngine *e, gint32 layer, SiftPhase phase)
 void
 sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCounters *a)
 {
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   SiftCounters *c = sift_engine_counters_at (e, layer, phase);
   c->bytes_loaded += a->bytes_loaded;
   c->bytes_stored += a->bytes_stored;
@@ -47,7 +47,7 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
   c->seconds_stalled += a->seconds_stalled;
   c->seconds_compute += a->seconds_compute;
   c->seconds_load += a->seconds_load;
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
 }
 
 /* ---- The copy worker ---------------------------------------------------- */
@@ -116,11 +116,11 @@ static gpointer
 worker_main (gpointer data)
 {
   SiftEngine *e = data;
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   for (;;)
     {
       while (g_queue_is_empty (&e->jobs) && !e->quit)
-        g_cond_wait (&e->cond, &e->lock);
+        pthread_cond_wait (&e->cond, &e->lock);
       if (g_queue_is_empty (&e->jobs))
         break;
       Job *j = g_queue_pop_head (&e->jobs);
@@ -128,7 +128,7 @@ worker_main (gpointer data)
       /* A failed store stops later stores (nothing after it is written),
        * so a run that failed never leaves a half-updated cache behind. */
       gboolean skip = j->kind == JOB_STORE && e->store_error != NULL;
-      g_mutex_unlock (&e->lock);
+      pthread_mutex_unlock (&e->lock);
 
       GError *err = NULL;
       guint64 bytes = 0;
@@ -138,7 +138,7 @@ worker_main (gpointer data)
         ok = j->kind == JOB_LOAD ? do_load (e, j, &bytes, &err) : do_store (e, j, &err);
       gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 
-      g_mutex_lock (&e->lock);
+      pthread_mutex_lock (&e->lock);
       SiftCounters *c = sift_engine_counters_at (e, j->layer, j->phase);
       if (j->kind == JOB_LOAD)
         {
@@ -175,16 +175,16 @@ worker_main (gpointer data)
         }
       e->running--;
       g_free (j);
-      g_cond_broadcast (&e->cond);
+      pthread_cond_broadcast (&e->cond);
     }
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   return NULL;
 }
 
 static void
 queue_job (SiftEngine *e, Job *j)
 {
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   if (j->kind == JOB_STORE)
     e->stores_pending[j->layer]++;
   else if (j->slot >= 0)
@@ -192,8 +192,8 @@ queue_job (SiftEngine *e, Job *j)
   else
     e->xl[j->half].pending++;
   g_queue_push_tail (&e->jobs, j);
-  g_cond_broadcast (&e->cond);
-  g_mutex_unlock (&e->lock);
+  pthread_cond_broadcast (&e->cond);
+  pthread_mutex_unlock (&e->lock);
 }
 
 /* Waits (lock held) until the layer's buffers are no longer read by stores. */
@@ -201,14 +201,14 @@ static void
 wait_layer_stores_locked (SiftEngine *e, gint32 layer)
 {
   while (e->stores_pending[layer] > 0)
-    g_cond_wait (&e->cond, &e->lock);
+    pthread_cond_wait (&e->cond, &e->lock);
 }
 
 static void
 wait_idle_locked (SiftEngine *e)
 {
   while (!g_queue_is_empty (&e->jobs) || e->running > 0)
-    g_cond_wait (&e->cond, &e->lock);
+    pthread_cond_wait (&e->cond, &e->lock);
 }
 
 static gboolean
@@ -223,11 +223,11 @@ store_error_locked (SiftEngine *e, GError **error)
 gboolean
 sift_engine_sync (SiftEngine *e, GError **error)
 {
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   for (gint32 l = 0; l < e->config.shape.n_layers; l++)
     wait_layer_stores_locked (e, l);
   gboolean ok = store_error_locked (e, error);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   return ok;
 }
 
@@ -343,8 +343,8 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->part_out = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q * (gsize) s->head_dim);
   e->part_lse = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q);
 
-  g_mutex_init (&e->lock);
-  g_cond_init (&e->cond);
+  pthread_mutex_init (&e->lock, NULL);
+  pthread_cond_init (&e->cond, NULL);
   g_queue_init (&e->jobs);
   e->phase = SIFT_PHASE_PREFILL;
   e->worker = g_thread_new ("sift-copy", worker_main, e);
@@ -368,10 +368,10 @@ sift_engine_free (SiftEngine *e)
 {
   if (e == NULL)
     return;
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   e->quit = TRUE;
-  g_cond_broadcast (&e->cond);
-  g_mutex_unlock (&e->lock);
+  pthread_cond_broadcast (&e->cond);
+  pthread_mutex_unlock (&e->lock);
   g_thread_join (e->worker);
   release_blocks (e);
   const gint32 L = e->config.shape.n_layers;
@@ -411,8 +411,8 @@ sift_engine_free (SiftEngine *e)
   g_free (e->counters);
   g_free (e->part_out);
   g_free (e->part_lse);
-  g_mutex_clear (&e->lock);
-  g_cond_clear (&e->cond);
+  pthread_mutex_destroy (&e->lock);
+  pthread_cond_destroy (&e->cond);
   g_free (e);
 }
 
@@ -421,9 +421,9 @@ sift_engine_reset (SiftEngine *e)
 {
   g_return_if_fail (e != NULL);
   const SiftModelShape *s = &e->config.shape;
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   wait_idle_locked (e);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   release_blocks (e);
   g_array_set_size (e->meta, 0);
   const gint32 L = s->n_layers;
@@ -487,7 +487,7 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
   SiftEngine *e = (SiftEngine *) engine;
   g_return_if_fail (layer >= -1 && layer < e->config.shape.n_layers);
   memset (out, 0, sizeof *out);
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   gint32 l0 = layer < 0 ? 0 : layer, l1 = layer < 0 ? e->config.shape.n_layers : layer + 1;
   for (gint32 l = l0; l < l1; l++)
     {
@@ -502,7 +502,7 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
       out->seconds_compute += c->seconds_compute;
       out->seconds_load += c->seconds_load;
     }
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
 }
 
 void
@@ -570,9 +570,9 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
       g_array_append_val (e->meta, m);
     }
   gboolean ok = TRUE;
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   ok = store_error_locked (e, error);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   if (!ok)
     return FALSE;
   gint64 id;
@@ -641,10 +641,10 @@ sift_engine_put_prefill (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, con
                    e->decode_len[layer] > 0 ? " and decoding started" : "");
       return FALSE;
     }
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   wait_layer_stores_locked (e, layer);
   gboolean ok = store_error_locked (e, error);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   if (!ok)
     return FALSE;
   put_rows (e, k, n, e->prefill_k[layer], s->chunk_size, 0);
@@ -690,11 +690,11 @@ sift_engine_put_decode (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, cons
                    layer, pos0, e->stored_tokens[layer] + e->decode_len[layer]);
       return FALSE;
     }
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   if (e->decode_start[layer] > 0)
     wait_layer_stores_locked (e, layer);
   gboolean ok = store_error_locked (e, error);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   if (!ok)
     return FALSE;
   if (e->decode_start[layer] > 0)
@@ -756,9 +756,9 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   if (block_id < 0 || block_id >= (gint64) ids->len)
     return invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
                     ids->len, block_id);
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   SlotState st = e->slots[slot].state;
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   if (st != SLOT_FREE)
     {
       g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
@@ -785,10 +785,10 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   if (slot < 0 || slot >= e->config.n_slots)
     return invalid (error, "slot %d is outside the %d ring slots", slot, e->config.n_slots);
   gint64 t0 = g_get_monotonic_time ();
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
   while (s->state == SLOT_LOADING)
-    g_cond_wait (&e->cond, &e->lock);
+    pthread_cond_wait (&e->cond, &e->lock);
   gboolean ok = TRUE;
   if (s->state == SLOT_FAILED)
     {
@@ -806,7 +806,7 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   /* Stall time is charged to the layer whose block the slot holds. */
   sift_engine_counters_at (e, s->layer, e->phase)->seconds_stalled
     += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   return ok;
 }
 
@@ -815,9 +815,9 @@ sift_engine_slot_kv (SiftEngine *e, gint32 slot, SiftView *k, SiftView *v, gint3
 {
   g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
   const SiftModelShape *s = &e->config.shape;
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   gboolean ready = e->slots[slot].state == SLOT_READY;
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   g_return_if_fail (ready);
   guint8 *base = e->slots_mem + (gsize) slot * 2 * (gsize) e->block_elems * e->es;
   gint32 nv = e->slots[slot].n_valid;
@@ -838,7 +838,7 @@ void
 sift_engine_slot_done (SiftEngine *e, gint32 slot)
 {
   g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   if (e->slots[slot].state != SLOT_LOADING)
     {
       e->slots[slot].state = SLOT_FREE;
@@ -846,7 +846,7 @@ sift_engine_slot_done (SiftEngine *e, gint32 slot)
     }
   else
     g_critical ("sift_engine_slot_done: slot %d is still loading (wait for it first)", slot);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
 }
 
 void
@@ -917,10 +917,10 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
         return invalid (error, "gather_rows: %s_out must be f32 [%d kv heads][>= %" G_GSIZE_FORMAT " tokens][%d dim]",
                         i == 0 ? "k" : "v", s->n_kv_heads, n, s->head_dim);
     }
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   wait_layer_stores_locked (e, layer);
   gboolean ok = store_error_locked (e, error);
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   if (!ok)
     return FALSE;
   const gsize rb = sift_store_row_bytes (e->store);
@@ -1027,10 +1027,10 @@ xl_queue (SiftEngine *e, int hi, gint32 layer, const SiftSelection *sel, GError 
 static void
 xl_drain (SiftEngine *e)
 {
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   while (e->xl[0].pending > 0 || e->xl[1].pending > 0)
-    g_cond_wait (&e->cond, &e->lock);
-  g_mutex_unlock (&e->lock);
+    pthread_cond_wait (&e->cond, &e->lock);
+  pthread_mutex_unlock (&e->lock);
 }
 
 gboolean
@@ -1067,12 +1067,12 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
       return FALSE;
     }
   gint64 t0 = g_get_monotonic_time ();
-  g_mutex_lock (&e->lock);
+  pthread_mutex_lock (&e->lock);
   while (x->pending > 0)
-    g_cond_wait (&e->cond, &e->lock);
+    pthread_cond_wait (&e->cond, &e->lock);
   GError *failed = x->error;
   x->error = NULL;
-  g_mutex_unlock (&e->lock);
+  pthread_mutex_unlock (&e->lock);
   SiftCounters add = { .seconds_stalled = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
   sift_engine_count (e, layer, SIFT_PHASE_DECODE, &add);
   if (failed != NULL)

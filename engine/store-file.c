@@ -136,9 +136,9 @@ static gboolean
 check_unchanged (FileStore *self, GError **error)
 {
   struct stat fst, pst;
-  g_mutex_lock (&self->parent.lock);
+  pthread_mutex_lock (&self->parent.lock);
   gint64 size = self->size;
-  g_mutex_unlock (&self->parent.lock);
+  pthread_mutex_unlock (&self->parent.lock);
   const char *path = self->parent.config.path;
   if (fstat (self->fd, &fst) != 0)
     {

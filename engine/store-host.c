@@ -14,9 +14,9 @@ typedef struct {
 static void *
 block_at (HostStore *self, gint64 id)
 {
-  g_mutex_lock (&self->parent.lock);
+  pthread_mutex_lock (&self->parent.lock);
   void *p = g_ptr_array_index (self->blocks, (guint) id);
-  g_mutex_unlock (&self->parent.lock);
+  pthread_mutex_unlock (&self->parent.lock);
   return p;
 }
 

@@ -2,6 +2,8 @@
  * Private to libsift (tests include it to wrap a store and inject faults). */
 #pragma once
 
+#include <pthread.h>
+
 #include <sift/store.h>
 
 struct _SiftStore {
@@ -9,7 +11,7 @@ struct _SiftStore {
   SiftStoreConfig config;   /* config.path owned (a copy) */
   gsize block_bytes;        /* K and V of one block, in the stored dtype */
   gsize k_bytes;            /* the K half: [n_kv_heads][block_size][row bytes] */
-  GMutex lock;              /* guards the allocator below */
+  pthread_mutex_t lock;              /* guards the allocator below */
   gint64 next_id;           /* ids below were handed out at least once */
   gint64 reserved;          /* ids below have room (klass->reserve) */
   GArray *free_ids;         /* gint64, released ids reused first */

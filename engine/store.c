@@ -41,7 +41,7 @@ sift_store_construct (gsize instance_size, const SiftStoreClass *klass, const Si
   s->k_bytes = (gsize) config->n_kv_heads * (gsize) config->block_size
                * sift_dtype_row_bytes (config->dtype, (gsize) config->head_dim);
   s->block_bytes = 2 * s->k_bytes;
-  g_mutex_init (&s->lock);
+  pthread_mutex_init (&s->lock, NULL);
   s->free_ids = g_array_new (FALSE, FALSE, sizeof (gint64));
   return s;
 }
@@ -54,7 +54,7 @@ sift_store_free (SiftStore *store)
   if (store->klass->finalize != NULL)
     store->klass->finalize (store);
   g_array_unref (store->free_ids);
-  g_mutex_clear (&store->lock);
+  pthread_mutex_destroy (&store->lock);
   g_free ((char *) store->config.path);
   g_free (store);
 }
@@ -90,7 +90,7 @@ gboolean
 sift_store_alloc (SiftStore *store, gint64 *id_out, GError **error)
 {
   g_return_val_if_fail (store != NULL && id_out != NULL, FALSE);
-  g_mutex_lock (&store->lock);
+  pthread_mutex_lock (&store->lock);
   gboolean ok = TRUE;
   if (store->free_ids->len > 0)
     {
@@ -121,7 +121,7 @@ sift_store_alloc (SiftStore *store, gint64 *id_out, GError **error)
     }
   if (ok)
     store->in_use++;
-  g_mutex_unlock (&store->lock);
+  pthread_mutex_unlock (&store->lock);
   return ok;
 }
 
@@ -129,7 +129,7 @@ void
 sift_store_release (SiftStore *store, gint64 id)
 {
   g_return_if_fail (store != NULL);
-  g_mutex_lock (&store->lock);
+  pthread_mutex_lock (&store->lock);
   if (id >= 0 && id < store->next_id && store->in_use > 0)
     {
       g_array_append_val (store->free_ids, id);
@@ -137,7 +137,7 @@ sift_store_release (SiftStore *store, gint64 id)
     }
   else
     g_critical ("sift_store_release: id %" G_GINT64_FORMAT " was never allocated", id);
-  g_mutex_unlock (&store->lock);
+  pthread_mutex_unlock (&store->lock);
 }
 
 gint64
@@ -145,18 +145,18 @@ sift_store_blocks_in_use (const SiftStore *store)
 {
   g_return_val_if_fail (store != NULL, 0);
   SiftStore *s = (SiftStore *) store;
-  g_mutex_lock (&s->lock);
+  pthread_mutex_lock (&s->lock);
   gint64 n = s->in_use;
-  g_mutex_unlock (&s->lock);
+  pthread_mutex_unlock (&s->lock);
   return n;
 }
 
 static gboolean
 check_id (SiftStore *store, gint64 id, GError **error)
 {
-  g_mutex_lock (&store->lock);
+  pthread_mutex_lock (&store->lock);
   gint64 limit = store->next_id;
-  g_mutex_unlock (&store->lock);
+  pthread_mutex_unlock (&store->lock);
   if (id >= 0 && id < limit)
     return TRUE;
   g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_INVALID,
