@@ -62,7 +62,10 @@ struct _SiftEngine {
   /* Copy worker. */
   GThread *worker;
   pthread_mutex_t lock;                /* guards everything the worker touches below, slots and xl states */
-  pthread_cond_t cond;                 /* broadcast on every job finished and every job queued */
+  pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
+  pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
+  gboolean worker_idle;
+  gint32 done_waiters;
   GQueue jobs;                /* Job * */
   gint32 running;             /* jobs popped and not finished (0 or 1) */
   gboolean quit;

@@ -112,6 +112,15 @@ do_store (SiftEngine *e, const Job *j, GError **error)
   return sift_store_write (e->store, j->store_id, e->staging, error);
 }
 
+/* Waits (lock held) for the worker to finish a job. */
+static void
+wait_done_locked (SiftEngine *e)
+{
+  e->done_waiters++;
+  pthread_cond_wait (&e->done_cond, &e->lock);
+  e->done_waiters--;
+}
+
 static gpointer
 worker_main (gpointer data)
 {
@@ -120,7 +129,7 @@ worker_main (gpointer data)
   for (;;)
     {
       while (g_queue_is_empty (&e->jobs) && !e->quit)
-        pthread_cond_wait (&e->cond, &e->lock);
+        { e->worker_idle = TRUE; pthread_cond_wait (&e->work_cond, &e->lock); e->worker_idle = FALSE; }
       if (g_queue_is_empty (&e->jobs))
         break;
       Job *j = g_queue_pop_head (&e->jobs);
@@ -175,7 +184,8 @@ worker_main (gpointer data)
         }
       e->running--;
       g_free (j);
-      pthread_cond_broadcast (&e->cond);
+      if (e->done_waiters > 0)
+        pthread_cond_broadcast (&e->done_cond);
     }
   pthread_mutex_unlock (&e->lock);
   return NULL;
@@ -192,7 +202,8 @@ queue_job (SiftEngine *e, Job *j)
   else
     e->xl[j->half].pending++;
   g_queue_push_tail (&e->jobs, j);
-  pthread_cond_broadcast (&e->cond);
+  if (e->worker_idle)
+    pthread_cond_signal (&e->work_cond);
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -201,14 +212,14 @@ static void
 wait_layer_stores_locked (SiftEngine *e, gint32 layer)
 {
   while (e->stores_pending[layer] > 0)
-    pthread_cond_wait (&e->cond, &e->lock);
+    wait_done_locked (e);
 }
 
 static void
 wait_idle_locked (SiftEngine *e)
 {
   while (!g_queue_is_empty (&e->jobs) || e->running > 0)
-    pthread_cond_wait (&e->cond, &e->lock);
+    wait_done_locked (e);
 }
 
 static gboolean
@@ -344,7 +355,8 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->part_lse = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q);
 
   pthread_mutex_init (&e->lock, NULL);
-  pthread_cond_init (&e->cond, NULL);
+  pthread_cond_init (&e->work_cond, NULL);
+  pthread_cond_init (&e->done_cond, NULL);
   g_queue_init (&e->jobs);
   e->phase = SIFT_PHASE_PREFILL;
   e->worker = g_thread_new ("sift-copy", worker_main, e);
@@ -370,7 +382,7 @@ sift_engine_free (SiftEngine *e)
     return;
   pthread_mutex_lock (&e->lock);
   e->quit = TRUE;
-  pthread_cond_broadcast (&e->cond);
+  pthread_cond_signal (&e->work_cond);
   pthread_mutex_unlock (&e->lock);
   g_thread_join (e->worker);
   release_blocks (e);
@@ -412,7 +424,8 @@ sift_engine_free (SiftEngine *e)
   g_free (e->part_out);
   g_free (e->part_lse);
   pthread_mutex_destroy (&e->lock);
-  pthread_cond_destroy (&e->cond);
+  pthread_cond_destroy (&e->work_cond);
+  pthread_cond_destroy (&e->done_cond);
   g_free (e);
 }
 
@@ -788,7 +801,7 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
   while (s->state == SLOT_LOADING)
-    pthread_cond_wait (&e->cond, &e->lock);
+    wait_done_locked (e);
   gboolean ok = TRUE;
   if (s->state == SLOT_FAILED)
     {
@@ -1029,7 +1042,7 @@ xl_drain (SiftEngine *e)
 {
   pthread_mutex_lock (&e->lock);
   while (e->xl[0].pending > 0 || e->xl[1].pending > 0)
-    pthread_cond_wait (&e->cond, &e->lock);
+    wait_done_locked (e);
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -1069,7 +1082,7 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
   gint64 t0 = g_get_monotonic_time ();
   pthread_mutex_lock (&e->lock);
   while (x->pending > 0)
-    pthread_cond_wait (&e->cond, &e->lock);
+    wait_done_locked (e);
   GError *failed = x->error;
   x->error = NULL;
   pthread_mutex_unlock (&e->lock);
