@@ -1129,3 +1129,11 @@ sift_engine_count_call (SiftEngine *e, const SiftPolicyContext *ctx, gsize n_ava
                        .tokens_available = tokens * (guint64) e->config.shape.n_q_heads };
   sift_engine_count (e, ctx->layer, ctx->phase, &add);
 }
+
+void
+sift_engine_count_attended (SiftEngine *e, const SiftPolicyContext *ctx, guint64 tokens)
+{
+  g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
+  SiftCounters add = { .tokens_attended = tokens };
+  sift_engine_count (e, ctx->layer, ctx->phase, &add);
+}

@@ -300,6 +300,16 @@ test_own_compute (void **state)
         assert_true (sift_runner_decode (f.runner, 1, &error));
       g_assert_no_error (error);
       assert_true (f.check->max_err < 1e-5);
+      /* attend_default counted what it attended: about half the stored blocks. */
+      SiftCounters c;
+      sift_engine_counters (f.engine, -1, SIFT_PHASE_PREFILL, &c);
+      assert_true (c.tokens_attended < c.tokens_available && c.tokens_attended > c.tokens_available / 3);
+      /* A policy reporting its own count adds to it. */
+      SiftPolicyContext ctx = { .phase = SIFT_PHASE_PREFILL, .layer = 1 };
+      sift_engine_count_attended (f.engine, &ctx, 1000);
+      SiftCounters c2;
+      sift_engine_counters (f.engine, -1, SIFT_PHASE_PREFILL, &c2);
+      assert_int_equal (c2.tokens_attended, c.tokens_attended + 1000);
       fix_close (&f);
     }
 }
