@@ -65,6 +65,7 @@ struct _SiftEngine {
   pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
   pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
   gboolean worker_idle;
+  gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
   GQueue jobs;                /* Job * */
   gint32 running;             /* jobs popped and not finished (0 or 1) */
@@ -89,6 +90,10 @@ struct _SiftEngine {
 SiftCounters *sift_engine_counters_at (SiftEngine *engine, gint32 layer, SiftPhase phase);
 /* Adds to a counter under the engine lock. */
 void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const SiftCounters *add);
+
+/* Batches loads: while held, queued jobs do not wake the worker; the last
+ * release wakes it once. Waiting on a slot wakes it too. */
+void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
 
 /* ---- Calls for the runner ---------------------------------------------- */
 

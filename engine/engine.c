@@ -116,6 +116,9 @@ do_store (SiftEngine *e, const Job *j, GError **error)
 static void
 wait_done_locked (SiftEngine *e)
 {
+  /* Never wait on work the worker was not told about. */
+  if (e->worker_idle && !g_queue_is_empty (&e->jobs))
+    pthread_cond_signal (&e->work_cond);
   e->done_waiters++;
   pthread_cond_wait (&e->done_cond, &e->lock);
   e->done_waiters--;
@@ -202,7 +205,17 @@ queue_job (SiftEngine *e, Job *j)
   else
     e->xl[j->half].pending++;
   g_queue_push_tail (&e->jobs, j);
-  if (e->worker_idle)
+  if (e->worker_idle && e->hold_wake == 0)
+    pthread_cond_signal (&e->work_cond);
+  pthread_mutex_unlock (&e->lock);
+}
+
+void
+sift_engine_hold_wake (SiftEngine *e, gboolean hold)
+{
+  pthread_mutex_lock (&e->lock);
+  e->hold_wake += hold ? 1 : -1;
+  if (e->hold_wake == 0 && e->worker_idle && !g_queue_is_empty (&e->jobs))
     pthread_cond_signal (&e->work_cond);
   pthread_mutex_unlock (&e->lock);
 }
@@ -1024,6 +1037,7 @@ xl_queue (SiftEngine *e, int hi, gint32 layer, const SiftSelection *sel, GError 
   x->n_blocks = n;
   g_clear_error (&x->error);
   const gint64 cap_tokens = x->cap_blocks * s->block_size;
+  sift_engine_hold_wake (e, TRUE);
   for (gint64 i = 0; i < n; i++)
     {
       gint64 b = g_array_index (x->ids, gint64, i);
@@ -1034,6 +1048,7 @@ xl_queue (SiftEngine *e, int hi, gint32 layer, const SiftSelection *sel, GError 
                    .v = x->v + off, .cap = cap_tokens, .slot = -1, .half = hi };
       queue_job (e, j);
     }
+  sift_engine_hold_wake (e, FALSE);
   return TRUE;
 }
 

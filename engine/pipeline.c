@@ -183,19 +183,25 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
   gint64 compute_us = 0;
   clear_out (out, lse, ctx->n_q);
 
-  /* The ring: n_slots loads in flight; each slot is attended, freed and
-   * refilled with the block n_slots further on. */
+  /* The ring: block i goes to slot i mod n_slots. Free slots are refilled
+   * in batches (when half of them are free, or none is loading) so the copy
+   * worker is woken once per batch, not once per block. */
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
+  const gint64 low = MAX (1, n_slots / 2);
   gint64 queued = 0, done = 0;
   gboolean ok = TRUE;
-  for (; queued < MIN (m, n_slots) && ok; queued++)
-    ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots), SIFT_LOAD_KV, error);
+  sift_engine_hold_wake (e, TRUE);
+  while (queued < MIN (m, n_slots) && ok)
+    if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots), SIFT_LOAD_KV, error)))
+      queued++;
+  sift_engine_hold_wake (e, FALSE);
   for (; done < queued && ok; done++)
     {
       gint32 slot = (gint32) (done % n_slots);
       if (!sift_engine_wait_slot (e, slot, error))
         {
           ok = FALSE;
+          done++; /* the failed slot is free again */
           break;
         }
       SiftView k, v;
@@ -205,15 +211,20 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
                         &attended, error);
       compute_us += g_get_monotonic_time () - t0;
       sift_engine_slot_done (e, slot);
-      if (ok && queued < m)
+      const gint64 free_slots = n_slots - (queued - done - 1);
+      if (ok && queued < m && (free_slots >= low || queued == done + 1))
         {
-          ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), slot, SIFT_LOAD_KV, error);
-          queued++;
+          sift_engine_hold_wake (e, TRUE);
+          for (gint64 f = 0; f < free_slots && queued < m && ok; f++)
+            if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots),
+                                              SIFT_LOAD_KV, error)))
+              queued++;
+          sift_engine_hold_wake (e, FALSE);
         }
     }
 #undef BLOCK_AT
   /* After a failure, let the loads still in flight finish and free their slots. */
-  for (done = done + (ok ? 0 : 1); done < queued; done++)
+  for (; done < queued; done++)
     {
       gint32 slot = (gint32) (done % n_slots);
       sift_engine_wait_slot (e, slot, NULL);

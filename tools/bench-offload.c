@@ -28,7 +28,7 @@ typedef struct {
   gint layers, q_heads, kv_heads, head_dim, block, chunk, slots;
   gint64 tokens;
   char *stored, *compute, *pipeline, *path, *stores;
-  gboolean direct, warm, quick;
+  gboolean direct, warm, quick, decode_only;
   gint store_block, store_kv_heads, store_head_dim, store_blocks;
   gint prefill_budget, decode_budget, steps;
   gint overhead_tokens;
@@ -349,9 +349,10 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
   if (engine == NULL)
     return sift_cli_fail ("bench offload", error);
   g_autoptr (SiftModelSource) source = pattern_new (&shape);
-  g_autoptr (SiftPolicy) pp = sift_policy_new (&window_ops, NULL, &shape, &error);
+  g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &store_only_ops : &window_ops, NULL, &shape, &error);
   g_autoptr (SiftPolicy) dp = sift_policy_new (&window_ops, NULL, &shape, &error);
-  ((WindowPolicy *) pp)->budget = o->prefill_budget;
+  if (!o->decode_only)
+    ((WindowPolicy *) pp)->budget = o->prefill_budget;
   ((WindowPolicy *) dp)->budget = o->decode_budget;
   SiftPolicy **pre = g_new (SiftPolicy *, o->layers), **dec = g_new (SiftPolicy *, o->layers);
   for (gint l = 0; l < o->layers; l++)
@@ -372,7 +373,10 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
   Phase p, d;
   phase_of (engine, SIFT_PHASE_PREFILL, &wp, &p);
   phase_of (engine, SIFT_PHASE_DECODE, &wd, &d);
-  print_phase ("prefill", &p);
+  if (o->decode_only)
+    printf ("  prefill  (--decode-only: stored without attention)\n");
+  else
+    print_phase ("prefill", &p);
   print_phase ("decode", &d);
   SiftCounters c;
   sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &c);
@@ -478,6 +482,7 @@ sift_bench_offload (int argc, char **argv)
     { "decode-budget", 0, 0, G_OPTION_ARG_INT, &o.decode_budget, "Decode: last blocks selected (0: all, default)", "N" },
     { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
     { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
+    { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
     G_OPTION_ENTRY_NULL,
   };
