@@ -11,6 +11,8 @@
  * (from a different thread) or from inside a loop body runs serially on the
  * calling thread: never a deadlock, and the results are the same because
  * loop bodies must not depend on which thread runs which range. */
+#include <pthread.h>
+
 #include <sift/parallel.h>
 
 typedef struct {
@@ -21,9 +23,9 @@ typedef struct {
 } Job;
 
 typedef struct {
-  GMutex lock;          /* guards every field below but `next` */
-  GCond wake;           /* workers wait here for a new generation */
-  GCond done;           /* the caller waits here for running == 0 */
+  pthread_mutex_t lock; /* guards every field below but `next` */
+  pthread_cond_t wake;  /* workers wait here for a new generation */
+  pthread_cond_t done;  /* the caller waits here for running == 0 */
   GPtrArray *threads;   /* GThread *[n_workers] */
   guint64 generation;
   gint active;          /* workers 1..active take part in the current job */
@@ -37,8 +39,14 @@ typedef struct {
   guint64 generation;   /* the pool's generation when the worker was created */
 } WorkerStart;
 
-static Pool pool;
-static GMutex submit_lock;    /* held by the thread whose loop runs on the pool */
+/* pthread rather than GMutex/GCond: GLib's futex-based locks are invisible
+ * to ThreadSanitizer, which then reports every handshake as a race. */
+static Pool pool = {
+  .lock = PTHREAD_MUTEX_INITIALIZER,
+  .wake = PTHREAD_COND_INITIALIZER,
+  .done = PTHREAD_COND_INITIALIZER,
+};
+static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER; /* held while a loop runs on the pool */
 static gint n_threads_set;    /* atomic: 0 = default */
 static __thread gboolean in_loop; /* this thread runs a loop body */
 
@@ -62,20 +70,20 @@ worker_main (gpointer data)
   in_loop = TRUE; /* loops started from a body run serially */
   guint64 seen = start.generation;
 
-  g_mutex_lock (&pool.lock);
+  pthread_mutex_lock (&pool.lock);
   for (;;)
     {
       while (pool.generation == seen)
-        g_cond_wait (&pool.wake, &pool.lock);
+        pthread_cond_wait (&pool.wake, &pool.lock);
       seen = pool.generation;
       if (start.index > pool.active)
         continue;
       Job job = pool.job;
-      g_mutex_unlock (&pool.lock);
+      pthread_mutex_unlock (&pool.lock);
       run_ranges (&job, start.index);
-      g_mutex_lock (&pool.lock);
+      pthread_mutex_lock (&pool.lock);
       if (--pool.running == 0)
-        g_cond_signal (&pool.done);
+        pthread_cond_signal (&pool.done);
     }
   return NULL; /* not reached: workers live as long as the process */
 }
@@ -105,7 +113,7 @@ sift_parallel_for (gint64 n, gint64 grain, SiftParallelFunc fn, gpointer user_da
   grain = MAX (grain, 1);
   gint threads = sift_parallel_n_threads ();
   gint64 max_ranges = (n + grain - 1) / grain;
-  if (threads <= 1 || max_ranges <= 1 || in_loop || !g_mutex_trylock (&submit_lock))
+  if (threads <= 1 || max_ranges <= 1 || in_loop || pthread_mutex_trylock (&submit_lock) != 0)
     {
       gboolean was = in_loop;
       in_loop = TRUE;
@@ -120,25 +128,25 @@ sift_parallel_for (gint64 n, gint64 grain, SiftParallelFunc fn, gpointer user_da
   gint64 chunk = MAX (grain, n / ((gint64) (helpers + 1) * 4));
   Job job = { fn, user_data, n, chunk };
 
-  g_mutex_lock (&pool.lock);
+  pthread_mutex_lock (&pool.lock);
   ensure_workers (helpers);
   pool.job = job;
   __atomic_store_n (&pool.next, 0, __ATOMIC_RELAXED);
   pool.active = helpers;
   pool.running = helpers;
   pool.generation++;
-  g_cond_broadcast (&pool.wake);
-  g_mutex_unlock (&pool.lock);
+  pthread_cond_broadcast (&pool.wake);
+  pthread_mutex_unlock (&pool.lock);
 
   in_loop = TRUE;
   run_ranges (&job, 0);
   in_loop = FALSE;
 
-  g_mutex_lock (&pool.lock);
+  pthread_mutex_lock (&pool.lock);
   while (pool.running > 0)
-    g_cond_wait (&pool.done, &pool.lock);
-  g_mutex_unlock (&pool.lock);
-  g_mutex_unlock (&submit_lock);
+    pthread_cond_wait (&pool.done, &pool.lock);
+  pthread_mutex_unlock (&pool.lock);
+  pthread_mutex_unlock (&submit_lock);
 }
 
 static gint
