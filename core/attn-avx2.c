@@ -1,7 +1,7 @@
 /* AVX2 attention kernels: the vector operations of attn-simd.h on 8-lane
  * __m256 (built with -mavx2 -mfma -mf16c, called only when the CPU has them).
  * attn-simd.h needs: VL, vf, vload, vstore, vset1, vzero, vfma, vmul, vadd,
- * vsub, vmax, vcvt_f16, vcvt_bf16 (VL elements to f32), vmask_ge,
+ * vsub, vmax, vhsum (sum of the lanes), vcvt_f16, vcvt_bf16 (VL elements to f32), vmask_ge,
  * vzero_where_neg_inf, vexp2 and the microkernel's block MR x NR (MR must
  * divide BK and VL). */
 #include <immintrin.h>
@@ -24,6 +24,15 @@ static inline vf vmul (vf a, vf b) { return _mm256_mul_ps (a, b); }
 static inline vf vadd (vf a, vf b) { return _mm256_add_ps (a, b); }
 static inline vf vsub (vf a, vf b) { return _mm256_sub_ps (a, b); }
 static inline vf vmax (vf a, vf b) { return _mm256_max_ps (a, b); }
+
+static inline float
+vhsum (vf x)
+{
+  __m128 s = _mm_add_ps (_mm256_castps256_ps128 (x), _mm256_extractf128_ps (x, 1));
+  s = _mm_add_ps (s, _mm_movehl_ps (s, s));
+  s = _mm_add_ss (s, _mm_movehdup_ps (s));
+  return _mm_cvtss_f32 (s);
+}
 
 static inline vf
 vcvt_f16 (const guint16 *p)

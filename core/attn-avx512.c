@@ -22,6 +22,8 @@ static inline vf vadd (vf a, vf b) { return _mm512_add_ps (a, b); }
 static inline vf vsub (vf a, vf b) { return _mm512_sub_ps (a, b); }
 static inline vf vmax (vf a, vf b) { return _mm512_max_ps (a, b); }
 
+static inline float vhsum (vf x) { return _mm512_reduce_add_ps (x); }
+
 static inline vf
 vcvt_f16 (const guint16 *p)
 {

@@ -26,6 +26,7 @@
 
 #define BK 64     /* keys per tile */
 #define RMAX 128  /* query rows per item */
+#define FEW_ROWS MR /* up to this many rows: dot products, not Q^T */
 
 #define ALWAYS_INLINE static inline __attribute__ ((always_inline))
 
@@ -174,6 +175,55 @@ scores (const Scratch *s, gsize nkp, gsize rp, gsize dp)
     }
 }
 
+/* st[j][i] = sum_c qs[i][c] kc[j][c] for `nr` (<= MR) query rows i and two
+ * keys j: dot products along head_dim, one horizontal sum each. For a few
+ * rows (decode) this wastes no lanes, where the transposed form would fill
+ * a vector of rows with padding. */
+ALWAYS_INLINE void
+dot_block (const float *qs, const float *kc, gsize dp, float *st, gsize rp, const int nr)
+{
+  vf acc[MR][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < nr; i++)
+    acc[i][0] = acc[i][1] = vzero ();
+  for (gsize c = 0; c < dp; c += VL)
+    {
+      vf k0 = vload (kc + c), k1 = vload (kc + dp + c);
+#pragma GCC unroll 8
+      for (int i = 0; i < nr; i++)
+        {
+          vf q = vload (qs + (gsize) i * dp + c);
+          acc[i][0] = vfma (q, k0, acc[i][0]);
+          acc[i][1] = vfma (q, k1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < nr; i++)
+    {
+      st[i] = vhsum (acc[i][0]);
+      st[rp + (gsize) i] = vhsum (acc[i][1]);
+    }
+}
+
+/* scores() for R <= FEW_ROWS rows kept row-major in s->qt [MR][dp]. */
+static void
+scores_few (const Scratch *s, gsize nkp, gsize R, gsize rp, gsize dp)
+{
+  for (gsize j = 0; j < nkp; j += 2)
+    for (gsize i = 0; i < R; i += MR)
+      {
+        const float *qs = s->qt + i * dp, *kc = s->kc + j * dp;
+        float *st = s->st + j * rp + i;
+        switch (MIN (R - i, (gsize) MR))
+          {
+          case 1: dot_block (qs, kc, dp, st, rp, 1); break;
+          case 2: dot_block (qs, kc, dp, st, rp, 2); break;
+          case 3: dot_block (qs, kc, dp, st, rp, 3); break;
+          default: dot_block (qs, kc, dp, st, rp, MR); break;
+          }
+      }
+}
+
 /* o[i][c] = alpha[i] o[i][c] + sum_j st[j][i] vc[j][c] for rows i < r4. */
 static void
 accumulate (const Scratch *s, gsize nk, gsize r4, gsize rp, gsize dp)
@@ -271,17 +321,39 @@ run_item (const Plan *p, gint64 item, float *buf)
   const gint32 d = p->d;
   Scratch s = scratch_carve (buf, rp, dp);
 
-  /* Rows, head-major: row r = hi * nt + ti. */
-  memset (s.qt, 0, dp * rp * sizeof (float));
+  /* Rows, head-major: row r = hi * nt + ti. Few rows keep Q row-major
+   * (dot products along head_dim); many keep it transposed, written column
+   * by column so the stores run along memory. */
+  const gboolean few = R <= FEW_ROWS;
+  const float *qrow[RMAX];
   for (gint64 hi = 0; hi < nh; hi++)
     for (gint64 ti = 0; ti < nt; ti++)
       {
         gsize r = (gsize) (hi * nt + ti);
-        const float *q = sift_view_row (a->q, h0 + hi, t0 + ti);
-        for (gint32 c = 0; c < d; c++)
-          s.qt[(gsize) c * rp + r] = q[c] * p->qscale;
+        qrow[r] = sift_view_row (a->q, h0 + hi, t0 + ti);
         s.lim[r] = limit32 (a, t0 + ti);
       }
+  if (few)
+    {
+      /* Lanes of rows >= R are never scored: keep them finite. */
+      memset (s.st, 0, BK * rp * sizeof (float));
+      memset (s.qt, 0, MR * dp * sizeof (float));
+      for (gsize r = 0; r < R; r++)
+        for (gint32 c = 0; c < d; c++)
+          s.qt[r * dp + (gsize) c] = qrow[r][c] * p->qscale;
+    }
+  else
+    {
+      memset (s.qt + (gsize) d * rp, 0, (dp - (gsize) d) * rp * sizeof (float));
+      for (gint32 c = 0; c < d; c++)
+        {
+          float *col = s.qt + (gsize) c * rp;
+          for (gsize r = 0; r < R; r++)
+            col[r] = qrow[r][c] * p->qscale;
+          for (gsize r = R; r < rp; r++)
+            col[r] = 0.0f;
+        }
+    }
   for (gsize r = R; r < rp; r++)
     s.lim[r] = G_MAXINT32;
   for (gsize r = 0; r < rp; r++)
@@ -313,7 +385,10 @@ run_item (const Plan *p, gint64 item, float *buf)
           load_row (a->v, g, t, s.vc + j * dp, d, (gint32) dp);
         }
       memset (s.kc + nk * dp, 0, (nkp - nk) * dp * sizeof (float));
-      scores (&s, nkp, rp, dp);
+      if (few)
+        scores_few (&s, nkp, R, rp, dp);
+      else
+        scores (&s, nkp, rp, dp);
       softmax_tile (&s, nk, rp, a->causal && max_pos >= min_lim);
       accumulate (&s, nk, r4, rp, dp);
     }
