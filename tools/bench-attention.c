@@ -3,8 +3,10 @@
  *
  * Prefill: causal dense attention of L queries against L keys, 32 query
  * heads / 8 kv heads, head_dim 128, f16 K/V; GFLOP/s counts the matmuls only,
- * 4 * L * L * head_dim per query head, halved for causal. Decode: one query
- * row against L keys, same heads; GB/s counts the K and V bytes read. The
+ * 4 * L * L * head_dim per query head, halved for causal (--non-causal:
+ * every score, to compare with kernels that do not skip masked tiles).
+ * Decode: one query row against L keys, same heads; GB/s counts the K and V
+ * bytes read. The
  * decode is run with GQA group 4 (8 kv heads) and group 1 (32 kv heads): the
  * same rate per KV byte means the group's query heads share each K/V read. */
 #include <math.h>
@@ -63,9 +65,9 @@ problem_clear (Problem *p)
 
 /* Median seconds of `repeats` calls, after one warm-up call. */
 static double
-time_calls (Problem *p, gboolean decode, gint repeats)
+time_calls (Problem *p, gboolean decode, gboolean causal, gint repeats)
 {
-  SiftAttnOpts opts = { .causal = TRUE, .q_offset = p->kv.n_tokens - p->qv.n_tokens };
+  SiftAttnOpts opts = { .causal = causal, .q_offset = p->kv.n_tokens - p->qv.n_tokens };
   g_autofree double *t = g_new (double, repeats);
   for (gint r = -1; r < repeats; r++)
     {
@@ -107,6 +109,7 @@ int
 sift_bench_attention (int argc, char **argv)
 {
   gint threads = 2, repeats = 3, mib = 1024;
+  gboolean full = FALSE;
   g_autofree char *lengths = NULL, *decode_lengths = NULL;
   GOptionEntry entries[] = {
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Threads (default 2)", "N" },
@@ -115,6 +118,7 @@ sift_bench_attention (int argc, char **argv)
     { "decode-lengths", 0, 0, G_OPTION_ARG_STRING, &decode_lengths,
       "Decode KV lengths (default 16k,128k)", "L,..." },
     { "mib", 0, 0, G_OPTION_ARG_INT, &mib, "MiB streamed for the peak read bandwidth (default 1024)", "N" },
+    { "non-causal", 0, 0, G_OPTION_ARG_NONE, &full, "Prefill without the causal mask (all L x L scores)", NULL },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("- prefill and decode attention against the measured peak");
@@ -144,15 +148,16 @@ sift_bench_attention (int argc, char **argv)
           peak.read_gbps);
 
   g_autoptr (GRand) r = g_rand_new_with_seed (1);
-  printf ("prefill  causal, %d q heads / 8 kv heads, head_dim %d, f16 K/V\n", Q_HEADS, HEAD_DIM);
+  printf ("prefill  %s, %d q heads / 8 kv heads, head_dim %d, f16 K/V\n", full ? "non-causal" : "causal",
+          Q_HEADS, HEAD_DIM);
   printf ("  %8s %10s %12s %10s\n", "tokens", "ms", "GFLOP/s", "of peak");
   for (guint i = 0; i < pre->len; i++)
     {
       gint64 L = g_array_index (pre, gint64, i);
       Problem p;
       problem_init (&p, L, L, 8, r);
-      double s = time_calls (&p, FALSE, repeats);
-      double flops = 4.0 * (double) L * (double) L * HEAD_DIM * Q_HEADS / 2.0;
+      double s = time_calls (&p, FALSE, !full, repeats);
+      double flops = 4.0 * (double) L * (double) L * HEAD_DIM * Q_HEADS / (full ? 1.0 : 2.0);
       printf ("  %8" G_GINT64_FORMAT " %10.2f %12.1f %9.1f%%\n", L, s * 1e3, flops / s * 1e-9,
               100.0 * flops / s * 1e-9 / peak.fma_gflops);
       problem_clear (&p);
@@ -166,7 +171,7 @@ sift_bench_attention (int argc, char **argv)
         gint64 L = g_array_index (dec, gint64, i);
         Problem p;
         problem_init (&p, 1, L, Q_HEADS / group, r);
-        double s = time_calls (&p, TRUE, repeats);
+        double s = time_calls (&p, TRUE, TRUE, repeats);
         double bytes = 2.0 * (double) L * (Q_HEADS / group) * HEAD_DIM * sizeof (guint16);
         printf ("  %8" G_GINT64_FORMAT " %6d %10.3f %12.1f %9.1f%%\n", L, group, s * 1e3,
                 bytes / s * 1e-9, 100.0 * bytes / s * 1e-9 / peak.read_gbps);
