@@ -11,6 +11,7 @@
 
 #define VL 8
 #define MR 4
+#define DOT_KEYS 2 /* keys per dot-product block (must divide MR) */
 #define NR 2  /* 8 of the 16 registers accumulate */
 
 typedef __m256 vf;

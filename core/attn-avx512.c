@@ -8,6 +8,7 @@
 
 #define VL 16
 #define MR 4  /* broadcast rows of the microkernel */
+#define DOT_KEYS 4 /* keys per dot-product block (MR x 4 accumulators) */
 #define NR 4  /* vectors per row: MR x NR = 16 of the 32 registers accumulate */
 
 typedef __m512 vf;

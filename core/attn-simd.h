@@ -175,41 +175,46 @@ scores (const Scratch *s, gsize nkp, gsize rp, gsize dp)
     }
 }
 
-/* st[j][i] = sum_c qs[i][c] kc[j][c] for `nr` (<= MR) query rows i and two
- * keys j: dot products along head_dim, one horizontal sum each. For a few
- * rows (decode) this wastes no lanes, where the transposed form would fill
- * a vector of rows with padding. */
+/* st[j][i] = sum_c qs[i][c] kc[j][c] for `nr` (<= MR) query rows i and
+ * DOT_KEYS keys j: dot products along head_dim, one horizontal sum each.
+ * For a few rows (decode) this wastes no lanes, where the transposed form
+ * would fill a vector of rows with padding. */
 ALWAYS_INLINE void
 dot_block (const float *qs, const float *kc, gsize dp, float *st, gsize rp, const int nr)
 {
-  vf acc[MR][2];
+  vf acc[MR][DOT_KEYS];
 #pragma GCC unroll 8
   for (int i = 0; i < nr; i++)
-    acc[i][0] = acc[i][1] = vzero ();
+#pragma GCC unroll 8
+    for (int j = 0; j < DOT_KEYS; j++)
+      acc[i][j] = vzero ();
   for (gsize c = 0; c < dp; c += VL)
     {
-      vf k0 = vload (kc + c), k1 = vload (kc + dp + c);
+      vf k[DOT_KEYS];
+#pragma GCC unroll 8
+      for (int j = 0; j < DOT_KEYS; j++)
+        k[j] = vload (kc + (gsize) j * dp + c);
 #pragma GCC unroll 8
       for (int i = 0; i < nr; i++)
         {
           vf q = vload (qs + (gsize) i * dp + c);
-          acc[i][0] = vfma (q, k0, acc[i][0]);
-          acc[i][1] = vfma (q, k1, acc[i][1]);
+#pragma GCC unroll 8
+          for (int j = 0; j < DOT_KEYS; j++)
+            acc[i][j] = vfma (q, k[j], acc[i][j]);
         }
     }
 #pragma GCC unroll 8
   for (int i = 0; i < nr; i++)
-    {
-      st[i] = vhsum (acc[i][0]);
-      st[rp + (gsize) i] = vhsum (acc[i][1]);
-    }
+#pragma GCC unroll 8
+    for (int j = 0; j < DOT_KEYS; j++)
+      st[(gsize) j * rp + (gsize) i] = vhsum (acc[i][j]);
 }
 
 /* scores() for R <= FEW_ROWS rows kept row-major in s->qt [MR][dp]. */
 static void
 scores_few (const Scratch *s, gsize nkp, gsize R, gsize rp, gsize dp)
 {
-  for (gsize j = 0; j < nkp; j += 2)
+  for (gsize j = 0; j < nkp; j += DOT_KEYS)
     for (gsize i = 0; i < R; i += MR)
       {
         const float *qs = s->qt + i * dp, *kc = s->kc + j * dp;

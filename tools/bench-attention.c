@@ -63,22 +63,26 @@ problem_clear (Problem *p)
   g_free (p->v);
 }
 
-/* Median seconds of `repeats` calls, after one warm-up call. */
+/* Median over `repeats` samples of the seconds per call, each sample
+ * averaging `calls` calls; one warm-up call first. */
 static double
-time_calls (Problem *p, gboolean decode, gboolean causal, gint repeats)
+time_calls (Problem *p, gboolean decode, gboolean causal, gint repeats, gint calls)
 {
   SiftAttnOpts opts = { .causal = causal, .q_offset = p->kv.n_tokens - p->qv.n_tokens };
   g_autofree double *t = g_new (double, repeats);
   for (gint r = -1; r < repeats; r++)
     {
-      g_autoptr (GError) error = NULL;
       gint64 t0 = g_get_monotonic_time ();
-      gboolean ok = decode ? sift_attn_decode (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error)
-                           : sift_attn_dense (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error);
-      if (!ok)
-        g_error ("attention failed: %s", error->message);
+      for (gint c = 0; c < (r < 0 ? 1 : calls); c++)
+        {
+          g_autoptr (GError) error = NULL;
+          gboolean ok = decode ? sift_attn_decode (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error)
+                               : sift_attn_dense (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error);
+          if (!ok)
+            g_error ("attention failed: %s", error->message);
+        }
       if (r >= 0)
-        t[r] = (double) (g_get_monotonic_time () - t0) * 1e-6;
+        t[r] = (double) (g_get_monotonic_time () - t0) * 1e-6 / calls;
     }
   return sift_bench_median (t, (gsize) repeats);
 }
@@ -110,7 +114,7 @@ sift_bench_attention (int argc, char **argv)
 {
   gint threads = 2, repeats = 3, mib = 1024;
   gboolean full = FALSE;
-  g_autofree char *lengths = NULL, *decode_lengths = NULL;
+  g_autofree char *lengths = NULL, *decode_lengths = NULL, *blocks = NULL;
   GOptionEntry entries[] = {
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Threads (default 2)", "N" },
     { "repeats", 'r', 0, G_OPTION_ARG_INT, &repeats, "Runs per figure; the median is printed (default 3)", "N" },
@@ -118,6 +122,8 @@ sift_bench_attention (int argc, char **argv)
     { "decode-lengths", 0, 0, G_OPTION_ARG_STRING, &decode_lengths,
       "Decode KV lengths (default 16k,128k)", "L,..." },
     { "mib", 0, 0, G_OPTION_ARG_INT, &mib, "MiB streamed for the peak read bandwidth (default 1024)", "N" },
+    { "blocks", 0, 0, G_OPTION_ARG_STRING, &blocks,
+      "Block sizes for the per-call figures (default 64,256,1024)", "B,..." },
     { "non-causal", 0, 0, G_OPTION_ARG_NONE, &full, "Prefill without the causal mask (all L x L scores)", NULL },
     { NULL },
   };
@@ -126,9 +132,11 @@ sift_bench_attention (int argc, char **argv)
   g_autoptr (GError) error = NULL;
   g_autoptr (GArray) pre = g_array_new (FALSE, FALSE, sizeof (gint64));
   g_autoptr (GArray) dec = g_array_new (FALSE, FALSE, sizeof (gint64));
+  g_autoptr (GArray) blk = g_array_new (FALSE, FALSE, sizeof (gint64));
   if (!g_option_context_parse (ctx, &argc, &argv, &error)
       || !parse_lengths (lengths ? lengths : "4096,16384", pre, &error)
-      || !parse_lengths (decode_lengths ? decode_lengths : "16k,128k", dec, &error))
+      || !parse_lengths (decode_lengths ? decode_lengths : "16k,128k", dec, &error)
+      || !parse_lengths (blocks ? blocks : "64,256,1024", blk, &error))
     {
       fprintf (stderr, "sift bench attention: %s\n", error->message);
       return 2;
@@ -156,7 +164,7 @@ sift_bench_attention (int argc, char **argv)
       gint64 L = g_array_index (pre, gint64, i);
       Problem p;
       problem_init (&p, L, L, 8, r);
-      double s = time_calls (&p, FALSE, !full, repeats);
+      double s = time_calls (&p, FALSE, !full, repeats, 1);
       double flops = 4.0 * (double) L * (double) L * HEAD_DIM * Q_HEADS / (full ? 1.0 : 2.0);
       printf ("  %8" G_GINT64_FORMAT " %10.2f %12.1f %9.1f%%\n", L, s * 1e3, flops / s * 1e-9,
               100.0 * flops / s * 1e-9 / peak.fma_gflops);
@@ -171,11 +179,32 @@ sift_bench_attention (int argc, char **argv)
         gint64 L = g_array_index (dec, gint64, i);
         Problem p;
         problem_init (&p, 1, L, Q_HEADS / group, r);
-        double s = time_calls (&p, TRUE, TRUE, repeats);
+        double s = time_calls (&p, TRUE, TRUE, repeats, 1);
         double bytes = 2.0 * (double) L * (Q_HEADS / group) * HEAD_DIM * sizeof (guint16);
         printf ("  %8" G_GINT64_FORMAT " %6d %10.3f %12.1f %9.1f%%\n", L, group, s * 1e3,
                 bytes / s * 1e-9, 100.0 * bytes / s * 1e-9 / peak.read_gbps);
         problem_clear (&p);
       }
+
+  /* The engine calls the kernels block by block: per-call cost matters. */
+  printf ("\nper block  %d q heads / 8 kv heads, f16 K/V: decode of 1 row, and a chunk of B\n"
+          "           queries against the block (non-causal)\n", Q_HEADS);
+  printf ("  %8s %12s %12s %12s %12s\n", "block", "decode us", "KV GB/s", "chunk us", "GFLOP/s");
+  for (guint i = 0; i < blk->len; i++)
+    {
+      gint64 B = g_array_index (blk, gint64, i);
+      Problem d, c;
+      problem_init (&d, 1, B, 8, r);
+      problem_init (&c, B, B, 8, r);
+      gint calls = (gint) CLAMP ((1 << 22) / B, 1, 20000);
+      double sd = time_calls (&d, TRUE, FALSE, repeats, calls);
+      double sc = time_calls (&c, FALSE, FALSE, repeats, MAX (1, calls / (gint) B));
+      double bytes = 2.0 * (double) B * 8 * HEAD_DIM * sizeof (guint16);
+      double flops = 4.0 * (double) B * (double) B * HEAD_DIM * Q_HEADS;
+      printf ("  %8" G_GINT64_FORMAT " %12.2f %12.1f %12.1f %12.1f\n", B, sd * 1e6, bytes / sd * 1e-9,
+              sc * 1e6, flops / sc * 1e-9);
+      problem_clear (&d);
+      problem_clear (&c);
+    }
   return 0;
 }
