@@ -82,7 +82,7 @@ typedef struct {
   double worst;          /* largest |o - o_ref| / max |o_ref| over calls */
 } Reference;
 
-/* The keys row i of this call may attend, written out from the policy's
+/* The keys this call's rows may attend (causality aside), from the policy's
  * documented rule: a stored block is kept when it holds a sink token or a
  * token of [q_pos - window, q_pos); tokens not stored yet always are. */
 static gsize
