@@ -147,9 +147,11 @@ check_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftVie
 
 /* Prefills `prompt` tokens and decodes `steps` single tokens through the
  * engine (f32 host store, ring of 3 slots) with streaming in both phases
- * of every layer; every call is checked; returns the attended fraction. */
+ * of every layer; every call is checked. Returns the fraction of KV tokens
+ * attended; *bytes_loaded gets the bytes read from the store. */
 static double
-run_engine (SiftRegistry *reg, gint64 prompt, gint64 steps, gint64 sinks, gint64 window)
+run_engine (SiftRegistry *reg, gint64 prompt, gint64 steps, gint64 sinks, gint64 window,
+            guint64 *bytes_loaded)
 {
   GError *error = NULL;
   SiftModelShape shape = { .n_layers = 2, .n_q_heads = 4, .n_kv_heads = 2, .head_dim = 32,
@@ -190,6 +192,7 @@ run_engine (SiftRegistry *reg, gint64 prompt, gint64 steps, gint64 sinks, gint64
   SiftCounters prefill, decode;
   sift_engine_counters (engine, -1, SIFT_PHASE_PREFILL, &prefill);
   sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &decode);
+  *bytes_loaded = prefill.bytes_loaded + decode.bytes_loaded;
   return (double) (prefill.tokens_attended + decode.tokens_attended)
          / (double) (prefill.tokens_available + decode.tokens_available);
 }
@@ -201,12 +204,14 @@ main (void)
   test_selection (reg);
   /* A prompt ending in a partial block, then decode steps past the next
    * block boundary: the window covers everything, so streaming is dense. */
-  double density = run_engine (reg, 150, 20, 4, -1);
+  guint64 dense_bytes, streaming_bytes;
+  double density = run_engine (reg, 150, 20, 4, -1, &dense_bytes);
   CHECK (density == 1.0);
   /* A window that ends mid-block and sinks inside block 0: the engine
-   * attends exactly the kept tokens, and fewer than all. */
-  density = run_engine (reg, 150, 20, 4, 40);
+   * attends exactly the kept tokens, fewer than all, and loads less. */
+  density = run_engine (reg, 150, 20, 4, 40, &streaming_bytes);
   CHECK (density < 0.8);
+  CHECK (streaming_bytes < dense_bytes / 2);
   printf ("3 passed, 0 failed\n");
   return 0;
 }
