@@ -83,9 +83,9 @@ build_plugin () {
     address-undefined) opts+=(-Db_sanitize=address,undefined) ;;
     thread) opts+=(-Db_sanitize=thread) ;;
   esac
-  step "meson setup + compile + test in $dir"
+  step "meson setup + meson test in $dir"
   (cd "$dir" && quiet "$meson" setup build "${opts[@]}")
-  # It compiled against the installed headers, not the source tree's.
+  # It compiles against the installed headers, not the source tree's.
   grep -q -- "-I$includedir" "$dir/build/compile_commands.json" \
     || fail "the plugin's build does not use the installed headers ($includedir)"
   if grep -q -- "$src/include" "$dir/build/compile_commands.json"; then
