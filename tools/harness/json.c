@@ -43,35 +43,25 @@ member (JsonWriter *w, const char *key)
     }
 }
 
-void
-json_begin_object (JsonWriter *w, const char *key)
+static void
+open_container (JsonWriter *w, const char *key, char c)
 {
   member (w, key);
-  g_string_append_c (w->s, '{');
+  g_string_append_c (w->s, c);
   w->first = TRUE;
 }
 
-void
-json_end_object (JsonWriter *w)
+static void
+close_container (JsonWriter *w, char c)
 {
-  g_string_append_c (w->s, '}');
+  g_string_append_c (w->s, c);
   w->first = FALSE;
 }
 
-void
-json_begin_array (JsonWriter *w, const char *key)
-{
-  member (w, key);
-  g_string_append_c (w->s, '[');
-  w->first = TRUE;
-}
-
-void
-json_end_array (JsonWriter *w)
-{
-  g_string_append_c (w->s, ']');
-  w->first = FALSE;
-}
+void json_begin_object (JsonWriter *w, const char *key) { open_container (w, key, '{'); }
+void json_end_object (JsonWriter *w) { close_container (w, '}'); }
+void json_begin_array (JsonWriter *w, const char *key) { open_container (w, key, '['); }
+void json_end_array (JsonWriter *w) { close_container (w, ']'); }
 
 void
 json_string (JsonWriter *w, const char *key, const char *value)
