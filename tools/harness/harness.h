@@ -126,20 +126,18 @@ void harness_progress_free (HarnessProgress *p);
 /* ---- The whole run (needle.c) ----------------------------------------------- */
 
 typedef struct {
-  char **configs;             /* files; empty: the default config */
-  char **sets;                /* KEY=VALUE overrides applied to every config */
-  char *out_dir;              /* NULL: harness.out_dir of the first config */
-  char **policy_path;         /* extra policy directories */
-  FILE *table;                /* stdout */
-  FILE *log;                  /* stderr: progress, where outputs went */
-  gboolean force_progress;
+  const char *out_dir;        /* NULL: harness.out of the config */
+  FILE *table;                /* the summary table (stdout) */
+  FILE *log;                  /* progress and where outputs went (stderr) */
+  gboolean force_progress;    /* draw the progress line on a non-terminal too */
 } HarnessOptions;
 
-/* Runs every config's grid; returns the exit status (0 every setup at or
- * above harness.min_accuracy, 1 below, 2 usage, config or run error,
- * already printed to opts->log). */
-int harness_needle_main (const HarnessOptions *opts);
-/* Where `sift needle` finds configs/default.yaml (NULL if nowhere). */
-char *harness_default_config (void);
+/* Runs the grid for every setup of `config` (policies resolved), resuming
+ * from OUT/records.jsonl; prints the table, writes the heatmaps. *below_out
+ * says whether a setup passed fewer cells than harness.min_accuracy.
+ * SIFT_HARNESS_ERROR_INVALID: the config cannot make a grid (a usage
+ * error); anything else failed while running. */
+gboolean harness_needle_run (const SiftConfig *config, const HarnessOptions *opts, gboolean *below_out,
+                             GError **error);
 
 G_END_DECLS

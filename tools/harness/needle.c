@@ -1,26 +1,9 @@
-/* `sift needle`: every config's grid for every setup, records, table,
- * heatmaps, exit status. */
+/* `sift needle`: the grid for every setup, records, table, heatmaps. */
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
 #include "harness.h"
-
-char *
-harness_default_config (void)
-{
-  const char *env = g_getenv ("SIFT_CONFIG_DIR");
-  const char *dirs[] = { env, SIFT_INSTALLED_CONFIG_DIR, SIFT_SOURCE_CONFIG_DIR };
-  for (gsize i = 0; i < G_N_ELEMENTS (dirs); i++)
-    {
-      if (dirs[i] == NULL)
-        continue;
-      char *path = g_build_filename (dirs[i], "default.yaml", NULL);
-      if (g_file_test (path, G_FILE_TEST_IS_REGULAR))
-        return path;
-      g_free (path);
-    }
-  return NULL;
-}
 
 /* A file name piece from a label: [a-z0-9._-], anything else '-'. */
 static char *
@@ -39,18 +22,18 @@ is_full (const SiftPolicySetup *s)
   return g_strcmp0 (s->prefill.name, "full") == 0 && g_strcmp0 (s->decode.name, "full") == 0;
 }
 
-/* Catches what would fail in every cell before any runs: the shortest
- * context must hold the needles. */
+/* Catches what would fail in every cell before any runs. */
 static gboolean
-check_grid (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
+check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
 {
   if (g_strcmp0 (cfg->source, "synthetic") != 0)
     {
       g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
-                   "%s: model.source is '%s'; the needle harness needs the synthetic source", cfg->file,
-                   cfg->source);
+                   "%s: model.source is '%s'; the needle harness needs the synthetic source (it plants the needles)",
+                   cfg->file, cfg->source);
       return FALSE;
     }
+  /* The shortest context must hold the needles. */
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g->lengths[0], 0.0,
                                                           cfg->synthetic.sink_tokens, cfg->harness.seed, error);
   if (plan == NULL)
@@ -58,218 +41,144 @@ check_grid (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
       g_prefix_error (error, "%s: ", cfg->file);
       return FALSE;
     }
-  return TRUE;
-}
-
-static void
-print_error (FILE *log, const GError *error)
-{
-  fprintf (log, "sift needle: %s\n", error->message);
-}
-
-typedef struct {
-  GPtrArray *configs;        /* SiftConfig * */
-  GArray *grids;             /* HarnessGrid */
-  GArray *results;           /* HarnessSetupResult */
-} Run;
-
-static void
-run_clear (Run *r)
-{
-  for (guint i = 0; r->results != NULL && i < r->results->len; i++)
+  /* The model must take the knobs and the plan's needle keys. */
+  g_autoptr (GError) local = NULL;
+  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, &local);
+  if (src == NULL)
     {
-      HarnessSetupResult *s = &g_array_index (r->results, HarnessSetupResult, i);
-      gsize n = s->grid->n_lengths * s->grid->n_depths;
-      for (gsize c = 0; c < n; c++)
-        harness_cell_clear (&s->cells[c]);
-      g_free (s->cells);
-    }
-  for (guint i = 0; r->grids != NULL && i < r->grids->len; i++)
-    harness_grid_clear (&g_array_index (r->grids, HarnessGrid, i));
-  g_clear_pointer (&r->results, g_array_unref);
-  g_clear_pointer (&r->grids, g_array_unref);
-  g_clear_pointer (&r->configs, g_ptr_array_unref);
-}
-
-static gboolean
-load_configs (const HarnessOptions *o, SiftRegistry *registry, Run *run, GError **error)
-{
-  g_autoptr (GPtrArray) files = g_ptr_array_new_with_free_func (g_free);
-  for (char **f = o->configs; f != NULL && *f != NULL; f++)
-    g_ptr_array_add (files, g_strdup (*f));
-  if (files->len == 0)
-    {
-      char *def = harness_default_config ();
-      if (def == NULL)
-        {
-          g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
-                       "no --config given and no default.yaml in $SIFT_CONFIG_DIR, %s or %s",
-                       SIFT_INSTALLED_CONFIG_DIR, SIFT_SOURCE_CONFIG_DIR);
-          return FALSE;
-        }
-      g_ptr_array_add (files, def);
-    }
-  for (guint i = 0; i < files->len; i++)
-    {
-      SiftConfig *cfg = sift_config_load (g_ptr_array_index (files, i), registry, error);
-      if (cfg == NULL)
-        return FALSE;
-      g_ptr_array_add (run->configs, cfg);
-      for (char **s = o->sets; s != NULL && *s != NULL; s++)
-        if (!sift_config_set (cfg, *s, registry, error))
-          return FALSE;
-      if (o->out_dir != NULL)
-        {
-          g_free (cfg->harness.out_dir);
-          cfg->harness.out_dir = g_strdup (o->out_dir);
-        }
-      HarnessGrid grid;
-      if (!harness_grid_expand (&cfg->harness, &grid, error))
-        {
-          g_prefix_error (error, "%s: ", cfg->file);
-          return FALSE;
-        }
-      g_array_append_val (run->grids, grid);
-      if (!check_grid (cfg, &grid, error))
-        return FALSE;
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID, "%s: %s", cfg->file, local->message);
+      return FALSE;
     }
   return TRUE;
 }
 
-static gboolean
-run_grids (const HarnessOptions *o, Run *run, HarnessRecords *records, GError **error)
+static void
+results_free (HarnessSetupResult *results, gsize n)
 {
-  gsize total = 0, done = 0, passed = 0;
-  for (guint i = 0; i < run->configs->len; i++)
+  for (gsize i = 0; i < n; i++)
     {
-      const SiftConfig *cfg = g_ptr_array_index (run->configs, i);
-      const HarnessGrid *g = &g_array_index (run->grids, HarnessGrid, i);
-      total += cfg->setups->len * g->n_lengths * g->n_depths;
+      gsize cells = results[i].grid->n_lengths * results[i].grid->n_depths;
+      for (gsize c = 0; c < cells; c++)
+        harness_cell_clear (&results[i].cells[c]);
+      g_free (results[i].cells);
     }
+  g_free (results);
+}
+
+static gboolean
+run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, HarnessRecords *records,
+          HarnessSetupResult *results, GError **error)
+{
+  gsize total = cfg->setups->len * g->n_lengths * g->n_depths, done = 0, passed = 0, fresh = 0;
   HarnessProgress *progress = harness_progress_new (o->log, total, o->force_progress);
   gboolean ok = TRUE;
-  for (guint i = 0; ok && i < run->configs->len; i++)
+  for (guint s = 0; ok && s < cfg->setups->len; s++)
     {
-      const SiftConfig *cfg = g_ptr_array_index (run->configs, i);
-      const HarnessGrid *g = &g_array_index (run->grids, HarnessGrid, i);
-      for (guint s = 0; ok && s < cfg->setups->len; s++)
-        {
-          const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
-          HarnessSetupResult res = {
-            .config_file = cfg->file, .label = setup->label, .is_full = is_full (setup), .grid = g,
-            .cells = g_new0 (HarnessCell, g->n_lengths * g->n_depths),
-          };
-          g_array_append_val (run->results, res);
-          for (gsize d = 0; ok && d < g->n_depths; d++)
-            for (gsize l = 0; ok && l < g->n_lengths; l++)
+      const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
+      HarnessSetupResult *res = &results[s];
+      for (gsize d = 0; ok && d < g->n_depths; d++)
+        for (gsize l = 0; ok && l < g->n_lengths; l++)
+          {
+            HarnessCell *cell = &res->cells[d * g->n_lengths + l];
+            g_autofree char *key = harness_settings_key (cfg, setup, g->lengths[l], g->depths[d]);
+            harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
+            if (!harness_records_find (records, key, cell))
               {
-                HarnessCell *cell = &res.cells[d * g->n_lengths + l];
-                g_autofree char *key = harness_settings_key (cfg, setup, g->lengths[l], g->depths[d]);
-                harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
-                if (!harness_records_find (records, key, cell))
+                ok = harness_run_cell (cfg, setup, g->lengths[l], g->depths[d], cell, error);
+                if (!ok)
                   {
-                    ok = harness_run_cell (cfg, setup, g->lengths[l], g->depths[d], cell, error);
-                    if (!ok)
-                      {
-                        g_prefix_error (error, "%s: setup '%s', length %" G_GINT64_FORMAT ", depth %g: ",
-                                        cfg->file, setup->label, g->lengths[l], g->depths[d]);
-                        break;
-                      }
-                    g_autofree char *line = harness_record_json (cfg, setup, key, cell);
-                    ok = harness_records_append (records, line, error);
+                    g_prefix_error (error, "setup '%s', length %" G_GINT64_FORMAT ", depth %g: ", setup->label,
+                                    g->lengths[l], g->depths[d]);
+                    break;
                   }
-                passed += cell->pass;
-                done++;
+                g_autofree char *line = harness_record_json (cfg, setup, key, cell);
+                ok = harness_records_append (records, line, error);
+                fresh++;
               }
-        }
+            passed += cell->pass;
+            done++;
+          }
     }
   harness_progress_free (progress);
+  if (ok && fresh < total)
+    fprintf (o->log, "resumed %zu of %zu cells from the records\n", total - fresh, total);
   return ok;
 }
 
 static gboolean
-write_heatmaps (const HarnessOptions *o, Run *run, const char *out_dir, GError **error)
+write_heatmaps (const HarnessOptions *o, const HarnessSetupResult *results, gsize n, const char *out_dir,
+                GError **error)
 {
-  gboolean several = run->configs->len > 1;
-  for (guint i = 0; i < run->results->len; i++)
+  for (gsize i = 0; i < n; i++)
     {
-      const HarnessSetupResult *r = &g_array_index (run->results, HarnessSetupResult, i);
-      g_autofree char *label = slug (r->label);
-      g_autofree char *cfg_base = g_path_get_basename (r->config_file);
-      char *dot = strrchr (cfg_base, '.');
-      if (dot != NULL)
-        *dot = '\0';
-      g_autofree char *cfg_slug = slug (cfg_base);
-      g_autofree char *name = several ? g_strdup_printf ("heatmap-%s-%s", cfg_slug, label)
-                                      : g_strdup_printf ("heatmap-%s", label);
+      g_autofree char *label = slug (results[i].label);
+      g_autofree char *name = g_strdup_printf ("heatmap-%s", label);
       g_autofree char *base = g_build_filename (out_dir, name, NULL);
-      if (!harness_heatmap_write (r, base, error))
+      if (!harness_heatmap_write (&results[i], base, error))
         return FALSE;
-      fprintf (o->log, "heatmap %-20s %s.png  %s.svg\n", r->label, base, base);
+      fprintf (o->log, "heatmap %-16s %s.png  %s.svg\n", results[i].label, base, base);
     }
   return TRUE;
 }
 
-int
-harness_needle_main (const HarnessOptions *o)
+gboolean
+harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *below_out, GError **error)
 {
-  g_autoptr (SiftRegistry) registry = sift_registry_new ((const char *const *) o->policy_path);
-  g_autoptr (GError) error = NULL;
-  Run run = {
-    .configs = g_ptr_array_new_with_free_func ((GDestroyNotify) sift_config_free),
-    .grids = g_array_new (FALSE, TRUE, sizeof (HarnessGrid)),
-    .results = g_array_new (FALSE, TRUE, sizeof (HarnessSetupResult)),
-  };
-  int status = 2;
-  if (!load_configs (o, registry, &run, &error))
+  *below_out = FALSE;
+  HarnessGrid grid;
+  if (!harness_grid_expand (&cfg->harness, &grid, error))
     {
-      print_error (o->log, error);
-      run_clear (&run);
-      return 2;
+      g_prefix_error (error, "%s: ", cfg->file);
+      return FALSE;
     }
-  const SiftConfig *first = g_ptr_array_index (run.configs, 0);
-  g_autofree char *out_dir = g_strdup (first->harness.out_dir);
+  if (!check_config (cfg, &grid, error))
+    {
+      harness_grid_clear (&grid);
+      return FALSE;
+    }
+  const char *out_dir = o->out_dir != NULL ? o->out_dir : cfg->harness.out_dir;
   g_autofree char *records_path = g_build_filename (out_dir, "records.jsonl", NULL);
-  g_autoptr (HarnessRecords) records = harness_records_open (records_path, &error);
-  if (records == NULL || g_mkdir_with_parents (out_dir, 0755) != 0)
+  if (g_mkdir_with_parents (out_dir, 0755) != 0)
     {
-      if (error == NULL)
-        g_set_error (&error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", out_dir,
-                     g_strerror (errno));
-      print_error (o->log, error);
-      run_clear (&run);
-      return 2;
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", out_dir,
+                   g_strerror (errno));
+      harness_grid_clear (&grid);
+      return FALSE;
     }
-  if (!run_grids (o, &run, records, &error))
+  g_autoptr (HarnessRecords) records = harness_records_open (records_path, error);
+  gsize n = cfg->setups->len;
+  HarnessSetupResult *results = g_new0 (HarnessSetupResult, n);
+  for (guint s = 0; s < n; s++)
     {
-      print_error (o->log, error);
-      run_clear (&run);
-      return 2;
+      const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
+      results[s] = (HarnessSetupResult) {
+        .config_file = cfg->file, .label = setup->label, .is_full = is_full (setup), .grid = &grid,
+        .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
+      };
     }
-  harness_summary_print (o->table, (HarnessSetupResult *) run.results->data, run.results->len);
-  fflush (o->table);
-  if (!write_heatmaps (o, &run, out_dir, &error))
+  /* A copy whose out_dir is the one used (the file store lives there). */
+  SiftConfig local = *cfg;
+  local.harness.out_dir = (char *) out_dir;
+  gboolean ok = records != NULL && run_grid (&local, o, &grid, records, results, error);
+  if (ok)
     {
-      print_error (o->log, error);
-      run_clear (&run);
-      return 2;
+      harness_summary_print (o->table, results, n);
+      fflush (o->table);
+      ok = write_heatmaps (o, results, n, out_dir, error);
     }
-  fprintf (o->log, "records %s\n", records_path);
-  status = 0;
-  for (guint i = 0; i < run.results->len; i++)
+  if (ok)
     {
-      const HarnessSetupResult *r = &g_array_index (run.results, HarnessSetupResult, i);
-      for (guint c = 0; c < run.configs->len; c++)
-        {
-          const SiftConfig *cfg = g_ptr_array_index (run.configs, c);
-          if (cfg->file == r->config_file && harness_setup_accuracy (r) < cfg->harness.min_accuracy)
-            {
-              fprintf (o->log, "sift needle: %s: '%s' passes %.1f%% of cells, below harness.min_accuracy %.1f%%\n",
-                       cfg->file, r->label, 100.0 * harness_setup_accuracy (r), 100.0 * cfg->harness.min_accuracy);
-              status = 1;
-            }
-        }
+      fprintf (o->log, "records %s\n", records_path);
+      for (gsize i = 0; i < n; i++)
+        if (harness_setup_accuracy (&results[i]) < cfg->harness.min_accuracy)
+          {
+            fprintf (o->log, "sift needle: '%s' passes %.1f%% of cells, below harness.min_accuracy %.1f%%\n",
+                     results[i].label, 100.0 * harness_setup_accuracy (&results[i]),
+                     100.0 * cfg->harness.min_accuracy);
+            *below_out = TRUE;
+          }
     }
-  run_clear (&run);
-  return status;
+  results_free (results, n);
+  harness_grid_clear (&grid);
+  return ok;
 }
