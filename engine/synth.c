@@ -302,25 +302,46 @@ rotary (const SynthSource *s, gint32 layer, gint32 kv_head, gint64 position, flo
     }
 }
 
+/* Random content lives off the structural directions, so each feature's
+ * logit is what its knob says and noise only decides among ordinary keys. */
+static void
+noise_row (const SynthSource *s, guint32 tag, gint32 layer, gint32 head, gint32 g, gint64 p, float *x)
+{
+  const SiftModelShape *sh = &s->parent.shape;
+  sift_synth_gaussians (s->seed, tag, layer, head, p, x, (gsize) sh->head_dim);
+  for (gint32 i = 0; i < sh->head_dim; i++)
+    x[i] *= (float) s->knobs.noise;
+  for (gint32 r = 0; r < s->n_basis; r++)
+    {
+      const float *e = basis_row (s, layer, g, r);
+      float along = 0;
+      for (gint32 i = 0; i < s->nr; i++)
+        along += x[i] * e[i];
+      add_dir (x, e, -along, s->nr);
+    }
+}
+
 static void
 key_row (const SynthSource *s, gint32 layer, gint32 g, gint64 p, float *k)
 {
   const SiftModelShape *sh = &s->parent.shape;
   const SiftNeedle *n = needle_at (s, p);
-  sift_synth_gaussians (s->seed, TAG_K, layer, g, p, k, (gsize) sh->head_dim);
-  /* Planted keys are clean: question . needle key is exactly needle_strength. */
-  float noise = n != NULL ? 0.0f : (float) s->knobs.noise;
-  for (gint32 i = 0; i < sh->head_dim; i++)
-    k[i] *= noise;
-  if (p < s->knobs.sink_tokens)
+  gboolean sink = p < s->knobs.sink_tokens, heavy = is_heavy (s, p);
+  /* Sinks, heavy hitters and planted keys are clean: a sink's logit is
+   * sink_strength for every query, question . needle key is needle_strength. */
+  if (sink || heavy || n != NULL)
+    memset (k, 0, sizeof (float) * (gsize) sh->head_dim);
+  else
+    noise_row (s, TAG_K, layer, g, g, p, k);
+  if (sink)
     add_dir (k, basis_row (s, layer, g, 0), s->a_sink, s->nr);
-  if (is_heavy (s, p))
+  if (heavy)
     add_dir (k, basis_row (s, layer, g, 1), s->a_heavy, s->nr);
   if (n != NULL && n->distractor < 0)
     add_dir (k, basis_row (s, layer, g, 2 + n->key), s->a_needle, s->nr);
   else if (n != NULL)
     {
-      /* Near-identical to needle key 0, yet its own direction. */
+      /* Near-identical to the needle key, yet its own direction. */
       double c = s->plan.distractor_similarity;
       add_dir (k, basis_row (s, layer, g, 2 + n->key), (float) (c * s->a_needle), s->nr);
       add_dir (k, basis_row (s, layer, g, 2 + s->plan.n_keys + n->distractor),
@@ -334,22 +355,13 @@ query_row (const SynthSource *s, gint32 layer, gint32 h, gint64 p, float *q)
 {
   const SiftModelShape *sh = &s->parent.shape;
   gint32 g = h / (sh->n_q_heads / sh->n_kv_heads);
-  sift_synth_gaussians (s->seed, TAG_Q, layer, h, p, q, (gsize) sh->head_dim);
-  for (gint32 i = 0; i < sh->head_dim; i++)
-    q[i] *= (float) s->knobs.noise;
+  noise_row (s, TAG_Q, layer, h, g, p, q);
   if (s->knobs.sink_tokens > 0)
     add_dir (q, basis_row (s, layer, g, 0), s->a_sink, s->nr);
   if (s->n_heavy > 0)
     add_dir (q, basis_row (s, layer, g, 1), s->a_heavy, s->nr);
   if (s->has_plan && s->retrieval[layer * sh->n_q_heads + h] && sift_needle_plan_is_question (&s->plan, p))
-    {
-      /* The question asks for one key and nothing else along it. */
-      const float *e = basis_row (s, layer, g, 2 + sift_needle_plan_key_at (&s->plan, p));
-      float along = 0;
-      for (gint32 i = 0; i < s->nr; i++)
-        along += q[i] * e[i];
-      add_dir (q, e, s->a_needle - along, s->nr);
-    }
+    add_dir (q, basis_row (s, layer, g, 2 + sift_needle_plan_key_at (&s->plan, p)), s->a_needle, s->nr);
   rotary (s, layer, g, p, q);
 }
 
