@@ -1,5 +1,6 @@
 /* One cell of the grid: plant needles, prefill and decode through the
  * engine with the setup's policies, then score (docs/needle.md). */
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
