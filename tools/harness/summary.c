@@ -123,6 +123,14 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
               else
                 fprintf (to, " %8s\n", "-");
             }
+          /* The chance of a hit by luck, worst cell: a pass must not be it. */
+          double chance = 0;
+          for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
+            for (gsize c = 0; c < n_cells (&results[j]); c++)
+              if (isfinite (results[j].cells[c].chance))
+                chance = MAX (chance, results[j].cells[c].chance);
+          fprintf (to, "chance of a retrieval hit by luck: at most %.2g per row (a cell passes above 50%% of rows)\n",
+                   chance);
           last_config = r->config_file;
         }
     }
