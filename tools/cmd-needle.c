@@ -39,7 +39,10 @@ sift_cmd_needle (int argc, char **argv)
   gboolean below = FALSE;
   if (!harness_needle_run (config, &opts, &below, &error))
     {
-      if (g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID))
+      /* A grid the model cannot hold, or records that cannot be resumed:
+       * the input needs fixing, like a config error. */
+      if (g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID)
+          || g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_RECORDS))
         {
           fprintf (stderr, "sift needle: %s\n", error->message);
           return SIFT_EXIT_USAGE;

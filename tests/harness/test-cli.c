@@ -92,13 +92,16 @@ test_run_records_heatmaps_resume (void **state)
       assert_true (g_file_test (p, G_FILE_TEST_IS_REGULAR));
       assert_non_null (strstr (r.err, p)); /* says where the heatmaps went */
     }
+  g_autofree char *first_table = g_steal_pointer (&r.out);
   result_clear (&r);
 
-  /* Again: every cell comes from the records, none is appended. */
+  /* Again: every cell comes from the records, none is appended, and the
+   * table read back from them is the same to the last digit. */
   r = sift (args);
   assert_int_equal (r.status, 0);
   assert_non_null (strstr (r.err, "resumed 12 of 12"));
   assert_int_equal (count_lines (records), 12);
+  assert_string_equal (r.out, first_table);
   result_clear (&r);
 
   /* A changed setting is a new cell; the others are resumed. */
@@ -121,6 +124,43 @@ test_below_min_accuracy_exits_1 (void **state)
   assert_int_equal (r.status, 1);
   assert_non_null (strstr (r.err, "'sinkwindow' passes"));
   assert_null (strstr (r.err, "'full' passes"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_progress_line (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                         "--set", "harness.depths=[1.0]", NULL };
+  /* stderr is a pipe here: no progress line unless asked. */
+  Result r = sift (args);
+  assert_int_equal (r.status, 0);
+  assert_null (strstr (r.err, "\r"));
+  result_clear (&r);
+  const char *forced[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                           "--set", "harness.depths=[0.0]", "--progress", NULL };
+  r = sift (forced);
+  assert_int_equal (r.status, 0);
+  assert_non_null (strstr (r.err, "\r\033[K[1/2] sinkwindow  length 256  depth 0%"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_bad_records_exit_2 (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  g_autofree char *records = g_build_filename (out, "records.jsonl", NULL);
+  assert_true (g_file_set_contents (records, "{\"settings\":\"x\",\"length\":1}\nnot json\n", -1, NULL));
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 2);
+  g_autofree char *where = g_strdup_printf ("%s:2:", records);
+  assert_non_null (strstr (r.err, where));
   result_clear (&r);
   remove_tree (out);
 }
@@ -154,6 +194,8 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_run_records_heatmaps_resume),
     cmocka_unit_test (test_below_min_accuracy_exits_1),
+    cmocka_unit_test (test_progress_line),
+    cmocka_unit_test (test_bad_records_exit_2),
     cmocka_unit_test (test_config_error_exits_2),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
