@@ -100,6 +100,11 @@ test_sinkwindow_fails_outside_window (void **state)
       assert_int_equal (c.prefill_pass, in_prefill);
       assert_int_equal (c.decode_pass, in_decode);
       assert_true (c.prefill_recall == (in_prefill ? 1.0 : 0.0));
+      for (gint32 l = 0; l < c.n_layers; l++)
+        {
+          assert_true (c.recall_by_layer[l] == (in_prefill ? 1.0 : 0.0));
+          assert_true (c.recall_by_layer[c.n_layers + l] == (in_decode ? 1.0 : 0.0));
+        }
       assert_true (c.prefill_density < 1.0);
       inside += in_prefill && in_decode;
       outside += !in_prefill && !in_decode;
@@ -107,6 +112,22 @@ test_sinkwindow_fails_outside_window (void **state)
     }
   /* The grid must test both sides. */
   assert_true (inside >= 2 && outside >= 2);
+}
+
+/* A layer forced dense sees every block: the needle outside the window is
+ * covered there and only there. */
+static void
+test_dense_layers_recall (void **state)
+{
+  (void) state;
+  const char *sets[] = { "policies.sinkwindow.dense_layers=[0]", NULL };
+  g_autoptr (SiftConfig) cfg = load (sets);
+  HarnessCell c = run (cfg, "sinkwindow", cfg->harness.lengths[0], 0.5);
+  assert_int_equal (c.n_layers, 2);
+  assert_true (c.recall_by_layer[0] == 1.0 && c.recall_by_layer[1] == 0.0);  /* prefill */
+  assert_true (c.recall_by_layer[2] == 1.0 && c.recall_by_layer[3] == 0.0);  /* decode */
+  assert_true (fabs (c.prefill_recall - 0.5) < 1e-12);
+  harness_cell_clear (&c);
 }
 
 static void
@@ -143,6 +164,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_full_passes_every_cell),
     cmocka_unit_test (test_sinkwindow_fails_outside_window),
+    cmocka_unit_test (test_dense_layers_recall),
     cmocka_unit_test (test_needles_off_nothing_passes),
     cmocka_unit_test (test_multikey_full_passes),
   };

@@ -17,6 +17,7 @@ typedef struct {
   gint32 *seen_layers;       /* [n_rows] */
   /* Needle recall per phase (index phase - 1). */
   guint64 covered[2], asked[2];
+  guint64 *layer_covered, *layer_asked;  /* [2][n_layers] */
   guint64 unknown_calls[2];  /* question calls whose policy computes without a selection */
   gboolean selection_seen;   /* for the layer call in progress */
   SiftPolicy **prefill, **decode; /* [n_layers] */
@@ -57,9 +58,14 @@ count_recall (Capture *c, const SiftPolicyContext *ctx, const SiftSelection *sel
           block = b;
       for (gint32 h = 0; h < c->shape->n_q_heads; h++)
         {
+          gsize at = (gsize) ph * c->shape->n_layers + ctx->layer;
           c->asked[ph]++;
+          c->layer_asked[at]++;
           if (block < 0 || sel == NULL || sift_selection_has (sel, block, h))
-            c->covered[ph]++;
+            {
+              c->covered[ph]++;
+              c->layer_covered[at]++;
+            }
         }
     }
 }
@@ -266,6 +272,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   c.out = g_new0 (float, plane);
   c.seen = g_new0 (gboolean, c.n_rows);
   c.seen_layers = g_new0 (gint32, c.n_rows);
+  c.layer_covered = g_new0 (guint64, 2 * (gsize) L);
+  c.layer_asked = g_new0 (guint64, 2 * (gsize) L);
   g_autofree float *ref = g_new0 (float, plane);
   if (ok)
     {
@@ -308,6 +316,10 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       cell->decode_rel_error = steps > 0 ? rel_error (&shape, c.out, ref, c.n_rows, q, c.n_rows) : NAN;
       cell->prefill_recall = ratio (c.covered[0], c.asked[0]);
       cell->decode_recall = ratio (c.covered[1], c.asked[1]);
+      cell->n_layers = L;
+      cell->recall_by_layer = g_new (double, 2 * (gsize) L);
+      for (gsize i = 0; i < 2 * (gsize) L; i++)
+        cell->recall_by_layer[i] = ratio (c.layer_covered[i], c.layer_asked[i]);
       cell->recall_note = recall_note (&c);
       cell->decode_steps = steps;
       sift_engine_counters (engine, -1, SIFT_PHASE_PREFILL, &cell->prefill_counters);
@@ -321,6 +333,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   g_free (c.out);
   g_free (c.seen);
   g_free (c.seen_layers);
+  g_free (c.layer_covered);
+  g_free (c.layer_asked);
   if (!ok)
     harness_cell_clear (cell);
   return ok;
@@ -331,4 +345,5 @@ harness_cell_clear (HarnessCell *cell)
 {
   g_clear_pointer (&cell->recall_note, g_free);
   g_clear_pointer (&cell->needle_positions, g_free);
+  g_clear_pointer (&cell->recall_by_layer, g_free);
 }

@@ -142,6 +142,18 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_double (&w, "prefill_recall", cell->prefill_recall);
   json_double (&w, "decode_recall", cell->decode_recall);
   json_string (&w, "recall_note", cell->recall_note);
+  if (cell->recall_by_layer != NULL)
+    {
+      json_begin_object (&w, "recall_by_layer");
+      for (int ph = 0; ph < 2; ph++)
+        {
+          json_begin_array (&w, ph == 0 ? "prefill" : "decode");
+          for (gint32 l = 0; l < cell->n_layers; l++)
+            json_double (&w, NULL, cell->recall_by_layer[ph * cell->n_layers + l]);
+          json_end_array (&w);
+        }
+      json_end_object (&w);
+    }
   json_double (&w, "prefill_rel_error", cell->prefill_rel_error);
   json_double (&w, "decode_rel_error", cell->decode_rel_error);
   json_double (&w, "prefill_density", cell->prefill_density);
