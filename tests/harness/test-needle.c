@@ -130,32 +130,49 @@ test_dense_layers_recall (void **state)
   harness_cell_clear (&c);
 }
 
+static const char *const kinds[] = { "single", "multikey", "multivalue", "multiquery" };
+
 static void
 test_needles_off_nothing_passes (void **state)
 {
   (void) state;
-  const char *sets[] = { "model.synthetic.needle_strength=0", NULL };
-  g_autoptr (SiftConfig) cfg = load (sets);
-  for (gsize d = 0; d < cfg->harness.n_depths; d++)
+  for (gsize k = 0; k < G_N_ELEMENTS (kinds); k++)
     {
-      HarnessCell c = run (cfg, "full", 512, cfg->harness.depths[d]);
-      assert_false (c.prefill_pass || c.decode_pass || c.pass);
-      assert_true (c.prefill_retrieval < 0.5 && c.decode_retrieval < 0.5);
-      assert_true (c.chance > 0 && c.chance < 0.01);
-      harness_cell_clear (&c);
+      g_autofree char *kind = g_strdup_printf ("harness.needle=%s", kinds[k]);
+      const char *sets[] = { "model.synthetic.needle_strength=0", kind, NULL };
+      g_autoptr (SiftConfig) cfg = load (sets);
+      for (gsize d = 0; d < cfg->harness.n_depths; d++)
+        {
+          HarnessCell c = run (cfg, "full", 512, cfg->harness.depths[d]);
+          assert_false (c.prefill_pass || c.decode_pass || c.pass);
+          assert_true (c.prefill_retrieval < 0.5 && c.decode_retrieval < 0.5);
+          assert_true (c.chance > 0 && c.chance < 0.01);
+          harness_cell_clear (&c);
+        }
     }
 }
 
+/* Every RULER variant at default difficulty: dense attention retrieves. */
 static void
-test_multikey_full_passes (void **state)
+test_every_kind_full_passes (void **state)
 {
   (void) state;
-  const char *sets[] = { "harness.needle=multikey", NULL };
-  g_autoptr (SiftConfig) cfg = load (sets);
-  HarnessCell c = run (cfg, "full", 768, 0.5);
-  assert_true (c.pass);
-  assert_int_equal (c.n_needle_positions, 1 + 3);
-  harness_cell_clear (&c);
+  for (gsize k = 0; k < G_N_ELEMENTS (kinds); k++)
+    {
+      g_autofree char *kind = g_strdup_printf ("harness.needle=%s", kinds[k]);
+      const char *sets[] = { kind, NULL };
+      g_autoptr (SiftConfig) cfg = load (sets);
+      const double depths[] = { 0.0, 0.5, 1.0 };
+      for (gsize d = 0; d < G_N_ELEMENTS (depths); d++)
+        {
+          HarnessCell c = run (cfg, "full", 768, depths[d]);
+          if (!c.pass)
+            fail_msg ("%s at depth %g: retrieval %g / %g", kinds[k], depths[d], c.prefill_retrieval,
+                      c.decode_retrieval);
+          assert_int_equal (c.n_needle_positions, k == 1 ? 4 : k == 2 ? 3 : k == 3 ? 2 : 1);
+          harness_cell_clear (&c);
+        }
+    }
 }
 
 int
@@ -166,7 +183,7 @@ main (void)
     cmocka_unit_test (test_sinkwindow_fails_outside_window),
     cmocka_unit_test (test_dense_layers_recall),
     cmocka_unit_test (test_needles_off_nothing_passes),
-    cmocka_unit_test (test_multikey_full_passes),
+    cmocka_unit_test (test_every_kind_full_passes),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -1,11 +1,14 @@
-/* Retrieval scoring: nearest value code by cosine among every code in the
- * row's context. */
+/* Retrieval scoring: which value codes of the row's context does an
+ * attention output carry? One needle: the code nearest by cosine.
+ * Multivalue: k codes picked by orthogonal matching pursuit (nearest code,
+ * its part removed from the output, again), which separates a mixture of k
+ * codes where plain nearest-k would confuse the mixture's crosstalk with a
+ * match. */
 #include <math.h>
 #include <string.h>
 
 #include "harness.h"
 
-#define CODE_CHUNK 512
 #define MAX_TARGETS 64
 
 typedef struct {
@@ -14,9 +17,13 @@ typedef struct {
   gsize row;
   gint64 targets[MAX_TARGETS];
   gsize n_targets;
-  double best_other;        /* highest o . c / |c| over non-target codes */
-  double target_min, target_max;
 } Probe;
+
+/* Value codes of one (layer, kv head) for positions [0, n), unit length. */
+typedef struct {
+  float *unit;              /* [n][head_dim] */
+  gint64 n;
+} Codes;
 
 static gboolean
 is_target (const Probe *p, gint64 j)
@@ -32,6 +39,124 @@ static double
 log_choose (double n, double k)
 {
   return lgamma (n + 1) - lgamma (k + 1) - lgamma (n - k + 1);
+}
+
+static double
+dot (const float *a, const float *b, gsize d)
+{
+  double s = 0;
+  for (gsize i = 0; i < d; i++)
+    s += (double) a[i] * b[i];
+  return s;
+}
+
+/* The position in [0, p] (not in taken[0..n_taken)) whose code has the
+ * largest projection on r. */
+static gint64
+nearest (const Codes *c, const double *r, gint64 p, gsize d, const gint64 *taken, gsize n_taken)
+{
+  gint64 best = -1;
+  double best_v = -INFINITY;
+  for (gint64 j = 0; j <= p && j < c->n; j++)
+    {
+      const float *u = c->unit + (gsize) j * d;
+      double v = 0;
+      for (gsize i = 0; i < d; i++)
+        v += r[i] * u[i];
+      if (v <= best_v)
+        continue;
+      gboolean used = FALSE;
+      for (gsize t = 0; t < n_taken && !used; t++)
+        used = taken[t] == j;
+      if (!used)
+        {
+          best_v = v;
+          best = j;
+        }
+    }
+  return best;
+}
+
+/* Picks as many codes as the probe has targets, each time the one nearest
+ * to what the earlier picks leave unexplained (the output minus its
+ * projection on their span); a hit when the picks are exactly the targets. */
+static gboolean
+pursuit_hits (const Probe *pr, const Codes *c, gsize d)
+{
+  g_autofree double *r = g_new (double, d);
+  g_autofree double *basis = g_new (double, pr->n_targets * d); /* orthonormal span of the picks */
+  gint64 picked[MAX_TARGETS];
+  for (gsize i = 0; i < d; i++)
+    r[i] = pr->o[i];
+  for (gsize k = 0; k < pr->n_targets; k++)
+    {
+      picked[k] = nearest (c, r, pr->position, d, picked, k);
+      if (picked[k] < 0 || !is_target (pr, picked[k]))
+        return FALSE;
+      double *q = basis + k * d;
+      const float *u = c->unit + (gsize) picked[k] * d;
+      for (gsize i = 0; i < d; i++)
+        q[i] = u[i];
+      for (gsize b = 0; b < k; b++)
+        {
+          const double *qb = basis + b * d;
+          double a = 0;
+          for (gsize i = 0; i < d; i++)
+            a += q[i] * qb[i];
+          for (gsize i = 0; i < d; i++)
+            q[i] -= a * qb[i];
+        }
+      double nq = 0;
+      for (gsize i = 0; i < d; i++)
+        nq += q[i] * q[i];
+      nq = sqrt (nq);
+      if (nq < 1e-9)
+        return FALSE;
+      double a = 0;
+      for (gsize i = 0; i < d; i++)
+        {
+          q[i] /= nq;
+          a += r[i] * q[i];
+        }
+      for (gsize i = 0; i < d; i++)
+        r[i] -= a * q[i];
+    }
+  return TRUE;
+}
+
+/* One needle: the asked needle's code beats every other code. */
+static gboolean
+nearest_hits (const Probe *pr, const Codes *c, gsize d)
+{
+  double target = -INFINITY, other = -INFINITY;
+  for (gint64 j = 0; j <= pr->position && j < c->n; j++)
+    {
+      double v = dot (pr->o, c->unit + (gsize) j * d, d);
+      if (is_target (pr, j))
+        target = MAX (target, v);
+      else
+        other = MAX (other, v);
+    }
+  return pr->n_targets > 0 && target > other;
+}
+
+static void
+codes_fill (SiftModelSource *src, gint32 layer, gint32 kv_head, gint64 n, Codes *c)
+{
+  gsize d = (gsize) src->shape.head_dim;
+  c->n = n;
+  c->unit = g_new (float, (gsize) n * d);
+  for (gint64 j = 0; j < n; j++)
+    {
+      float *u = c->unit + (gsize) j * d;
+      sift_model_synthetic_value_code (src, layer, kv_head, j, u);
+      double nn = 0;
+      for (gsize i = 0; i < d; i++)
+        nn += (double) u[i] * u[i];
+      float inv = nn > 0 ? (float) (1.0 / sqrt (nn)) : 0.0f;
+      for (gsize i = 0; i < d; i++)
+        u[i] *= inv;
+    }
 }
 
 gsize
@@ -55,8 +180,6 @@ harness_score_retrieval (SiftModelSource *src, const SiftNeedlePlan *plan, const
 
   gsize pairs = 0;
   g_autofree Probe *probes = g_new0 (Probe, (gsize) group * rows);
-  g_autofree float *codes = g_new (float, CODE_CHUNK * d);
-  g_autofree float *inv_norm = g_new (float, CODE_CHUNK);
   for (gint32 l = 0; l < s->n_layers; l++)
     for (gint32 g = 0; g < s->n_kv_heads; g++)
       {
@@ -78,53 +201,22 @@ harness_score_retrieval (SiftModelSource *src, const SiftNeedlePlan *plan, const
                 pr->row = r;
                 pr->n_targets = sift_needle_plan_targets (plan, sift_needle_plan_key_at (plan, p), pr->targets,
                                                           MAX_TARGETS);
-                pr->best_other = -INFINITY;
-                pr->target_min = INFINITY;
-                pr->target_max = -INFINITY;
                 last = MAX (last, p);
               }
           }
-        /* Each code once for every probe of the group: positions stream in chunks. */
-        for (gint64 c0 = 0; c0 <= last; c0 += CODE_CHUNK)
-          {
-            gint64 m = MIN (CODE_CHUNK, last + 1 - c0);
-            for (gint64 j = 0; j < m; j++)
-              {
-                float *c = codes + (gsize) j * d;
-                sift_model_synthetic_value_code (src, l, g, c0 + j, c);
-                double nn = 0;
-                for (gsize i = 0; i < d; i++)
-                  nn += (double) c[i] * c[i];
-                inv_norm[j] = nn > 0 ? (float) (1.0 / sqrt (nn)) : 0.0f;
-              }
-            for (gsize i = 0; i < n_probes; i++)
-              {
-                Probe *pr = &probes[i];
-                gint64 end = MIN (m, pr->position + 1 - c0);
-                for (gint64 j = 0; j < end; j++)
-                  {
-                    const float *c = codes + (gsize) j * d;
-                    float dot = 0;
-                    for (gsize e = 0; e < d; e++)
-                      dot += pr->o[e] * c[e];
-                    double sim = (double) dot * inv_norm[j];
-                    if (is_target (pr, c0 + j))
-                      {
-                        pr->target_min = MIN (pr->target_min, sim);
-                        pr->target_max = MAX (pr->target_max, sim);
-                      }
-                    else
-                      pr->best_other = MAX (pr->best_other, sim);
-                  }
-              }
-          }
+        if (n_probes == 0)
+          continue;
+        /* Every probe of the group reads the same codes: make them once. */
+        Codes codes;
+        codes_fill (src, l, g, last + 1, &codes);
         for (gsize i = 0; i < n_probes; i++)
           {
             const Probe *pr = &probes[i];
-            double got = all_values ? pr->target_min : pr->target_max;
-            if (pr->n_targets > 0 && got > pr->best_other)
+            if (pr->n_targets > 0
+                && (all_values ? pursuit_hits (pr, &codes, d) : nearest_hits (pr, &codes, d)))
               hits[pr->row]++;
           }
+        g_free (codes.unit);
       }
   return pairs;
 }
