@@ -235,13 +235,6 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
-  cell->n_needle_positions = plan->n_needles;
-  cell->needle_positions = g_new (gint64, MAX (plan->n_needles, 1));
-  gsize k = 0;
-  for (int pass = 0; pass < 2; pass++) /* needles first, then distractors */
-    for (gsize i = 0; i < plan->n_needles; i++)
-      if ((plan->needles[i].distractor >= 0) == pass)
-        cell->needle_positions[k++] = plan->needles[i].position;
   g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, plan, error);
   if (src == NULL)
     return FALSE;
@@ -291,8 +284,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   for (gint64 r = 0; ok && r < c.n_rows; r++)
     if (!c.seen[r])
       {
-        g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
-                     "runner reported no attention output for question row %" G_GINT64_FORMAT, c.row0 + r);
+        g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                     "the runner reported no attention output for question row %" G_GINT64_FORMAT, c.row0 + r);
         ok = FALSE;
       }
   if (ok)
@@ -322,6 +315,13 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
         cell->recall_by_layer[i] = ratio (c.layer_covered[i], c.layer_asked[i]);
       cell->recall_note = recall_note (&c);
       cell->decode_steps = steps;
+      cell->n_needle_positions = plan->n_needles;
+      cell->needle_positions = g_new (gint64, MAX (plan->n_needles, 1));
+      gsize k = 0;
+      for (int pass = 0; pass < 2; pass++) /* needles first, then distractors */
+        for (gsize i = 0; i < plan->n_needles; i++)
+          if ((plan->needles[i].distractor >= 0) == pass)
+            cell->needle_positions[k++] = plan->needles[i].position;
       sift_engine_counters (engine, -1, SIFT_PHASE_PREFILL, &cell->prefill_counters);
       sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &cell->decode_counters);
       cell->prefill_density = ratio (cell->prefill_counters.tokens_attended, cell->prefill_counters.tokens_available);
