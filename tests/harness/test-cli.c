@@ -182,6 +182,16 @@ test_config_error_exits_2 (void **state)
   assert_non_null (strstr (r.err, "haystack"));
   result_clear (&r);
 
+  /* A cell that cannot run (its file store cannot be created) is exit 3. */
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *store[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "offload.store=file",
+                          "--set", "offload.path=/nonexistent/dir/kv.store", NULL };
+  r = sift (store);
+  assert_int_equal (r.status, 3);
+  assert_non_null (strstr (r.err, "setup 'full', length 256, depth 0"));
+  result_clear (&r);
+  remove_tree (out);
+
   const char *usage[] = { "--no-such-option", NULL };
   r = sift (usage);
   assert_int_equal (r.status, 2);
