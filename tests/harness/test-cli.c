@@ -150,6 +150,20 @@ test_progress_line (void **state)
 }
 
 static void
+test_full_failing_warns (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                         "--set", "harness.depths=[0.5]", "--set", "model.synthetic.needle_strength=0", NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 0); /* min_accuracy 0 */
+  assert_non_null (strstr (r.err, "warning: full attention ('full') fails 100% of cells"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
 test_bad_records_exit_2 (void **state)
 {
   (void) state;
@@ -205,6 +219,7 @@ main (void)
     cmocka_unit_test (test_run_records_heatmaps_resume),
     cmocka_unit_test (test_below_min_accuracy_exits_1),
     cmocka_unit_test (test_progress_line),
+    cmocka_unit_test (test_full_failing_warns),
     cmocka_unit_test (test_bad_records_exit_2),
     cmocka_unit_test (test_config_error_exits_2),
   };

@@ -169,6 +169,13 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
   if (ok)
     {
       fprintf (o->log, "records %s\n", records_path);
+      /* Dense attention is the yardstick: if it misses needles, the grid
+       * asks more than the model can answer and every column reads low. */
+      for (gsize i = 0; i < n; i++)
+        if (results[i].is_full && harness_setup_accuracy (&results[i]) < 1.0)
+          fprintf (o->log, "sift needle: warning: full attention ('%s') fails %.0f%% of cells: the needles are too"
+                   " faint for these lengths; raise model.synthetic.needle_strength (docs/synthetic-model.md)\n",
+                   results[i].label, 100.0 * (1.0 - harness_setup_accuracy (&results[i])));
       for (gsize i = 0; i < n; i++)
         if (harness_setup_accuracy (&results[i]) < cfg->harness.min_accuracy)
           {
