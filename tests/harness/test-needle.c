@@ -141,9 +141,11 @@ test_needles_off_nothing_passes (void **state)
       g_autofree char *kind = g_strdup_printf ("harness.needle=%s", kinds[k]);
       const char *sets[] = { "model.synthetic.needle_strength=0", kind, NULL };
       g_autoptr (SiftConfig) cfg = load (sets);
-      for (gsize d = 0; d < cfg->harness.n_depths; d++)
+      /* Next to the sinks and next to the question: where luck would come from. */
+      const double depths[] = { 0.0, 1.0 };
+      for (gsize d = 0; d < G_N_ELEMENTS (depths); d++)
         {
-          HarnessCell c = run (cfg, "full", 512, cfg->harness.depths[d]);
+          HarnessCell c = run (cfg, "full", 512, depths[d]);
           assert_false (c.prefill_pass || c.decode_pass || c.pass);
           assert_true (c.prefill_retrieval < 0.5 && c.decode_retrieval < 0.5);
           assert_true (c.chance > 0 && c.chance < 0.01);
@@ -165,7 +167,7 @@ test_every_kind_full_passes (void **state)
       const double depths[] = { 0.0, 0.5, 1.0 };
       for (gsize d = 0; d < G_N_ELEMENTS (depths); d++)
         {
-          HarnessCell c = run (cfg, "full", 768, depths[d]);
+          HarnessCell c = run (cfg, "full", 512, depths[d]);
           if (!c.pass)
             fail_msg ("%s at depth %g: retrieval %g / %g", kinds[k], depths[d], c.prefill_retrieval,
                       c.decode_retrieval);
