@@ -17,6 +17,7 @@
 
 #include <glib.h>
 #include <glib/gstdio.h>
+#include <sift/registry.h>
 #include <sift/version.h>
 
 #include "cli.h"
@@ -409,6 +410,15 @@ sift_cmd_policies_new (int argc, char **argv)
                        "starting with a letter (at most 64)\n", name);
       return SIFT_EXIT_USAGE;
     }
+
+  /* Same name as a policy on the search path: one would shadow the other
+   * (or both load and clash), so say so before the user builds on it. */
+  const SiftCliOptions no_options = { 0 };
+  g_autoptr (SiftRegistry) registry = sift_cli_registry (&no_options);
+  const SiftPolicyInfo *existing = sift_registry_lookup (registry, name, NULL);
+  if (existing != NULL)
+    fprintf (stderr, "sift policies new: warning: a policy named '%s' already exists (%s); "
+                     "choose another name unless you mean to replace it\n", name, existing->file);
 
   g_autofree char *ident = g_strdelimit (g_strdup (name), "-", '_');
   g_autofree char *type = camel_case (name);

@@ -232,6 +232,9 @@ case "$mode" in
     if "$meson" test -C "$tmp/my-policy/build" > "$tmp/broken.out" 2>&1; then
       fail "the skeleton's test passes a policy that breaks its rule"
     fi
+    (cd "$tmp" && "$sift" policies new full > "$tmp/full.out" 2>&1) || { cat "$tmp/full.out" >&2; fail "sift policies new full"; }
+    grep -q "warning: a policy named 'full' already exists ($policydir/" "$tmp/full.out" \
+      || { cat "$tmp/full.out" >&2; fail "no warning for a name already on the search path"; }
     rc=0
     "$sift" policies new 2-bad > "$tmp/bad-name.out" 2>&1 || rc=$?
     (( rc == 2 )) || fail "sift policies new 2-bad exited $rc, want 2"
