@@ -456,9 +456,9 @@ int
 sift_bench_offload (int argc, char **argv)
 {
   Opts o = {
-    .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 256, .chunk = 256, .slots = 4,
+    .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 128, .chunk = 128, .slots = 4,
     .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
-    .prefill_budget = 2, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048,
+    .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048,
   };
   GOptionEntry entries[] = {
     { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
@@ -475,10 +475,10 @@ sift_bench_offload (int argc, char **argv)
     { "q-heads", 0, 0, G_OPTION_ARG_INT, &o.q_heads, "Query heads (default 4)", "N" },
     { "kv-heads", 0, 0, G_OPTION_ARG_INT, &o.kv_heads, "KV heads (default 1)", "N" },
     { "head-dim", 0, 0, G_OPTION_ARG_INT, &o.head_dim, "Head dimension (default 64)", "N" },
-    { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "Tokens per block (default 256)", "N" },
-    { "chunk", 0, 0, G_OPTION_ARG_INT, &o.chunk, "Prefill chunk (default 256)", "N" },
+    { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "Tokens per block (default 128)", "N" },
+    { "chunk", 0, 0, G_OPTION_ARG_INT, &o.chunk, "Prefill chunk (default 128)", "N" },
     { "pipeline", 0, 0, G_OPTION_ARG_STRING, &o.pipeline, "Decode pipeline: ring (default), cross-layer", "P" },
-    { "prefill-budget", 0, 0, G_OPTION_ARG_INT, &o.prefill_budget, "Prefill: last blocks selected (0: all; default 2)", "N" },
+    { "prefill-budget", 0, 0, G_OPTION_ARG_INT, &o.prefill_budget, "Prefill: last blocks selected (0: all; default 1)", "N" },
     { "decode-budget", 0, 0, G_OPTION_ARG_INT, &o.decode_budget, "Decode: last blocks selected (0: all, default)", "N" },
     { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
     { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
