@@ -220,12 +220,18 @@ sift_engine_hold_wake (SiftEngine *e, gboolean hold)
   pthread_mutex_unlock (&e->lock);
 }
 
-/* Waits (lock held) until the layer's buffers are no longer read by stores. */
+/* Waits (lock held) until the layer's buffers are no longer read by
+ * stores; the wait counts as stalled time of the current phase. */
 static void
 wait_layer_stores_locked (SiftEngine *e, gint32 layer)
 {
+  if (e->stores_pending[layer] == 0)
+    return;
+  gint64 t0 = g_get_monotonic_time ();
   while (e->stores_pending[layer] > 0)
     wait_done_locked (e);
+  sift_engine_counters_at (e, layer, e->phase)->seconds_stalled
+    += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 }
 
 static void
