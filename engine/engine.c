@@ -81,6 +81,18 @@ pack_half (SiftEngine *e, const guint8 *src, gint64 cap, guint8 *stored)
                   stored + h * head_stored, e->store->config.dtype, n);
 }
 
+/* Slot memory: K of every slot, then V of every slot, each
+ * [n_kv_heads][n_slots * block_size][head_dim], so slots i..j hold
+ * consecutive tokens of each head (the ring attends ready neighbours in one
+ * kernel call). */
+static guint8 *
+slot_data (SiftEngine *e, gint32 slot, int v)
+{
+  const SiftModelShape *s = &e->config.shape;
+  return e->slots_mem + ((gsize) v * (gsize) e->config.n_slots * (gsize) e->block_elems
+                         + (gsize) slot * (gsize) s->block_size * (gsize) s->head_dim) * e->es;
+}
+
 /* Performs one load; returns the bytes read from the store. */
 static gboolean
 do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
@@ -91,10 +103,25 @@ do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
   const gsize off = want_k ? 0 : kb;
   const gsize n = (want_k && want_v) ? 2 * kb : kb;
   *bytes = n;
-  /* Same dtype and the slot's own layout (V right after K): straight in. */
-  if (st->config.dtype == e->config.compute_dtype && j->cap == e->config.shape.block_size
-      && j->v == j->k + kb)
-    return sift_store_read (st, j->store_id, off, want_k ? j->k : j->v, n, error);
+  /* Same dtype from a store without a backing file (RAM): each head's rows
+   * straight into place, one copy. A file is read whole into staging (one
+   * request) and converted or spread from there. */
+  if (st->config.dtype == e->config.compute_dtype && st->config.path == NULL)
+    {
+      const SiftModelShape *s = &e->config.shape;
+      const gsize head = (gsize) s->block_size * (gsize) s->head_dim * e->es;
+      for (int half = 0; half < 2; half++)
+        {
+          if (!(half == 0 ? want_k : want_v))
+            continue;
+          guint8 *dst = half == 0 ? j->k : j->v;
+          for (gint32 h = 0; h < s->n_kv_heads; h++)
+            if (!sift_store_read (st, j->store_id, (gsize) half * kb + (gsize) h * head,
+                                  dst + (gsize) h * (gsize) j->cap * (gsize) s->head_dim * e->es, head, error))
+              return FALSE;
+        }
+      return TRUE;
+    }
   if (!sift_store_read (st, j->store_id, off, e->staging, n, error))
     return FALSE;
   if (want_k)
@@ -800,11 +827,10 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   const SiftBlockMeta *m = &g_array_index (e->meta, SiftBlockMeta, block_id);
   e->slots[slot].n_valid = m->n_valid;
   e->slots[slot].layer = layer;
-  guint8 *base = e->slots_mem + (gsize) slot * 2 * (gsize) e->block_elems * e->es;
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
-               .what = what, .k = base, .v = base + (gsize) e->block_elems * e->es,
-               .cap = e->config.shape.block_size, .slot = slot, .half = -1 };
+               .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
+               .cap = (gint64) e->config.n_slots * e->config.shape.block_size, .slot = slot, .half = -1 };
   j->phase = e->phase; /* counted under the current call's phase, not the block's */
   queue_job (e, j);
   return TRUE;
@@ -843,25 +869,38 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
 }
 
 void
-sift_engine_slot_kv (SiftEngine *e, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out)
+sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v)
 {
-  g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
   const SiftModelShape *s = &e->config.shape;
-  pthread_mutex_lock (&e->lock);
-  gboolean ready = e->slots[slot].state == SLOT_READY;
-  pthread_mutex_unlock (&e->lock);
-  g_return_if_fail (ready);
-  guint8 *base = e->slots_mem + (gsize) slot * 2 * (gsize) e->block_elems * e->es;
-  gint32 nv = e->slots[slot].n_valid;
-  SiftView kv = { base, e->config.compute_dtype, s->n_kv_heads, s->head_dim, nv,
-                  (gint64) s->block_size * s->head_dim, s->head_dim };
+  SiftView kv = { slot_data (e, slot, 0), e->config.compute_dtype, s->n_kv_heads, s->head_dim, n_tokens,
+                  (gint64) e->config.n_slots * s->block_size * s->head_dim, s->head_dim };
   if (k != NULL)
     *k = kv;
   if (v != NULL)
     {
       *v = kv;
-      v->data = base + (gsize) e->block_elems * e->es;
+      v->data = slot_data (e, slot, 1);
     }
+}
+
+gboolean
+sift_engine_slot_ready (SiftEngine *e, gint32 slot, gint32 *n_valid_out)
+{
+  pthread_mutex_lock (&e->lock);
+  gboolean ready = e->slots[slot].state == SLOT_READY;
+  pthread_mutex_unlock (&e->lock);
+  if (n_valid_out != NULL)
+    *n_valid_out = e->slots[slot].n_valid;
+  return ready;
+}
+
+void
+sift_engine_slot_kv (SiftEngine *e, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out)
+{
+  g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
+  gint32 nv = 0;
+  g_return_if_fail (sift_engine_slot_ready (e, slot, &nv));
+  sift_engine_slots_kv (e, slot, nv, k, v);
   if (n_valid_out != NULL)
     *n_valid_out = nv;
 }
