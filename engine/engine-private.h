@@ -68,11 +68,13 @@ struct _SiftEngine {
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
   GQueue jobs;                /* Job * */
-  gint32 running;             /* jobs popped and not finished (0 or 1) */
+  gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
+  gint32 running_stores;      /* of those, stores */
   gboolean quit;
   gint32 *stores_pending;     /* [n_layers] store jobs reading that layer's buffers */
   GError *store_error;        /* first failed store: sticky until reset */
   guint8 *staging;            /* worker only: one stored block, 4 KiB aligned */
+  guint8 *help_staging;       /* the compute thread's, when it runs a load itself */
 
   /* Counters [n_layers][2 phases], guarded by lock. */
   SiftCounters *counters;

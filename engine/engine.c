@@ -95,7 +95,7 @@ slot_data (SiftEngine *e, gint32 slot, int v)
 
 /* Performs one load; returns the bytes read from the store. */
 static gboolean
-do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
+do_load (SiftEngine *e, const Job *j, guint8 *staging, guint64 *bytes, GError **error)
 {
   SiftStore *st = e->store;
   const gsize kb = st->k_bytes;
@@ -122,12 +122,12 @@ do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
         }
       return TRUE;
     }
-  if (!sift_store_read (st, j->store_id, off, e->staging, n, error))
+  if (!sift_store_read (st, j->store_id, off, staging, n, error))
     return FALSE;
   if (want_k)
-    unpack_half (e, e->staging, j->k, j->cap);
+    unpack_half (e, staging, j->k, j->cap);
   if (want_v)
-    unpack_half (e, e->staging + (want_k ? kb : 0), j->v, j->cap);
+    unpack_half (e, staging + (want_k ? kb : 0), j->v, j->cap);
   return TRUE;
 }
 
@@ -151,6 +151,85 @@ wait_done_locked (SiftEngine *e)
   e->done_waiters--;
 }
 
+/* Runs a popped job (lock held on entry and exit, released meanwhile) and
+ * records its outcome: slot or half state, counters, sticky store error. */
+static void
+run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
+{
+  e->running++;
+  if (j->kind == JOB_STORE)
+    e->running_stores++;
+  /* A failed store stops later stores (nothing after it is written), so a
+   * run that failed never leaves a half-updated cache behind. */
+  gboolean skip = j->kind == JOB_STORE && e->store_error != NULL;
+  pthread_mutex_unlock (&e->lock);
+
+  GError *err = NULL;
+  guint64 bytes = 0;
+  gint64 t0 = g_get_monotonic_time ();
+  gboolean ok = TRUE;
+  if (!skip)
+    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, &err);
+  gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
+
+  pthread_mutex_lock (&e->lock);
+  SiftCounters *c = sift_engine_counters_at (e, j->layer, j->phase);
+  if (j->kind == JOB_LOAD)
+    {
+      if (ok)
+        {
+          c->bytes_loaded += bytes;
+          c->seconds_load += secs;
+        }
+      if (j->slot >= 0)
+        {
+          Slot *s = &e->slots[j->slot];
+          s->state = ok ? SLOT_READY : SLOT_FAILED;
+          s->error = err;
+        }
+      else
+        {
+          XlHalf *x = &e->xl[j->half];
+          x->pending--;
+          if (err != NULL && x->error == NULL)
+            x->error = err;
+          else
+            g_clear_error (&err);
+        }
+    }
+  else
+    {
+      if (ok && !skip)
+        c->bytes_stored += e->store->block_bytes;
+      if (err != NULL && e->store_error == NULL)
+        e->store_error = err;
+      else
+        g_clear_error (&err);
+      e->stores_pending[j->layer]--;
+      e->running_stores--;
+    }
+  e->running--;
+  g_free (j);
+  if (e->done_waiters > 0)
+    pthread_cond_broadcast (&e->done_cond);
+}
+
+/* The compute side, about to wait for a load, runs the next queued job
+ * itself when it is a load and no store is running (a load never overtakes
+ * a store that precedes it): a loaded machine may take long to schedule the
+ * worker, and the data is wanted now. Returns FALSE when there was nothing
+ * to take (then wait). Lock held. */
+static gboolean
+help_locked (SiftEngine *e)
+{
+  Job *head = g_queue_peek_head (&e->jobs);
+  if (head == NULL || head->kind != JOB_LOAD || e->running_stores > 0)
+    return FALSE;
+  g_queue_pop_head (&e->jobs);
+  run_job_locked (e, head, e->help_staging);
+  return TRUE;
+}
+
 static gpointer
 worker_main (gpointer data)
 {
@@ -159,63 +238,14 @@ worker_main (gpointer data)
   for (;;)
     {
       while (g_queue_is_empty (&e->jobs) && !e->quit)
-        { e->worker_idle = TRUE; pthread_cond_wait (&e->work_cond, &e->lock); e->worker_idle = FALSE; }
+        {
+          e->worker_idle = TRUE;
+          pthread_cond_wait (&e->work_cond, &e->lock);
+          e->worker_idle = FALSE;
+        }
       if (g_queue_is_empty (&e->jobs))
         break;
-      Job *j = g_queue_pop_head (&e->jobs);
-      e->running++;
-      /* A failed store stops later stores (nothing after it is written),
-       * so a run that failed never leaves a half-updated cache behind. */
-      gboolean skip = j->kind == JOB_STORE && e->store_error != NULL;
-      pthread_mutex_unlock (&e->lock);
-
-      GError *err = NULL;
-      guint64 bytes = 0;
-      gint64 t0 = g_get_monotonic_time ();
-      gboolean ok = TRUE;
-      if (!skip)
-        ok = j->kind == JOB_LOAD ? do_load (e, j, &bytes, &err) : do_store (e, j, &err);
-      gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
-
-      pthread_mutex_lock (&e->lock);
-      SiftCounters *c = sift_engine_counters_at (e, j->layer, j->phase);
-      if (j->kind == JOB_LOAD)
-        {
-          if (ok)
-            {
-              c->bytes_loaded += bytes;
-              c->seconds_load += secs;
-            }
-          if (j->slot >= 0)
-            {
-              Slot *s = &e->slots[j->slot];
-              s->state = ok ? SLOT_READY : SLOT_FAILED;
-              s->error = err;
-            }
-          else
-            {
-              XlHalf *x = &e->xl[j->half];
-              x->pending--;
-              if (err != NULL && x->error == NULL)
-                x->error = err;
-              else
-                g_clear_error (&err);
-            }
-        }
-      else
-        {
-          if (ok && !skip)
-            c->bytes_stored += e->store->block_bytes;
-          if (err != NULL && e->store_error == NULL)
-            e->store_error = err;
-          else
-            g_clear_error (&err);
-          e->stores_pending[j->layer]--;
-        }
-      e->running--;
-      g_free (j);
-      if (e->done_waiters > 0)
-        pthread_cond_broadcast (&e->done_cond);
+      run_job_locked (e, g_queue_pop_head (&e->jobs), e->staging);
     }
   pthread_mutex_unlock (&e->lock);
   return NULL;
@@ -395,6 +425,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
 
   e->stores_pending = g_new0 (gint32, L);
   e->staging = aligned_new0 ((store->block_bytes + 4095) / 4096 * 4096);
+  e->help_staging = aligned_new0 ((store->block_bytes + 4095) / 4096 * 4096);
   e->counters = g_new0 (SiftCounters, (gsize) L * 2);
   e->max_q = MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS);
   e->part_out = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q * (gsize) s->head_dim);
@@ -466,6 +497,7 @@ sift_engine_free (SiftEngine *e)
   g_free (e->decode_len);
   g_free (e->stores_pending);
   free (e->staging);
+  free (e->help_staging);
   g_free (e->counters);
   g_free (e->part_out);
   g_free (e->part_lse);
@@ -846,7 +878,8 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
   while (s->state == SLOT_LOADING)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   gboolean ok = TRUE;
   if (s->state == SLOT_FAILED)
     {
@@ -1142,7 +1175,8 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
   gint64 t0 = g_get_monotonic_time ();
   pthread_mutex_lock (&e->lock);
   while (x->pending > 0)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   GError *failed = x->error;
   x->error = NULL;
   pthread_mutex_unlock (&e->lock);
