@@ -48,7 +48,7 @@ struct _SiftEngine {
   gint64 *stored_tokens;      /* [n_layers] tokens in that layer's stored blocks */
 
   /* Compute-side buffers, compute dtype. */
-  guint8 *slots_mem;          /* [2 (K, V)][n_kv_heads][n_slots * block_size][head_dim] */
+  guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
   guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim] */
   gint64 *prefill_pos;        /* [n_layers] position of the buffer's token 0 */
@@ -99,8 +99,7 @@ void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
 
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
-/* Views of n_tokens tokens from `slot` on: neighbouring slots hold
- * consecutive tokens of each head. */
+/* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
 
 /* ---- Calls for the runner ---------------------------------------------- */

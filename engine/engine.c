@@ -81,16 +81,14 @@ pack_half (SiftEngine *e, const guint8 *src, gint64 cap, guint8 *stored)
                   stored + h * head_stored, e->store->config.dtype, n);
 }
 
-/* Slot memory: K of every slot, then V of every slot, each
- * [n_kv_heads][n_slots * block_size][head_dim], so slots i..j hold
- * consecutive tokens of each head (the ring attends ready neighbours in one
- * kernel call). */
+/* Slot memory: slot i holds K then V of one block, each
+ * [n_kv_heads][block_size][head_dim], the stored layout, so a load of the
+ * stored dtype is one read (for the host store one large memcpy, which runs
+ * at full memory bandwidth where many small ones do not). */
 static guint8 *
 slot_data (SiftEngine *e, gint32 slot, int v)
 {
-  const SiftModelShape *s = &e->config.shape;
-  return e->slots_mem + ((gsize) v * (gsize) e->config.n_slots * (gsize) e->block_elems
-                         + (gsize) slot * (gsize) s->block_size * (gsize) s->head_dim) * e->es;
+  return e->slots_mem + ((gsize) slot * 2 + (gsize) v) * (gsize) e->block_elems * e->es;
 }
 
 /* Performs one load; returns the bytes read from the store. */
@@ -103,9 +101,13 @@ do_load (SiftEngine *e, const Job *j, guint8 *staging, guint64 *bytes, GError **
   const gsize off = want_k ? 0 : kb;
   const gsize n = (want_k && want_v) ? 2 * kb : kb;
   *bytes = n;
-  /* Same dtype from a store without a backing file (RAM): each head's rows
-   * straight into place, one copy. A file is read whole into staging (one
-   * request) and converted or spread from there. */
+  /* Same dtype into a slot (V right after K, the stored layout): straight in. */
+  if (st->config.dtype == e->config.compute_dtype && j->cap == e->config.shape.block_size && j->v == j->k + kb)
+    return sift_store_read (st, j->store_id, off, want_k ? j->k : j->v, n, error);
+  /* Same dtype from a store without a backing file (RAM) into the
+   * cross-layer buffer: each head's rows straight into place, one copy. A
+   * file is read whole into staging (one request) and converted or spread
+   * from there. */
   if (st->config.dtype == e->config.compute_dtype && st->config.path == NULL)
     {
       const SiftModelShape *s = &e->config.shape;
@@ -862,7 +864,7 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
                .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
-               .cap = (gint64) e->config.n_slots * e->config.shape.block_size, .slot = slot, .half = -1 };
+               .cap = e->config.shape.block_size, .slot = slot, .half = -1 };
   j->phase = e->phase; /* counted under the current call's phase, not the block's */
   queue_job (e, j);
   return TRUE;
@@ -906,7 +908,7 @@ sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, 
 {
   const SiftModelShape *s = &e->config.shape;
   SiftView kv = { slot_data (e, slot, 0), e->config.compute_dtype, s->n_kv_heads, s->head_dim, n_tokens,
-                  (gint64) e->config.n_slots * s->block_size * s->head_dim, s->head_dim };
+                  (gint64) s->block_size * s->head_dim, s->head_dim };
   if (k != NULL)
     *k = kv;
   if (v != NULL)

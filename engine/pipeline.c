@@ -183,17 +183,14 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
   gint64 compute_us = 0;
   clear_out (out, lse, ctx->n_q);
 
-  /* The ring: block i goes to slot i mod n_slots. Blocks are attended in
-   * groups of G = n_slots / 2 (a group never wraps around the ring): while
-   * one group is attended the next one loads. A group's full blocks with
-   * one head mask sit side by side in slot memory and go through one kernel
-   * call and one merge. Groups depend only on n_slots and the selection, so
-   * results do not depend on load timing. Freed slots are refilled together
-   * so the copy worker is woken once per group. */
+  /* The ring: block i goes to slot i mod n_slots. Blocks are taken in
+   * groups of G = n_slots / 2 (a group never wraps around the ring): wait
+   * for the group's slots, attend each block, free the group, refill every
+   * free slot at once, so the copy worker is woken once per group while the
+   * next group loads. Each block is one kernel call and one merge, in block
+   * order whatever the load timing: results are reproducible bit for bit. */
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
   const gint64 G = MAX (1, n_slots / 2);
-  const gint32 bs = e->config.shape.block_size;
-  g_autofree gboolean *next_flags = g_new (gboolean, e->config.shape.n_q_heads);
   gint64 queued = 0, done = 0;
   gboolean ok = TRUE;
   sift_engine_hold_wake (e, TRUE);
@@ -217,29 +214,16 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
           done++; /* the failed slot is free again */
           break;
         }
-      /* Runs of full blocks with one head mask (a run may end partial). */
-      for (gint64 i = done; i < end && ok;)
+      for (gint64 i = done; i < end && ok; i++)
         {
-          const gboolean *heads = block_heads (e, selection, BLOCK_AT (i), flags);
+          SiftView k, v;
           gint32 nv = 0;
           sift_engine_slot_ready (e, (gint32) (i % n_slots), &nv);
-          gint64 last = i;
-          while (nv == bs && last + 1 < end)
-            {
-              const gboolean *h2 = block_heads (e, selection, BLOCK_AT (last + 1), next_flags);
-              if ((heads == NULL) != (h2 == NULL)
-                  || (heads != NULL
-                      && memcmp (heads, h2, sizeof (gboolean) * (gsize) e->config.shape.n_q_heads) != 0))
-                break;
-              last++;
-              sift_engine_slot_ready (e, (gint32) (last % n_slots), &nv);
-            }
-          SiftView k, v;
-          sift_engine_slots_kv (e, (gint32) (i % n_slots), (last - i) * bs + nv, &k, &v);
+          sift_engine_slots_kv (e, (gint32) (i % n_slots), nv, &k, &v);
           gint64 t0 = g_get_monotonic_time ();
-          ok = attend_part (e, ctx, &k, &v, heads, FALSE, 0, out, lse, &attended, error);
+          ok = attend_part (e, ctx, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags), FALSE, 0, out, lse,
+                            &attended, error);
           compute_us += g_get_monotonic_time () - t0;
-          i = last + 1;
         }
       for (; done < end; done++)
         sift_engine_slot_done (e, (gint32) (done % n_slots));
