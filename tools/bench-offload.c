@@ -411,9 +411,6 @@ bench_overhead (const Opts *o, SiftStore *store, SiftDType compute)
   SiftCounters dc;
   sift_engine_counters (engine, 0, SIFT_PHASE_DECODE, &dc);
   double engine_decode = (dc.seconds_compute + dc.seconds_stalled) / steps;
-  if (g_getenv ("SIFT_BENCH_DEBUG"))
-    printf ("  (decode: compute %.3f ms, stalled %.3f ms, load %.3f ms per step)\n", dc.seconds_compute / steps * 1e3,
-            dc.seconds_stalled / steps * 1e3, dc.seconds_load / steps * 1e3);
 
   /* The same attention on contiguous f32 memory. */
   const gint64 total = n + 1;
