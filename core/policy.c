@@ -60,7 +60,16 @@ sift_policy_reset (SiftPolicy *policy)
  * minor m must cover at least ops_size_for_minor[m]. */
 static const gsize ops_size_for_minor[] = {
   [0] = G_STRUCT_OFFSET (SiftPolicyOps, on_decode_offload) + sizeof (gpointer),
+  [1] = G_STRUCT_OFFSET (SiftPolicyOps, score_eviction) + sizeof (gpointer),
 };
+
+/* The flags each minor knows. */
+static const guint32 flags_for_minor[] = {
+  [0] = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
+  [1] = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION
+        | SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION,
+};
+G_STATIC_ASSERT (G_N_ELEMENTS (flags_for_minor) == SIFT_POLICY_ABI_MINOR + 1);
 G_STATIC_ASSERT (G_N_ELEMENTS (ops_size_for_minor) == SIFT_POLICY_ABI_MINOR + 1);
 
 static gboolean
@@ -103,12 +112,12 @@ sift_policy_ops_check (const SiftPolicyOps *ops, const char *file, GError **erro
                    ops->name ? ops->name : "(null)");
       return FALSE;
     }
-  const guint32 known = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE
-                        | SIFT_POLICY_REQUIRES_BLOCK_SELECTION;
+  const guint32 known = flags_for_minor[ops->abi_minor];
   if (ops->flags & ~known)
     {
       g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
-                   "%s: policy '%s' sets unknown flags 0x%x", where, ops->name, ops->flags & ~known);
+                   "%s: policy '%s' sets unknown flags 0x%x (ABI %u.%u)", where, ops->name,
+                   ops->flags & ~known, ops->abi_major, ops->abi_minor);
       return FALSE;
     }
   if (!(ops->flags & (SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE)))

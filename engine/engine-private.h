@@ -42,10 +42,20 @@ struct _SiftEngine {
   gint64 block_elems;         /* n_kv_heads * block_size * head_dim */
   gint32 decode_cap;          /* decode buffer tokens: block_size + SIFT_ATTN_DECODE_MAX_ROWS */
 
-  /* Block table. Logical block i covers the same tokens in every layer. */
-  GArray *meta;               /* SiftBlockMeta [logical blocks of the furthest layer] */
+  /* Block table. Without eviction logical block i covers the same tokens
+   * in every layer; with it each layer keeps its own tokens. */
+  GArray **meta;              /* [n_layers] -> SiftBlockMeta [stored blocks of that layer] */
   GArray **store_ids;         /* [n_layers] -> gint64 [stored blocks of that layer] */
-  gint64 *stored_tokens;      /* [n_layers] tokens in that layer's stored blocks */
+  gint64 *stored_tokens;      /* [n_layers] position after that layer's stored blocks (evicted ones included) */
+
+  /* Eviction and H2O accumulated attention (evict.c, docs/eviction.md). */
+  GArray **rows_pos;          /* [n_layers] -> gint64 [stored blocks][block_size]: each stored row's position (-1: none) */
+  SiftEvictConfig evict;
+  gint64 *kept_tokens;        /* [n_layers] valid tokens in stored blocks */
+  gboolean *track;            /* [n_layers] keep accumulated attention */
+  GArray **acc;               /* [n_layers] -> float [stored blocks][block_size][n_kv_heads] */
+  float **acc_local;          /* [n_layers] -> [acc_local_cap][n_kv_heads], tokens from stored_tokens on */
+  gint64 acc_local_cap;
 
   /* Compute-side buffers, compute dtype. */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
@@ -134,3 +144,25 @@ void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, g
 gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext *ctx,
                                     const SiftSelection *sel, const SiftView *k, const SiftView *v,
                                     gsize n_blocks, SiftView *out, float *lse, GError **error);
+
+/* ---- Eviction (evict.c) -------------------------------------------------- */
+
+/* Per-layer eviction state: allocate, clear for a new sequence, free. */
+void sift_engine_evict_init (SiftEngine *engine);
+void sift_engine_evict_clear (SiftEngine *engine);
+void sift_engine_evict_free (SiftEngine *engine);
+/* A block of `layer` was appended (before stored_tokens moves on): its row
+ * positions and accumulated attention join the stored rows. */
+void sift_engine_evict_note_offload (SiftEngine *engine, gint32 layer, gint64 first_token, gint32 n_valid);
+/* The stored block and row holding `pos`; FALSE when it is not stored. */
+gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
+/* After a layer's attention: adds the call's softmax probabilities to the
+ * accumulated attention of every stored and local token (if tracked). */
+gboolean sift_engine_accumulate (SiftEngine *engine, const SiftPolicyContext *ctx, const float *lse,
+                                 GError **error);
+/* After a layer's offload: evicts down to capacity_tokens when the layer
+ * holds more, scored by `scorer` (NULL or without score_eviction: oldest
+ * first); compacted or renumbered blocks are offered again to the layer's
+ * policies' offload hooks (prefill's and decode's, each once). */
+gboolean sift_engine_evict (SiftEngine *engine, const SiftPolicyContext *ctx, SiftPolicy *scorer,
+                            SiftPolicy *prefill, SiftPolicy *decode, GError **error);

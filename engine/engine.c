@@ -47,6 +47,8 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
   c->seconds_stalled += a->seconds_stalled;
   c->seconds_compute += a->seconds_compute;
   c->seconds_load += a->seconds_load;
+  c->tokens_evicted += a->tokens_evicted;
+  c->bytes_compacted += a->bytes_compacted;
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -394,10 +396,13 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->block_elems = (gint64) s->n_kv_heads * s->block_size * s->head_dim;
   e->decode_cap = s->block_size + SIFT_ATTN_DECODE_MAX_ROWS;
 
-  e->meta = g_array_new (FALSE, TRUE, sizeof (SiftBlockMeta));
+  e->meta = g_new0 (GArray *, L);
   e->store_ids = g_new0 (GArray *, L);
   for (gint32 l = 0; l < L; l++)
-    e->store_ids[l] = g_array_new (FALSE, FALSE, sizeof (gint64));
+    {
+      e->meta[l] = g_array_new (FALSE, TRUE, sizeof (SiftBlockMeta));
+      e->store_ids[l] = g_array_new (FALSE, FALSE, sizeof (gint64));
+    }
   e->stored_tokens = g_new0 (gint64, L);
 
   e->slots_mem = aligned_new0 ((gsize) config->n_slots * 2 * (gsize) e->block_elems * e->es);
@@ -432,6 +437,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->max_q = MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS);
   e->part_out = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q * (gsize) s->head_dim);
   e->part_lse = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q);
+  sift_engine_evict_init (e);
 
   pthread_mutex_init (&e->lock, NULL);
   pthread_cond_init (&e->work_cond, NULL);
@@ -469,6 +475,7 @@ sift_engine_free (SiftEngine *e)
   for (gint32 l = 0; l < L; l++)
     {
       g_array_unref (e->store_ids[l]);
+      g_array_unref (e->meta[l]);
       free (e->prefill_k[l]);
       free (e->prefill_v[l]);
       free (e->decode_k[l]);
@@ -484,7 +491,8 @@ sift_engine_free (SiftEngine *e)
       g_array_unref (e->xl[i].ids);
     }
   g_clear_error (&e->store_error);
-  g_array_unref (e->meta);
+  sift_engine_evict_free (e);
+  g_free (e->meta);
   g_free (e->store_ids);
   g_free (e->stored_tokens);
   free (e->slots_mem);
@@ -518,8 +526,10 @@ sift_engine_reset (SiftEngine *e)
   wait_idle_locked (e);
   pthread_mutex_unlock (&e->lock);
   release_blocks (e);
-  g_array_set_size (e->meta, 0);
   const gint32 L = s->n_layers;
+  for (gint32 l = 0; l < L; l++)
+    g_array_set_size (e->meta[l], 0);
+  sift_engine_evict_clear (e);
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
   for (gint32 l = 0; l < L; l++)
@@ -594,6 +604,8 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
       out->seconds_stalled += c->seconds_stalled;
       out->seconds_compute += c->seconds_compute;
       out->seconds_load += c->seconds_load;
+      out->tokens_evicted += c->tokens_evicted;
+      out->bytes_compacted += c->bytes_compacted;
     }
   pthread_mutex_unlock (&e->lock);
 }
@@ -616,7 +628,7 @@ sift_engine_fill_context (SiftEngine *e, SiftPolicyContext *ctx, gint32 layer)
   ctx->engine = e;
   ctx->kv_len = e->stored_tokens[layer];
   ctx->n_blocks = e->store_ids[layer]->len;
-  ctx->blocks = (const SiftBlockMeta *) (const void *) e->meta->data;
+  ctx->blocks = (const SiftBlockMeta *) (const void *) e->meta[layer]->data;
 }
 
 static gboolean
@@ -645,9 +657,11 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
                    first_token + n_valid - 1, e->config.max_tokens);
       return FALSE;
     }
-  if (logical < (gint64) e->meta->len)
+  /* Without eviction every layer stores the same tokens in block i. */
+  const gint32 other = layer == 0 ? 1 : 0;
+  if (e->evict.capacity_tokens == 0 && other < s->n_layers && logical < (gint64) e->meta[other]->len)
     {
-      const SiftBlockMeta *m = &g_array_index (e->meta, SiftBlockMeta, logical);
+      const SiftBlockMeta *m = &g_array_index (e->meta[other], SiftBlockMeta, logical);
       if (m->first_token != first_token || m->n_valid != n_valid)
         {
           g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
@@ -657,23 +671,21 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
           return FALSE;
         }
     }
-  else
-    {
-      SiftBlockMeta m = { first_token, n_valid, phase };
-      g_array_append_val (e->meta, m);
-    }
+  SiftBlockMeta m = { first_token, n_valid, phase };
+  g_array_append_val (e->meta[layer], m);
   gboolean ok = TRUE;
+  gint64 id = -1;
   pthread_mutex_lock (&e->lock);
   ok = store_error_locked (e, error);
   pthread_mutex_unlock (&e->lock);
-  if (!ok)
-    return FALSE;
-  gint64 id;
-  if (!sift_store_alloc (e->store, &id, error))
-    return FALSE;
+  if (!ok || !sift_store_alloc (e->store, &id, error))
+    {
+      g_array_set_size (e->meta[layer], (guint) logical);
+      return FALSE;
+    }
   SiftBlockInfo info = {
     .block_id = logical,
-    .meta = &g_array_index (e->meta, SiftBlockMeta, logical),
+    .meta = &g_array_index (e->meta[layer], SiftBlockMeta, logical),
     .k = { k, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
     .v = { v, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
   };
@@ -690,10 +702,12 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
                        local ? local->message : "(no message)");
           g_clear_error (&local);
           sift_store_release (e->store, id);
+          g_array_set_size (e->meta[layer], (guint) logical);
           return FALSE;
         }
     }
   g_array_append_val (ids, id);
+  sift_engine_evict_note_offload (e, layer, first_token, n_valid);
   e->stored_tokens[layer] = first_token + n_valid;
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_STORE, .layer = layer, .phase = phase, .store_id = id, .k = k, .v = v,
@@ -858,7 +872,7 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
                    "engine: slot %d is still in use (load it again only after sift_engine_slot_done)", slot);
       return FALSE;
     }
-  const SiftBlockMeta *m = &g_array_index (e->meta, SiftBlockMeta, block_id);
+  const SiftBlockMeta *m = &g_array_index (e->meta[layer], SiftBlockMeta, block_id);
   e->slots[slot].n_valid = m->n_valid;
   e->slots[slot].layer = layer;
   Job *j = g_new0 (Job, 1);
@@ -990,23 +1004,6 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
     }
 }
 
-/* The logical block holding `pos` among a layer's stored blocks. */
-static gint64
-find_block (SiftEngine *e, gint32 layer, gint64 pos)
-{
-  const SiftBlockMeta *m = (const SiftBlockMeta *) (const void *) e->meta->data;
-  gint64 lo = 0, hi = e->store_ids[layer]->len;
-  while (hi - lo > 1)
-    {
-      gint64 mid = lo + (hi - lo) / 2;
-      if (m[mid].first_token <= pos)
-        lo = mid;
-      else
-        hi = mid;
-    }
-  return lo;
-}
-
 gboolean
 sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, gsize n, SiftView *k_out,
                          SiftView *v_out, GError **error)
@@ -1044,12 +1041,11 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
           {
             SiftView *o = which == 0 ? k_out : v_out;
             float *dst = sift_view_row (o, h, (gint64) i);
-            if (p >= 0 && p < stored)
+            gint64 b;
+            gint32 t;
+            if (p >= 0 && p < stored && sift_engine_find_row (e, layer, p, &b, &t))
               {
-                gint64 b = find_block (e, layer, p);
-                const SiftBlockMeta *m = &g_array_index (e->meta, SiftBlockMeta, b);
-                gsize off = (which == 0 ? 0 : e->store->k_bytes)
-                            + (gsize) ((gint64) h * s->block_size + (p - m->first_token)) * rb;
+                gsize off = (which == 0 ? 0 : e->store->k_bytes) + (gsize) ((gint64) h * s->block_size + t) * rb;
                 if (!sift_store_read (e->store, g_array_index (e->store_ids[layer], gint64, b), off, row, rb, error))
                   return FALSE;
                 loaded += rb;
@@ -1069,8 +1065,8 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else
-              return invalid (error, "gather_rows: position %" G_GINT64_FORMAT " is not in layer %d's cache", p,
-                              layer);
+              return invalid (error, "gather_rows: position %" G_GINT64_FORMAT " is not in layer %d's cache%s", p,
+                              layer, p >= 0 && p < stored ? " (evicted)" : "");
           }
     }
   SiftCounters add = { .bytes_loaded = loaded,

@@ -279,7 +279,7 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
       for (;;)
         {
           gint64 idj = sel != NULL ? sift_selection_block (sel, j) : (gint64) j;
-          if (g_array_index (e->meta, SiftBlockMeta, idj).n_valid < bs || j + 1 >= n_blocks)
+          if (g_array_index (e->meta[ctx->layer], SiftBlockMeta, idj).n_valid < bs || j + 1 >= n_blocks)
             break;
           gint64 idn = sel != NULL ? sift_selection_block (sel, j + 1) : (gint64) (j + 1);
           const gboolean *hn = block_heads (e, sel, idn, b);
@@ -288,7 +288,7 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
           j++;
         }
       gint64 idj = sel != NULL ? sift_selection_block (sel, j) : (gint64) j;
-      gint64 tokens = (gint64) (j - i) * bs + g_array_index (e->meta, SiftBlockMeta, idj).n_valid;
+      gint64 tokens = (gint64) (j - i) * bs + g_array_index (e->meta[ctx->layer], SiftBlockMeta, idj).n_valid;
       SiftView kr = sift_view_tokens (k, (gint64) i * bs, tokens), vr = sift_view_tokens (v, (gint64) i * bs, tokens);
       if (!attend_part (e, ctx, &kr, &vr, hi, FALSE, 0, out, lse, &attended, error))
         return FALSE;

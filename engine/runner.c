@@ -104,6 +104,11 @@ sift_runner_new (SiftEngine *engine, SiftModelSource *source, SiftPolicy *const 
   r->sel = g_new0 (SiftSelection *, (guint) L);
   for (gint32 l = 0; l < L; l++)
     r->sel[l] = sift_selection_new (s->n_q_heads, s->n_kv_heads);
+  for (gint32 l = 0; l < L; l++)
+    {
+      guint32 f = (r->prefill[l] ? r->prefill[l]->ops->flags : 0) | (r->decode[l] ? r->decode[l]->ops->flags : 0);
+      sift_engine_track_attention (engine, l, (f & SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION) != 0);
+    }
   r->empty = sift_selection_new (s->n_q_heads, s->n_kv_heads);
   sift_selection_validate (r->empty, NULL, 0, "runner", NULL);
   return r;
@@ -256,13 +261,18 @@ make_context (SiftRunner *r, SiftPolicyContext *ctx, SiftPhase phase, gint32 l, 
   sift_engine_fill_context (r->engine, ctx, l);
 }
 
+/* After a layer's attention: the observer, H2O accumulation (tracked
+ * layers), the offload, then eviction down to capacity (docs/eviction.md). */
 static gboolean
 finish_layer (SiftRunner *r, SiftPolicy *p, const SiftPolicyContext *ctx, SiftView *out, GError **error)
 {
   if (r->observer.attention != NULL)
     r->observer.attention (r->user_data, ctx, out, r->lse);
-  return ctx->phase == SIFT_PHASE_PREFILL ? sift_engine_offload_prefill (r->engine, ctx, p, error)
-                                          : sift_engine_offload_decode (r->engine, ctx, p, error);
+  const gint32 l = ctx->layer;
+  return sift_engine_accumulate (r->engine, ctx, r->lse, error)
+         && (ctx->phase == SIFT_PHASE_PREFILL ? sift_engine_offload_prefill (r->engine, ctx, p, error)
+                                              : sift_engine_offload_decode (r->engine, ctx, p, error))
+         && sift_engine_evict (r->engine, ctx, p, r->prefill[l], r->decode[l], error);
 }
 
 /* One layer of one prefill chunk or (ring) decode step. */

@@ -53,6 +53,11 @@ void sift_engine_local_kv (SiftEngine *engine, const SiftPolicyContext *ctx, Sif
 gboolean sift_engine_gather_rows (SiftEngine *engine, gint32 layer, const gint64 *positions, gsize n,
                                   SiftView *k_out, SiftView *v_out, GError **error);
 
+/* Since eviction compacts blocks, a stored block's tokens need not be
+ * consecutive: the positions of its n_valid rows, ascending (the engine's
+ * memory, valid until the layer's next offload). NULL for a bad id. */
+const gint64 *sift_engine_block_positions (SiftEngine *engine, gint32 layer, gint64 block_id);
+
 /* The default pipeline over `selection` (NULL: every stored block), then
  * the local tokens, merged by LSE; what a NULL compute_chunked_* runs. A
  * policy that only wants to alter the selection can call it. */
@@ -97,6 +102,30 @@ void sift_engine_reset (SiftEngine *engine);
 const SiftEngineConfig *sift_engine_config (const SiftEngine *engine);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftEngine, sift_engine_free)
 
+/* Bounded KV (docs/eviction.md): each layer keeps at most capacity_tokens
+ * stored tokens, evicting after an offload that passes it. */
+typedef struct {
+  gint64 capacity_tokens;   /* 0 = unbounded (no eviction) */
+  SiftEvictGranularity granularity;
+  gint64 protect_sinks;     /* the first tokens: never evicted */
+  gint64 protect_recent;    /* the most recent tokens (the call's rows counted): never evicted */
+} SiftEvictConfig;
+
+/* Sets eviction before a sequence starts (after new or reset);
+ * SIFT_ENGINE_ERROR_INVALID when the capacity cannot hold the protected
+ * tokens (see docs/eviction.md for the bound). */
+gboolean sift_engine_set_eviction (SiftEngine *engine, const SiftEvictConfig *config, GError **error);
+
+/* Keeps H2O accumulated attention for `layer` (the runner turns it on for
+ * layers whose policy sets SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION). */
+void sift_engine_track_attention (SiftEngine *engine, gint32 layer, gboolean on);
+/* The positions of `layer`'s stored tokens, ascending, into out (NULL: only
+ * count them); returns how many. */
+gsize sift_engine_stored_positions (SiftEngine *engine, gint32 layer, gint64 *out);
+/* The accumulated attention of a stored token (summed over kv heads), or
+ * -1 when the layer does not track it or the token is not stored. */
+double sift_engine_accumulated_attention (SiftEngine *engine, gint32 layer, gint64 position);
+
 /* Counters since the last reset. */
 typedef struct {
   guint64 bytes_loaded;       /* store -> compute side */
@@ -108,6 +137,8 @@ typedef struct {
   gdouble seconds_stalled;    /* compute thread waiting for loads */
   gdouble seconds_compute;    /* in attention kernels */
   gdouble seconds_load;       /* copy worker busy loading */
+  guint64 tokens_evicted;     /* stored tokens removed to stay within capacity_tokens */
+  guint64 bytes_compacted;    /* bytes read and rewritten by compaction and re-offload hooks (also in loaded/stored) */
 } SiftCounters;
 
 /* Per layer and phase (layer = -1: totals over layers). */

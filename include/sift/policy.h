@@ -18,7 +18,7 @@ G_BEGIN_DECLS
 /* Major changes break plugins (the host refuses a different major); minor
  * additions append methods marked "since N" at the end of SiftPolicyOps. */
 #define SIFT_POLICY_ABI_MAJOR 1
-#define SIFT_POLICY_ABI_MINOR 0
+#define SIFT_POLICY_ABI_MINOR 1
 
 typedef struct _SiftEngine SiftEngine;
 typedef struct _SiftSelection SiftSelection;
@@ -34,7 +34,16 @@ typedef enum {
   SIFT_POLICY_SUPPORTS_PREFILL = 1u << 0,
   SIFT_POLICY_SUPPORTS_DECODE = 1u << 1,
   SIFT_POLICY_REQUIRES_BLOCK_SELECTION = 1u << 2, /* engine calls select_blocks before loading */
+  /* Since 1: the engine keeps H2O accumulated attention for the layers this
+   * policy serves and passes it to score_eviction (docs/eviction.md). */
+  SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION = 1u << 3,
 } SiftPolicyFlags;
+
+/* Since 1: what a KV eviction removes (kv.evict_granularity). */
+typedef enum {
+  SIFT_EVICT_TOKEN = 0, /* single tokens; blocks are compacted afterwards */
+  SIFT_EVICT_BLOCK = 1, /* whole stored blocks (a block's score: the sum of its tokens') */
+} SiftEvictGranularity;
 
 typedef struct {
   gint32 n_layers;
@@ -80,6 +89,22 @@ typedef struct {
   SiftView k;                  /* [n_kv_heads][block_size][head_dim], compute dtype */
   SiftView v;
 } SiftBlockInfo;
+
+/* Since 1: the stored tokens a KV eviction may remove, seen by
+ * score_eviction. Tokens protected by the engine (the first sink tokens and
+ * the recent window) are not among them: they are never evicted. */
+typedef struct {
+  gsize n;                     /* candidates */
+  const gint64 *positions;     /* [n] token positions, ascending */
+  const gint64 *block_ids;     /* [n] logical block holding each */
+  /* [n_kv_heads][n] H2O accumulated attention: the softmax probability each
+   * token received, summed over every query row and query head of its kv
+   * group since it was written. NULL unless the policy sets
+   * SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION. */
+  const float *accumulated;
+  gint64 n_evict;              /* tokens the engine must remove (block granularity: at least) */
+  SiftEvictGranularity granularity;
+} SiftEvictCandidates;
 
 /* The base of every policy instance: a plugin's instance struct starts with
  * a SiftPolicy (`struct { SiftPolicy parent; ... }`). The host allocates
@@ -135,7 +160,23 @@ struct _SiftPolicyOps {
                                  const SiftBlockInfo *block, GError **error);
 
   /* Methods added in later minors go below, each marked "since N". */
+
+  /* Since 1. Optional. When a layer's stored KV passes kv.capacity_tokens
+   * the engine asks the layer's policy (of the current phase) to score the
+   * candidates: write scores[i] for candidates->positions[i]; the lowest go
+   * first (block granularity: the lowest block sums). NULL: the oldest go
+   * first (sinks + window). After token eviction the engine compacts the
+   * rewritten blocks and calls on_*_offload again for each (docs/eviction.md). */
+  gboolean (*score_eviction) (SiftPolicy *self, const SiftPolicyContext *ctx,
+                              const SiftEvictCandidates *candidates, float *scores, GError **error);
 };
+
+/* Whether the host may call an optional method of `ops` added in minor
+ * `since`: the plugin's minor and struct_size cover it and it is set. */
+#define SIFT_POLICY_OPS_HAS(ops, member, since)                                 \
+  ((ops)->abi_minor >= (since)                                                 \
+   && (ops)->struct_size >= G_STRUCT_OFFSET (SiftPolicyOps, member) + sizeof (gpointer) \
+   && (ops)->member != NULL)
 
 /* Fills the three version fields: `{ SIFT_POLICY_OPS_HEADER, .name = ... }`. */
 #define SIFT_POLICY_OPS_HEADER                                                 \

@@ -18,11 +18,14 @@ test_versions (void **state)
 {
   (void) state;
   assert_int_equal (SIFT_POLICY_ABI_MAJOR, 1);
-  assert_int_equal (SIFT_POLICY_ABI_MINOR, 0);
+  assert_int_equal (SIFT_POLICY_ABI_MINOR, 1);
   assert_string_equal (SIFT_PLUGIN_ENTRY_SYMBOL, "sift_plugin_policies");
   assert_int_equal (SIFT_POLICY_SUPPORTS_PREFILL, 1);
   assert_int_equal (SIFT_POLICY_SUPPORTS_DECODE, 2);
   assert_int_equal (SIFT_POLICY_REQUIRES_BLOCK_SELECTION, 4);
+  assert_int_equal (SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION, 8);
+  assert_int_equal (SIFT_EVICT_TOKEN, 0);
+  assert_int_equal (SIFT_EVICT_BLOCK, 1);
   assert_int_equal (SIFT_PHASE_PREFILL, 1);
   assert_int_equal (SIFT_PHASE_DECODE, 2);
   assert_int_equal (SIFT_PARAM_INT, 0);
@@ -50,7 +53,15 @@ test_ops (void **state)
   PIN_OFF (SiftPolicyOps, compute_chunked_decode, 104);
   PIN_OFF (SiftPolicyOps, on_prefill_offload, 112);
   PIN_OFF (SiftPolicyOps, on_decode_offload, 120);
-  PIN_SIZE (SiftPolicyOps, 128);
+  PIN_OFF (SiftPolicyOps, score_eviction, 128); /* since 1; 1.0 tables end at 128 */
+  PIN_SIZE (SiftPolicyOps, 136);
+  PIN_OFF (SiftEvictCandidates, n, 0);
+  PIN_OFF (SiftEvictCandidates, positions, 8);
+  PIN_OFF (SiftEvictCandidates, block_ids, 16);
+  PIN_OFF (SiftEvictCandidates, accumulated, 24);
+  PIN_OFF (SiftEvictCandidates, n_evict, 32);
+  PIN_OFF (SiftEvictCandidates, granularity, 40);
+  PIN_SIZE (SiftEvictCandidates, 48);
   PIN_OFF (SiftPolicy, ops, 0);
   PIN_OFF (SiftPolicy, shape, 8);
   PIN_OFF (SiftPolicy, host_data, 16);
