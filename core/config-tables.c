@@ -21,6 +21,9 @@ static const EnumValue stores[] = { { "host", 0 }, { "file", 0 }, { NULL, 0 } };
 static const EnumValue pipelines[] = {
   { "ring", SIFT_PIPELINE_RING }, { "cross_layer", SIFT_PIPELINE_CROSS_LAYER }, { NULL, 0 },
 };
+static const EnumValue granularities[] = {
+  { "token", SIFT_EVICT_TOKEN }, { "block", SIFT_EVICT_BLOCK }, { NULL, 0 },
+};
 static const EnumValue spacings[] = {
   { "explicit", SIFT_SPACING_EXPLICIT }, { "linear", SIFT_SPACING_LINEAR }, { "sigmoid", SIFT_SPACING_SIGMOID },
   { NULL, 0 },
@@ -62,7 +65,10 @@ static const Key kv_keys[] = {
   { "chunk_size", KEY_INT32, OFF (pub.shape.chunk_size), 0, 1, 1 << 24, NULL, NULL, "512; prefill tokens per chunk (a multiple of block_size)" },
   { "store_dtype", KEY_ENUM, OFF (pub.store_dtype), 0, NO_RANGE, sift_config_dtype_values, NULL, "f16; dtype of stored blocks: f32 | f16 | bf16 | q8_0" },
   { "compute_dtype", KEY_ENUM, OFF (pub.compute_dtype), 0, NO_RANGE, compute_dtypes, NULL, "f32; dtype of compute-side buffers: f32 | f16 | bf16" },
-  { "capacity_tokens", KEY_INT, OFF (pub.capacity_tokens), 0, 0, BIG, NULL, NULL, "0; block table capacity in tokens (0: unbounded)" },
+  { "capacity_tokens", KEY_INT, OFF (pub.capacity_tokens), 0, 0, BIG, NULL, NULL, "0; stored KV tokens kept per layer, evicting beyond (0: unbounded)" },
+  { "evict_granularity", KEY_ENUM, OFF (pub.evict_granularity), 0, NO_RANGE, granularities, NULL, "token; what eviction removes: token (blocks compacted) | block" },
+  { "protect_sinks", KEY_INT, OFF (pub.protect_sinks), 0, 0, BIG, NULL, NULL, "4; first tokens never evicted" },
+  { "protect_recent", KEY_INT, OFF (pub.protect_recent), 0, 0, BIG, NULL, NULL, "64; most recent tokens never evicted" },
   { NULL },
 };
 
@@ -91,6 +97,7 @@ static const Key harness_keys[] = {
   { "n_queries", KEY_INT, OFF (pub.harness.n_queries), 0, 1, 1000, NULL, NULL, "2; needles asked for (multiquery)" },
   { "question_tokens", KEY_INT, OFF (pub.harness.question_tokens), 0, 1, 1 << 16, NULL, NULL, "4; last tokens of the prompt that ask" },
   { "decode_steps", KEY_INT, OFF (pub.harness.decode_steps), 0, 0, 1 << 24, NULL, NULL, "8; decode steps after prefill" },
+  { "capacities", KEY_INT_LIST, OFF (pub.harness.capacities), OFF (pub.harness.n_capacities), 0, BIG, NULL, NULL, "[]; KV budgets swept (kv.capacity_tokens per run; 0: unbounded); empty: kv.capacity_tokens alone" },
   { "min_accuracy", KEY_FLOAT, OFF (pub.harness.min_accuracy), 0, 0, 1, NULL, NULL, "0.0; exit 1 below this fraction of cells passed" },
   { "seed", KEY_UINT64, OFF (pub.harness.seed), 0, NO_RANGE, NULL, NULL, "1; needle placement and values" },
   { "out", KEY_STRING, OFF (pub.harness.out_dir), 0, NO_RANGE, NULL, NULL, "sift-out; output directory" },
@@ -132,6 +139,9 @@ sift_config_init_defaults (Config *c)
   p->store_dtype = SIFT_DTYPE_F16;
   p->compute_dtype = SIFT_DTYPE_F32;
   p->capacity_tokens = 0;
+  p->evict_granularity = SIFT_EVICT_TOKEN;
+  p->protect_sinks = 4;
+  p->protect_recent = 64;
   p->store = g_strdup ("host");
   p->ring_slots = 4;
   p->pipeline = SIFT_PIPELINE_RING;

@@ -907,6 +907,7 @@ sift_config_free (SiftConfig *config)
   g_free (cfg->store_path);
   g_free (config->harness.lengths);
   g_free (config->harness.depths);
+  g_free (config->harness.capacities);
   g_free (config->harness.out_dir);
   g_clear_pointer (&config->setups, g_ptr_array_unref);
   g_clear_pointer (&cfg->origins, g_hash_table_unref);
@@ -1302,10 +1303,23 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
     return INVALID (LATEST (pub.harness.lengths, pub.harness.question_tokens),
                     "a context of %" G_GINT64_FORMAT " tokens leaves no room for the needle before the %"
                     G_GINT64_FORMAT " question tokens", shortest, h->question_tokens);
-  if (p->capacity_tokens > 0 && p->capacity_tokens < longest + h->decode_steps)
-    return INVALID (LATEST (pub.capacity_tokens, pub.harness.lengths),
-                    "kv.capacity_tokens = %" G_GINT64_FORMAT " cannot hold the longest context (%" G_GINT64_FORMAT
-                    " tokens + %" G_GINT64_FORMAT " decode steps)", p->capacity_tokens, longest, h->decode_steps);
+  /* A bounded cache evicts; it must hold the protected tokens and the
+   * block just offloaded (docs/eviction.md). */
+  const gint64 need = p->protect_sinks + p->protect_recent + shape->block_size
+                      + (p->evict_granularity == SIFT_EVICT_BLOCK ? 2 * (gint64) shape->block_size : 0);
+  if (p->capacity_tokens > 0 && p->capacity_tokens < need)
+    return INVALID (LATEST (pub.capacity_tokens, pub.protect_recent),
+                    "kv.capacity_tokens = %" G_GINT64_FORMAT " cannot hold %" G_GINT64_FORMAT
+                    " protected sink and %" G_GINT64_FORMAT " recent tokens with %s eviction of %d-token blocks"
+                    " (at least %" G_GINT64_FORMAT " needed)",
+                    p->capacity_tokens, p->protect_sinks, p->protect_recent,
+                    p->evict_granularity == SIFT_EVICT_BLOCK ? "block" : "token", shape->block_size, need);
+  for (gsize i = 0; i < h->n_capacities; i++)
+    if (h->capacities[i] > 0 && h->capacities[i] < need)
+      return INVALID (AT (pub.harness.capacities),
+                      "harness.capacities has %" G_GINT64_FORMAT ", below the %" G_GINT64_FORMAT
+                      " tokens the protected sinks, recent window and one block need",
+                      h->capacities[i], need);
 #undef INVALID
   if (!validate_setups (cfg, registry, error))
     return FALSE;

@@ -20,7 +20,12 @@ phases (guint32 flags)
 static const char *
 flag_text (guint32 flags)
 {
-  return (flags & SIFT_POLICY_REQUIRES_BLOCK_SELECTION) ? "selects-blocks" : "-";
+  gboolean sel = (flags & SIFT_POLICY_REQUIRES_BLOCK_SELECTION) != 0;
+  gboolean acc = (flags & SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION) != 0;
+  return sel && acc ? "selects-blocks,accumulated-attention"
+         : sel      ? "selects-blocks"
+         : acc      ? "accumulated-attention"
+                    : "-";
 }
 
 static const char *
@@ -83,6 +88,7 @@ info (SiftRegistry *registry, const char *name)
     { "compute_chunked_decode", ops->compute_chunked_decode != NULL },
     { "on_prefill_offload", ops->on_prefill_offload != NULL },
     { "on_decode_offload", ops->on_decode_offload != NULL },
+    { "score_eviction", SIFT_POLICY_OPS_HAS (ops, score_eviction, 1) },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (methods); i++)
     if (methods[i].set)

@@ -57,6 +57,7 @@ typedef struct {
   gint64 n_queries;                   /* 2 (multiquery) */
   gint64 question_tokens;             /* 4: last tokens of the prompt that ask */
   gint64 decode_steps;                /* 8 */
+  gint64 *capacities; gsize n_capacities; /* []: KV budgets swept (kv.capacity_tokens per run) */
   double min_accuracy;                /* 0.0; exit 1 below this (fraction of cells passed) */
   guint64 seed;                       /* 1 */
   char *out_dir;                      /* "sift-out" */
@@ -87,7 +88,10 @@ typedef struct {
   /* kv */
   SiftDType store_dtype;              /* f16 */
   SiftDType compute_dtype;            /* f32 */
-  gint64 capacity_tokens;             /* 0 = unbounded */
+  gint64 capacity_tokens;             /* stored tokens kept per layer, evicting beyond; 0 = unbounded */
+  SiftEvictGranularity evict_granularity; /* token */
+  gint64 protect_sinks;               /* 4; first tokens never evicted */
+  gint64 protect_recent;              /* 64; most recent tokens never evicted */
   /* offload */
   char *store;                        /* "host" | "file" */
   char *store_path;                   /* file store path; default "<out_dir>/kv.store" */

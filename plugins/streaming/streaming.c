@@ -4,10 +4,14 @@
  * skipped. This policy works at block granularity: it selects the stored
  * blocks that hold a sink token or a token of the recent window, so the
  * engine loads (and attends) only those. The current chunk or decode buffer
- * is always attended by the engine's default pipeline.
+ * is always attended by the engine's default pipeline. With a bounded KV
+ * cache (kv.capacity_tokens) it also says what to evict: everything
+ * between the sinks and the window.
  *
  * Built out of tree against an installed sift (see meson.build), it is the
  * example docs/writing-a-policy.md walks through. */
+#include <math.h>
+
 #include <sift/sift.h>
 
 typedef struct {
@@ -57,10 +61,33 @@ streaming_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx, const g
   return TRUE;
 }
 
+/* Since ABI 1.1, with a bounded KV cache (kv.capacity_tokens): when a
+ * layer holds more tokens than the capacity, the engine asks for a score
+ * per stored token it may evict (never its protected sinks and recent
+ * tokens) and evicts the lowest. A score of -inf asks it to evict a token
+ * even beyond what the capacity needs: everything between the sinks and the
+ * window goes. Other tokens score their position, so the oldest go first. */
+static gboolean
+streaming_score_eviction (SiftPolicy *self, const SiftPolicyContext *ctx,
+                          const SiftEvictCandidates *candidates, float *scores, GError **error)
+{
+  StreamingPolicy *sp = (StreamingPolicy *) self;
+  gint64 window_start = ctx->q_pos - sp->window_tokens;
+  (void) error;
+
+  for (gsize i = 0; i < candidates->n; i++)
+    {
+      gint64 t = candidates->positions[i];
+      gboolean between = t >= sp->sink_tokens && t < window_start;
+      scores[i] = between ? -INFINITY : (float) t;
+    }
+  return TRUE;
+}
+
 static const SiftPolicyOps streaming_ops = {
   SIFT_POLICY_OPS_HEADER,
   .name = "streaming",
-  .version = "1.0",
+  .version = "1.1",
   .description = "StreamingLLM: attention sinks + recent window, selected by block",
   .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE
            | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
@@ -68,6 +95,7 @@ static const SiftPolicyOps streaming_ops = {
   .instance_size = sizeof (StreamingPolicy),
   .init = streaming_init,
   .select_blocks = streaming_select_blocks,
+  .score_eviction = streaming_score_eviction,
 };
 
 SIFT_PLUGIN_DEFINE (&streaming_ops)
