@@ -17,6 +17,7 @@ static const Bench benches[] = {
   { "attention", sift_bench_attention, "prefill and decode attention against the measured peak" },
   { "offload", sift_bench_offload, "store throughput and pipeline efficiency" },
   { "policy", sift_bench_policy, "a policy's speed against dense attention" },
+  { "evict", sift_bench_evict, "bounded KV: token vs block eviction, sinks+window vs H2O" },
 };
 
 int

@@ -14,6 +14,7 @@ int sift_bench_peak (int argc, char **argv);
 int sift_bench_attention (int argc, char **argv);
 int sift_bench_offload (int argc, char **argv);
 int sift_bench_policy (int argc, char **argv);
+int sift_bench_evict (int argc, char **argv);
 
 /* `sift bench policy NAME`, one per shipped policy (tools/bench-policy-NAME.c). */
 int sift_bench_policy_quest (int argc, char **argv);
