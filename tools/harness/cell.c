@@ -39,9 +39,26 @@ call_asks (const Capture *c, const SiftPolicyContext *ctx)
   return ctx->q_pos + ctx->n_q > c->row0 && ctx->q_pos < c->row0 + c->n_rows;
 }
 
+/* The stored block of `layer` holding position p, or -1 when a bounded
+ * cache evicted it (blocks may hold non-consecutive positions then). */
+static gint64
+stored_block (const SiftPolicyContext *ctx, gint64 p)
+{
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    {
+      const gint64 *pos = sift_engine_block_positions (ctx->engine, ctx->layer, b);
+      if (pos[0] > p || pos[ctx->blocks[b].n_valid - 1] < p)
+        continue;
+      for (gint32 t = 0; t < ctx->blocks[b].n_valid; t++)
+        if (pos[t] == p)
+          return b;
+    }
+  return -1;
+}
+
 /* Needle tokens (not distractors) and whether each lies in the call's
  * selection: stored blocks must be selected for the head; tokens still in
- * the local buffer are attended anyway. */
+ * the local buffer are attended anyway; evicted ones are lost. */
 static void
 count_recall (Capture *c, const SiftPolicyContext *ctx, const SiftSelection *sel)
 {
@@ -51,17 +68,14 @@ count_recall (Capture *c, const SiftPolicyContext *ctx, const SiftSelection *sel
       const SiftNeedle *n = &c->plan->needles[i];
       if (n->distractor >= 0)
         continue;
-      gint64 block = -1;
-      for (gint64 b = 0; b < ctx->n_blocks; b++)
-        if (n->position >= ctx->blocks[b].first_token
-            && n->position < ctx->blocks[b].first_token + ctx->blocks[b].n_valid)
-          block = b;
+      gboolean local = n->position >= ctx->kv_len;
+      gint64 block = local ? -1 : stored_block (ctx, n->position);
       for (gint32 h = 0; h < c->shape->n_q_heads; h++)
         {
           gsize at = (gsize) ph * c->shape->n_layers + ctx->layer;
           c->asked[ph]++;
           c->layer_asked[at]++;
-          if (block < 0 || sel == NULL || sift_selection_has (sel, block, h))
+          if (local || (block >= 0 && (sel == NULL || sift_selection_has (sel, block, h))))
             {
               c->covered[ph]++;
               c->layer_covered[at]++;
@@ -142,7 +156,6 @@ make_store (const SiftConfig *cfg, const SiftModelShape *shape, GError **error)
   SiftStoreConfig sc = {
     .dtype = cfg->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
     .head_dim = shape->head_dim,
-    .capacity_blocks = cfg->capacity_tokens > 0 ? (cfg->capacity_tokens + shape->block_size - 1) / shape->block_size : 0,
     .path = path, .keep = cfg->store_keep, .direct = cfg->store_direct,
   };
   if (g_strcmp0 (cfg->store, "file") == 0)
@@ -244,10 +257,12 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
     return FALSE;
   SiftEngineConfig ec = {
     .shape = shape, .compute_dtype = cfg->compute_dtype, .n_slots = cfg->ring_slots,
-    .pipeline = cfg->pipeline, .max_tokens = cfg->capacity_tokens,
+    .pipeline = cfg->pipeline,
   };
+  /* kv.capacity_tokens bounds the cache: the engine evicts (docs/eviction.md). */
+  SiftEvictConfig ev = { cfg->capacity_tokens, cfg->evict_granularity, cfg->protect_sinks, cfg->protect_recent };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
-  if (engine == NULL)
+  if (engine == NULL || !sift_engine_set_eviction (engine, &ev, error))
     return FALSE;
 
   gint32 L = shape.n_layers;

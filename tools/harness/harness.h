@@ -111,6 +111,10 @@ double harness_setup_accuracy (const HarnessSetupResult *r);
 /* The table: per setup accuracy (both, prefill, decode), mean density,
  * bytes loaded, time, speedup over the full setup of the same config. */
 void harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n);
+/* With harness.capacities (capacity.c): accuracy per setup (rows) and KV
+ * budget (columns); results are [n_caps][n_setups]. */
+void harness_capacity_print (FILE *to, const HarnessSetupResult *results, gsize n_setups, const gint64 *caps,
+                             gsize n_caps);
 
 /* Colour of a score in [0, 1] on the red-yellow-green scale. */
 void harness_heatmap_colour (double score, double rgb[3]);

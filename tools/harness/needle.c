@@ -146,23 +146,45 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
       return FALSE;
     }
   g_autoptr (HarnessRecords) records = harness_records_open (records_path, error);
-  gsize n = cfg->setups->len;
+  /* harness.capacities: the grid once per KV budget, each setup's column
+   * labelled with it (docs/eviction.md); otherwise kv.capacity_tokens alone. */
+  const SiftHarnessConfig *h = &cfg->harness;
+  const gsize n_caps = MAX (h->n_capacities, 1), n_setups = cfg->setups->len, n = n_setups * n_caps;
+  g_autoptr (GPtrArray) labels = g_ptr_array_new_with_free_func (g_free);
   HarnessSetupResult *results = g_new0 (HarnessSetupResult, n);
-  for (guint s = 0; s < n; s++)
-    {
-      const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
-      results[s] = (HarnessSetupResult) {
-        .config_file = cfg->file, .label = setup->label, .is_full = is_full (setup), .grid = &grid,
-        .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
-      };
-    }
+  for (gsize ci = 0; ci < n_caps; ci++)
+    for (guint s = 0; s < n_setups; s++)
+      {
+        const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
+        const char *label = setup->label;
+        if (h->n_capacities > 0)
+          {
+            label = h->capacities[ci] > 0 ? g_strdup_printf ("%s@%" G_GINT64_FORMAT, setup->label, h->capacities[ci])
+                                          : g_strdup_printf ("%s@unbounded", setup->label);
+            g_ptr_array_add (labels, (gpointer) label);
+          }
+        results[ci * n_setups + s] = (HarnessSetupResult) {
+          .config_file = cfg->file, .label = label, .grid = &grid,
+          .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
+          /* Full attention over a bounded cache is no yardstick. */
+          .is_full = is_full (setup) && (h->n_capacities > 0 ? h->capacities[ci] : cfg->capacity_tokens) == 0,
+        };
+      }
   /* A copy whose out_dir is the one used (the file store lives there). */
   SiftConfig local = *cfg;
   local.harness.out_dir = (char *) out_dir;
-  gboolean ok = records != NULL && run_grid (&local, o, &grid, records, results, error);
+  gboolean ok = records != NULL;
+  for (gsize ci = 0; ok && ci < n_caps; ci++)
+    {
+      if (h->n_capacities > 0)
+        local.capacity_tokens = h->capacities[ci];
+      ok = run_grid (&local, o, &grid, records, results + ci * n_setups, error);
+    }
   if (ok)
     {
       harness_summary_print (o->table, results, n);
+      if (h->n_capacities > 0)
+        harness_capacity_print (o->table, results, n_setups, h->capacities, h->n_capacities);
       fflush (o->table);
       ok = write_heatmaps (o, results, n, out_dir, error);
     }

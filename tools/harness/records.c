@@ -43,6 +43,9 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
   g_string_append_printf (s, "kv %s %s %" G_GINT64_FORMAT "\noffload %s %d %d\n",
                           sift_dtype_name (c->store_dtype), sift_dtype_name (c->compute_dtype),
                           c->capacity_tokens, c->store, c->ring_slots, (int) c->pipeline);
+  if (c->capacity_tokens > 0) /* unbounded keys stay as before eviction existed */
+    g_string_append_printf (s, "evict %d %" G_GINT64_FORMAT " %" G_GINT64_FORMAT "\n", (int) c->evict_granularity,
+                            c->protect_sinks, c->protect_recent);
   g_string_append_printf (s, "label %s\nprefill ", setup->label);
   params_text (s, &setup->prefill);
   g_string_append (s, "\ndecode ");
