@@ -488,6 +488,26 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
   if (c->capacity_tokens == 0 || e->kept_tokens[l] <= c->capacity_tokens)
     return TRUE;
   const gint32 bs = e->config.shape.block_size, kvh = e->config.shape.n_kv_heads;
+  /* A policy that computes attention its own way may take block i for
+   * tokens [i * block_size, ...): unless it knows eviction (it has
+   * score_eviction, ABI 1.1) it must not see a compacted cache. The
+   * prefill policy computes no more once decoding runs. */
+  SiftPolicy *const users[2] = { scorer, ctx->phase == SIFT_PHASE_PREFILL ? decode : NULL };
+  for (int i = 0; i < 2; i++)
+    {
+      SiftPolicy *p = users[i];
+      if (p == NULL || SIFT_POLICY_OPS_HAS (p->ops, score_eviction, 1))
+        continue;
+      if (p->ops->compute_chunked_prefill != NULL || p->ops->compute_chunked_decode != NULL)
+        {
+          g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                       "policy '%s' computes attention its own way and does not know eviction (no score_eviction):"
+                       " layer %d passed kv.capacity_tokens = %" G_GINT64_FORMAT
+                       "; run it unbounded (capacity_tokens: 0)",
+                       p->ops->name, l, c->capacity_tokens);
+          return FALSE;
+        }
+    }
   /* Compaction reads and rewrites the layer's blocks: its stores first. */
   if (!sift_engine_sync (e, error))
     return FALSE;

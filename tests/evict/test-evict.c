@@ -788,6 +788,51 @@ test_config_errors (void **state)
   assert_true (sift_engine_set_eviction (e, &ok, NULL));
 }
 
+/* A policy with its own compute that predates eviction (no score_eviction)
+ * is stopped at the first eviction with a clear error, never run over a
+ * compacted cache it may misread. */
+static gboolean
+own_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse, GError **error)
+{
+  (void) self;
+  return sift_engine_attend_default (ctx->engine, ctx, NULL, out, lse, error);
+}
+
+static const SiftPolicyOps own_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "own-compute",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE,
+  .instance_size = sizeof (SiftPolicy),
+  .compute_chunked_prefill = own_compute,
+  .compute_chunked_decode = own_compute,
+};
+
+static void
+test_custom_compute_refused (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 4, 2, 32, 16, 32, 0 };
+  SiftStoreConfig stc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+  g_autoptr (SiftStore) store = sift_store_host_new (&stc, NULL);
+  SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 2 };
+  g_autoptr (SiftEngine) e = sift_engine_new (&ec, store, NULL);
+  SiftEvictConfig ev = { 64, SIFT_EVICT_TOKEN, 4, 16 };
+  assert_true (sift_engine_set_eviction (e, &ev, NULL));
+  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 3);
+  g_autoptr (SiftPolicy) p = sift_policy_new (&own_ops, NULL, &shape, NULL);
+  SiftPolicy *per_layer[1] = { p };
+  g_autoptr (SiftRunner) r = sift_runner_new (e, src, per_layer, per_layer, NULL);
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_runner_prefill (r, 64, &error)); /* within the capacity */
+  gboolean ok = TRUE;
+  for (int i = 0; i < 40 && ok; i++)
+    ok = sift_runner_decode (r, 1, &error);
+  assert_false (ok);
+  assert_true (g_error_matches (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY));
+  if (strstr (error->message, "policy 'own-compute' computes attention its own way and does not know eviction") == NULL)
+    fail_msg ("%s", error->message);
+}
+
 static int
 setup (void **state)
 {
@@ -819,6 +864,7 @@ main (void)
     cmocka_unit_test (test_protected),
     cmocka_unit_test (test_hooks_after_compaction),
     cmocka_unit_test (test_old_abi),
+    cmocka_unit_test (test_custom_compute_refused),
   };
   return cmocka_run_group_tests (tests, setup, teardown);
 }
