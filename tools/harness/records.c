@@ -92,6 +92,8 @@ write_counters (JsonWriter *w, const char *key, const SiftCounters *c)
   json_double (w, "seconds_stalled", c->seconds_stalled);
   json_double (w, "seconds_compute", c->seconds_compute);
   json_double (w, "seconds_load", c->seconds_load);
+  json_uint (w, "tokens_evicted", c->tokens_evicted);
+  json_uint (w, "bytes_compacted", c->bytes_compacted);
   json_end_object (w);
 }
 
@@ -122,6 +124,12 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "block_size", m->block_size);
   json_int (&w, "chunk_size", m->chunk_size);
   json_uint (&w, "seed", c->seed);
+  json_end_object (&w);
+  json_begin_object (&w, "kv");
+  json_int (&w, "capacity_tokens", c->capacity_tokens);
+  json_string (&w, "evict_granularity", c->evict_granularity == SIFT_EVICT_BLOCK ? "block" : "token");
+  json_int (&w, "protect_sinks", c->protect_sinks);
+  json_int (&w, "protect_recent", c->protect_recent);
   json_end_object (&w);
   json_int (&w, "length", cell->length);
   json_double (&w, "depth", cell->depth);
@@ -194,6 +202,7 @@ read_counters (const JsonNode *r, const char *key, SiftCounters *c)
     { "bytes_loaded", &c->bytes_loaded }, { "bytes_stored", &c->bytes_stored },
     { "blocks_available", &c->blocks_available }, { "blocks_selected", &c->blocks_selected },
     { "tokens_available", &c->tokens_available }, { "tokens_attended", &c->tokens_attended },
+    { "tokens_evicted", &c->tokens_evicted }, { "bytes_compacted", &c->bytes_compacted },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
     {
