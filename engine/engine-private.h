@@ -131,6 +131,8 @@ gboolean sift_engine_put_decode (SiftEngine *engine, gint32 layer, gint64 pos0, 
 /* Offloads one full block of the decode buffer if it holds block_size tokens. */
 gboolean sift_engine_offload_decode (SiftEngine *engine, const SiftPolicyContext *ctx,
                                      SiftPolicy *policy, GError **error);
+/* Waits for the stores reading or writing `layer`'s blocks; reports a failed store. */
+gboolean sift_engine_wait_layer (SiftEngine *engine, gint32 layer, GError **error);
 /* Waits for every queued store; reports the first failed one. */
 gboolean sift_engine_sync (SiftEngine *engine, GError **error);
 /* Fills the block table part of a context for `layer`. */

@@ -312,6 +312,16 @@ store_error_locked (SiftEngine *e, GError **error)
 }
 
 gboolean
+sift_engine_wait_layer (SiftEngine *e, gint32 layer, GError **error)
+{
+  pthread_mutex_lock (&e->lock);
+  wait_layer_stores_locked (e, layer);
+  gboolean ok = store_error_locked (e, error);
+  pthread_mutex_unlock (&e->lock);
+  return ok;
+}
+
+gboolean
 sift_engine_sync (SiftEngine *e, GError **error)
 {
   pthread_mutex_lock (&e->lock);

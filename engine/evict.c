@@ -253,7 +253,7 @@ sift_engine_accumulate (SiftEngine *e, const SiftPolicyContext *ctx, const float
   const SiftModelShape *s = &e->config.shape;
   const gint32 bs = s->block_size, d = s->head_dim, kvh = s->n_kv_heads;
   const gsize rb = sift_store_row_bytes (e->store);
-  if (!sift_engine_sync (e, error))
+  if (!sift_engine_wait_layer (e, l, error))
     return FALSE;
   /* Stored blocks: the K half of each, read and converted head by head. */
   g_autofree guint8 *raw = g_malloc (e->store->k_bytes);
@@ -509,7 +509,7 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
         }
     }
   /* Compaction reads and rewrites the layer's blocks: its stores first. */
-  if (!sift_engine_sync (e, error))
+  if (!sift_engine_wait_layer (e, l, error))
     return FALSE;
   GArray *ids = e->store_ids[l];
   const gint64 nb = ids->len, n_evict = e->kept_tokens[l] - c->capacity_tokens;
