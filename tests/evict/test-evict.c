@@ -163,6 +163,8 @@ typedef struct {
   SiftPipeline pipe;
   gint64 needle;                 /* -1: plain random source */
   gboolean check;                /* compare every call with the kept-token reference */
+  SiftDType store;               /* stored dtype (the source's k and v rounded through it) */
+  gboolean file;                 /* the file store, else host */
 } Scenario;
 
 typedef struct {
@@ -255,9 +257,10 @@ run_new (const Scenario *sc)
   r->sc = sc;
   r->shape = (SiftModelShape) { sc->layers, 4, 2, 32, sc->block, sc->chunk, 0 };
   r->shape.scale = 1.0f / sqrtf (32.0f);
-  r->src = sc->needle >= 0 ? needle_source_new (&r->shape, 7, sc->needle) : sift_model_random_new (&r->shape, 7);
-  SiftStoreConfig stc = test_store_config (&r->shape, SIFT_DTYPE_F32, NULL);
-  r->store = sift_store_host_new (&stc, NULL);
+  r->src = sc->needle >= 0 ? needle_source_new (&r->shape, 7, sc->needle) : test_source_new (&r->shape, 7, sc->store);
+  g_autofree char *path = sc->file ? test_tmp_path ("evict") : NULL;
+  SiftStoreConfig stc = test_store_config (&r->shape, sc->store, path);
+  r->store = sc->file ? sift_store_file_new (&stc, NULL) : sift_store_host_new (&stc, NULL);
   assert_non_null (r->store);
   SiftEngineConfig ec = { .shape = r->shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 4, .pipeline = sc->pipe };
   g_autoptr (GError) error = NULL;
@@ -436,6 +439,35 @@ test_reference (void **state)
             assert_int_equal (((TestPolicy *) r->policy)->bad_candidates, 0);
           run_free (r);
         }
+}
+
+/* Compaction copies stored rows as they are: any stored dtype (q8_0's
+ * per-row blocks included) and the file store give the reference over the
+ * kept tokens (the source's k and v rounded through the stored dtype). */
+static void
+test_stores (void **state)
+{
+  (void) state;
+  const struct { SiftDType dtype; gboolean file; } stores[] = {
+    { SIFT_DTYPE_F16, FALSE }, { SIFT_DTYPE_BF16, TRUE }, { SIFT_DTYPE_Q8_0, TRUE }, { SIFT_DTYPE_Q8_0, FALSE },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (stores); i++)
+    for (int gran = 0; gran < 2; gran++)
+      {
+        Scenario sc = base;
+        sc.policy = "test";
+        sc.mode = SCORE_RANDOM;
+        sc.gran = gran;
+        sc.capacity = 96;
+        sc.store = stores[i].dtype;
+        sc.file = stores[i].file;
+        Run *r = run_new (&sc);
+        run_all (r);
+        if (r->max_err > 1e-4)
+          fail_msg ("%s %s store, %s granularity: max error %g", sift_dtype_name (sc.store), sc.file ? "file" : "host",
+                    gran ? "block" : "token", r->max_err);
+        run_free (r);
+      }
 }
 
 /* Memory stays constant: 10x the capacity generated, store blocks in use
@@ -856,6 +888,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_config_errors),
     cmocka_unit_test (test_reference),
+    cmocka_unit_test (test_stores),
     cmocka_unit_test (test_memory_constant),
     cmocka_unit_test (test_capacity_covers_all),
     cmocka_unit_test (test_accumulated_reference),
