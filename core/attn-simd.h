@@ -305,8 +305,12 @@ static void
 write_row (const SiftAttnArgs *a, gint64 h, gint64 t, const float *acc, float m, float l)
 {
   float *o = sift_view_row (a->out, h, t);
+  const gint32 d = a->q->head_dim;
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (gint32 c = 0; c < a->q->head_dim; c++)
+  gint32 c = 0;
+  for (; c + VL <= d; c += VL)
+    vstore (o + c, vmul (vload (acc + c), vset1 (inv)));
+  for (; c < d; c++)
     o[c] = acc[c] * inv;
   a->lse[h * a->q->n_tokens + t] = l > 0.0f ? m * (float) G_LN2 + logf (l) : -INFINITY;
 }
@@ -349,14 +353,20 @@ run_item (const Plan *p, gint64 item, float *buf)
     }
   else
     {
-      memset (s.qt + (gsize) d * rp, 0, (dp - (gsize) d) * rp * sizeof (float));
-      for (gint32 c = 0; c < d; c++)
+      /* VL x VL blocks transposed in registers; rows past R read zeros. */
+      memset (s.o, 0, dp * sizeof (float));
+      const vf qscale = vset1 (p->qscale);
+      const gint32 dv = d / VL * VL;
+      for (gsize r0 = 0; r0 < rp; r0 += VL)
         {
-          float *col = s.qt + (gsize) c * rp;
-          for (gsize r = 0; r < R; r++)
-            col[r] = qrow[r][c] * p->qscale;
-          for (gsize r = R; r < rp; r++)
-            col[r] = 0.0f;
+          const float *src[VL];
+          for (gsize i = 0; i < VL; i++)
+            src[i] = r0 + i < R ? qrow[r0 + i] : s.o;
+          for (gint32 c = 0; c < dv; c += VL)
+            vtranspose (src, (gsize) c, qscale, s.qt + (gsize) c * rp + r0, rp);
+          for (gint32 c = dv; c < (gint32) dp; c++)
+            for (gsize i = 0; i < VL; i++)
+              s.qt[(gsize) c * rp + r0 + i] = c < d ? src[i][c] * p->qscale : 0.0f;
         }
     }
   for (gsize r = R; r < rp; r++)
