@@ -121,6 +121,14 @@ load_row (const SiftView *v, gint64 h, gint64 t, float *dst, gint32 d, gint32 dp
     dst[c] = 0.0f;
 }
 
+ALWAYS_INLINE void
+prefetch_row (const SiftView *v, gint64 h, gint64 t, gsize bytes)
+{
+  const char *p = sift_view_row (v, h, t);
+  for (gsize off = 0; off < bytes; off += 64)
+    __builtin_prefetch (p + off);
+}
+
 /* C[i][0..nb VL) = (alpha ? alpha[i] C[i] : 0) + sum_k A(i, k) B[k][0..nb VL)
  * for MR rows i, where A(i, k) = a[i * a_row + k * a_col]: broadcast one
  * element of A, multiply a vector of B, MR x nb accumulators in registers.
@@ -347,9 +355,15 @@ run_item (const Plan *p, gint64 item, float *buf)
       /* Lanes of rows >= R are never scored: keep them finite. */
       memset (s.st, 0, BK * rp * sizeof (float));
       memset (s.qt, 0, MR * dp * sizeof (float));
+      const vf qscale = vset1 (p->qscale);
       for (gsize r = 0; r < R; r++)
-        for (gint32 c = 0; c < d; c++)
-          s.qt[r * dp + (gsize) c] = qrow[r][c] * p->qscale;
+        {
+          gint32 c = 0;
+          for (; c + VL <= d; c += VL)
+            vstore (s.qt + r * dp + (gsize) c, vmul (vload (qrow[r] + c), qscale));
+          for (; c < d; c++)
+            s.qt[r * dp + (gsize) c] = qrow[r][c] * p->qscale;
+        }
     }
   else
     {
@@ -386,6 +400,7 @@ run_item (const Plan *p, gint64 item, float *buf)
   gint64 kb = kend * split / p->n_split / BK * BK;
   gint64 ke = split + 1 == p->n_split ? kend : kend * (split + 1) / p->n_split / BK * BK;
 
+  const gsize row_bytes = (gsize) d * (a->k->dtype == SIFT_DTYPE_F32 ? 4 : 2);
   for (gint64 j0 = kb; j0 < ke; j0 += BK)
     {
       gsize nk = (gsize) MIN ((gint64) BK, ke - j0);
@@ -398,6 +413,15 @@ run_item (const Plan *p, gint64 item, float *buf)
           max_pos = MAX (max_pos, (gint32) t);
           load_row (a->k, g, t, s.kc + j * dp, d, (gint32) dp);
           load_row (a->v, g, t, s.vc + j * dp, d, (gint32) dp);
+          /* The same row of the next tile is fetched while this tile
+           * computes: strided (token-major) K/V defeat the hardware prefetcher. */
+          gint64 jn = j0 + BK + (gint64) j;
+          if (jn < ke)
+            {
+              gint64 tn = p->mode == MODE_GATHER ? a->rows[jn] : jn;
+              prefetch_row (a->k, g, tn, row_bytes);
+              prefetch_row (a->v, g, tn, row_bytes);
+            }
         }
       memset (s.kc + nk * dp, 0, (nkp - nk) * dp * sizeof (float));
       if (few)
