@@ -4,6 +4,7 @@
  * current query. The math lives in quest-core.c; docs/policies/quest.md. */
 #include <string.h>
 
+#include <sift/engine.h>
 #include <sift/error.h>
 #include <sift/params.h>
 #include <sift/policy.h>
@@ -102,6 +103,40 @@ quest_on_offload (SiftPolicy *policy, const SiftPolicyContext *ctx, const SiftBl
   return quest_meta_update (self->meta, ctx->layer, block->block_id, &block->k, block->meta->n_valid, error);
 }
 
+/* Bounds for blocks whose offload hook this instance never saw (the runner
+ * calls the hooks of the layer's prefill policy; Quest placed in decode
+ * only misses the prompt's blocks): their keys are read once through the
+ * engine, counted as bytes loaded. Without an engine the missing block stays
+ * missing and quest_head_bounds names it. */
+static gboolean
+fill_missing_bounds (Quest *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
+                     GError **error)
+{
+  const SiftModelShape *shape = self->parent.shape;
+  if (ctx->engine == NULL)
+    return TRUE;
+  for (gsize b = 0; b < n; b++)
+    {
+      if (quest_meta_block (self->meta, ctx->layer, available[b]) != NULL)
+        continue;
+      if (available[b] < 0 || available[b] >= ctx->n_blocks)
+        continue; /* not a block of this layer: quest_head_bounds reports it */
+      const SiftBlockMeta *m = &ctx->blocks[available[b]];
+      g_autofree gint64 *pos = g_new (gint64, m->n_valid);
+      for (gint32 t = 0; t < m->n_valid; t++)
+        pos[t] = m->first_token + t;
+      gsize floats = (gsize) shape->n_kv_heads * (gsize) m->n_valid * (gsize) shape->head_dim;
+      g_autofree float *kbuf = g_new (float, floats); /* [n_kv_heads][n_valid][head_dim] */
+      g_autofree float *vbuf = g_new (float, floats);
+      SiftView k = sift_view_htd (kbuf, SIFT_DTYPE_F32, shape->n_kv_heads, m->n_valid, shape->head_dim);
+      SiftView v = sift_view_htd (vbuf, SIFT_DTYPE_F32, shape->n_kv_heads, m->n_valid, shape->head_dim);
+      if (!sift_engine_gather_rows (ctx->engine, ctx->layer, pos, (gsize) m->n_valid, &k, &v, error)
+          || !quest_meta_update (self->meta, ctx->layer, available[b], &k, m->n_valid, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gint64 *available,
                      gsize n, SiftSelection *selected, GError **error)
@@ -122,6 +157,8 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
   g_autofree float *bounds = g_new (float, (gsize) shape->n_q_heads * n); /* [n_q_heads][n] */
   g_autofree float *rank = g_new (float, (gsize) n_rank * n);             /* [n_rank][n] */
   g_autofree guint8 *keep = g_new (guint8, n);                            /* [n] */
+  if (!fill_missing_bounds (self, ctx, available, n, error))
+    return FALSE;
   if (!quest_head_bounds (self->meta, ctx->layer, &ctx->q, ctx->phase == SIFT_PHASE_PREFILL, available, n,
                           bounds, error))
     return FALSE;

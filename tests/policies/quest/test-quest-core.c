@@ -12,6 +12,7 @@
 #include <sift/sift.h>
 
 #include "quest-core.h"
+#include "quest-oracle.h"
 
 static void
 fill_normal (GRand *rng, float *x, gsize n, double scale)
@@ -230,17 +231,7 @@ test_head_bounds (void **state)
         for (gint32 r = -1; r < n_rows; r++)
           {
             const float *qr = r < 0 ? mean : q + ((gsize) h * n_rows + (gsize) r) * d;
-            double s = 0.0;
-            for (gint32 i = 0; i < d; i++)
-              {
-                double lo = INFINITY, hi = -INFINITY;
-                for (gint32 t = 0; t < bs; t++)
-                  {
-                    lo = fmin (lo, kb[(gsize) t * d + (gsize) i]);
-                    hi = fmax (hi, kb[(gsize) t * d + (gsize) i]);
-                  }
-                s += fmax (qr[i] * lo, qr[i] * hi);
-              }
+            double s = oracle_bound (qr, kb, bs, (gsize) d, d);
             if (r < 0)
               want_mean = s;
             else
@@ -289,44 +280,6 @@ test_rank_modes (void **state)
               assert_true (fabs (out[(gsize) r * n + b] - want) <= 1e-5 * (1.0 + fabs (want)));
             }
       }
-}
-
-/* Oracle for quest_pick: forced blocks, then every other index sorted by
- * (score descending, index ascending), NaN last; the first budget - forced. */
-static const float *oracle_score;
-
-static int
-oracle_cmp (const void *pa, const void *pb)
-{
-  gsize a = *(const gsize *) pa, b = *(const gsize *) pb;
-  float x = oracle_score[a], y = oracle_score[b];
-  int na = isnan (x), nb = isnan (y);
-  if (na != nb)
-    return na - nb;
-  if (!na && x != y)
-    return x > y ? -1 : 1;
-  return a < b ? -1 : a > b;
-}
-
-static gsize
-oracle_pick (const float *score, gsize n, gsize budget, gsize sinks, gsize recent, guint8 *keep)
-{
-  gsize forced = 0, n_rest = 0;
-  g_autofree gsize *rest = g_new (gsize, n + 1);
-  for (gsize i = 0; i < n; i++)
-    {
-      keep[i] = i < sinks || i + recent >= n;
-      if (keep[i])
-        forced++;
-      else
-        rest[n_rest++] = i;
-    }
-  oracle_score = score;
-  qsort (rest, n_rest, sizeof (gsize), oracle_cmp);
-  gsize take = budget > forced ? MIN (budget - forced, n_rest) : 0;
-  for (gsize j = 0; j < take; j++)
-    keep[rest[j]] = 1;
-  return forced + take;
 }
 
 static void
