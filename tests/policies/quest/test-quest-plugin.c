@@ -26,20 +26,32 @@ typedef struct {
   gint32 n_rows;
 } Fixture;
 
+static SiftRegistry *registry; /* the build tree's policies, for the whole group */
+
+static int
+group_setup (void **state)
+{
+  (void) state;
+  registry = sift_registry_new (NULL);
+  return 0;
+}
+
+static int
+group_teardown (void **state)
+{
+  (void) state;
+  g_clear_pointer (&registry, sift_registry_free);
+  return 0;
+}
+
 static const SiftPolicyOps *
 quest_ops (void)
 {
-  static const SiftPolicyOps *ops;
-  if (ops == NULL)
-    {
-      /* The registry is kept: the module stays open for every test. */
-      SiftRegistry *registry = sift_registry_new (NULL);
-      g_autoptr (GError) error = NULL;
-      const SiftPolicyInfo *info = sift_registry_lookup (registry, "quest", &error);
-      assert_non_null (info);
-      ops = info->ops;
-    }
-  return ops;
+  g_autoptr (GError) error = NULL;
+  const SiftPolicyInfo *info = sift_registry_lookup (registry, "quest", &error);
+  if (info == NULL)
+    fail_msg ("%s", error->message);
+  return info->ops;
 }
 
 static float
@@ -405,5 +417,5 @@ main (void)
     cmocka_unit_test (test_reset_clears_metadata),
     cmocka_unit_test (test_init_rejects_budget_below_block),
   };
-  return cmocka_run_group_tests (tests, NULL, NULL);
+  return cmocka_run_group_tests (tests, group_setup, group_teardown);
 }
