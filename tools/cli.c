@@ -1,5 +1,6 @@
 /* Helpers shared by the sift subcommands (see cli.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include <sift/error.h>
 
@@ -31,9 +32,23 @@ sift_cli_parse (const char *command, const char *parameter_string, const GOption
   return TRUE;
 }
 
+/* Run from the build tree (not installed), sift uses the build tree's
+ * policies in place of the installed directory, unless
+ * SIFT_POLICY_SYSTEM_PATH says otherwise. */
+static void
+use_build_tree_policies (void)
+{
+  if (g_getenv ("SIFT_POLICY_SYSTEM_PATH") != NULL || SIFT_BUILD_POLICY_PATH[0] == '\0')
+    return;
+  g_autofree char *self = g_file_read_link ("/proc/self/exe", NULL);
+  if (self != NULL && strcmp (self, SIFT_BUILD_EXE) == 0)
+    g_setenv ("SIFT_POLICY_SYSTEM_PATH", SIFT_BUILD_POLICY_PATH, TRUE);
+}
+
 SiftRegistry *
 sift_cli_registry (const SiftCliOptions *opts)
 {
+  use_build_tree_policies ();
   return sift_registry_new ((const char *const *) opts->policy_paths);
 }
 

@@ -59,7 +59,8 @@ gboolean sift_cli_parse (const char *command, const char *parameter_string, cons
                          int *argc, char ***argv);
 
 /* The registry: opts->policy_paths, then SIFT_POLICY_PATH, then the
- * installed policy directory. */
+ * installed policy directory (for a sift run from its build tree: the build
+ * tree's policy directories, unless SIFT_POLICY_SYSTEM_PATH is set). */
 SiftRegistry *sift_cli_registry (const SiftCliOptions *opts);
 
 /* Loads opts->configs (the first, then each later one merged over it), or

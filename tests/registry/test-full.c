@@ -61,7 +61,7 @@ test_full (void **state)
 
 /* `sift policies` finds Full in the build tree, uninstalled. */
 static char *
-run_sift (const char *const *args, gint *exit_status, char **err)
+run_sift_env (const char *const *args, char **env, gint *exit_status, char **err)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new ();
   g_ptr_array_add (argv, (gpointer) SIFT_EXE);
@@ -71,11 +71,34 @@ run_sift (const char *const *args, gint *exit_status, char **err)
   char *out = NULL;
   gint status = 0;
   g_autoptr (GError) error = NULL;
-  if (!g_spawn_sync (NULL, (char **) argv->pdata, NULL, G_SPAWN_DEFAULT, NULL, NULL, &out, err, &status, &error))
+  if (!g_spawn_sync (NULL, (char **) argv->pdata, env, G_SPAWN_DEFAULT, NULL, NULL, &out, err, &status, &error))
     fail_msg ("cannot run %s: %s", SIFT_EXE, error->message);
   assert_true (WIFEXITED (status));
   *exit_status = WEXITSTATUS (status);
   return out;
+}
+
+static char *
+run_sift (const char *const *args, gint *exit_status, char **err)
+{
+  return run_sift_env (args, NULL, exit_status, err);
+}
+
+/* With no search path set at all, the build tree's sift finds the build
+ * tree's policies (not an installed sift's). */
+static void
+test_uninstalled (void **state)
+{
+  (void) state;
+  g_auto (GStrv) env = g_environ_unsetenv (g_get_environ (), "SIFT_POLICY_PATH");
+  env = g_environ_unsetenv (env, "SIFT_POLICY_SYSTEM_PATH");
+  const char *list[] = { "policies", "list", NULL };
+  gint status;
+  g_autofree char *err = NULL;
+  g_autofree char *out = run_sift_env (list, env, &status, &err);
+  assert_int_equal (status, 0);
+  assert_non_null (strstr (out, "/policies/full/libfull." G_MODULE_SUFFIX));
+  assert_null (strstr (out, sift_registry_installed_dir ()));
 }
 
 static void
@@ -106,6 +129,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_full),
     cmocka_unit_test (test_cli),
+    cmocka_unit_test (test_uninstalled),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
