@@ -151,7 +151,7 @@ sift_bench_policy_quest (int argc, char **argv)
     { "q-heads", 0, 0, G_OPTION_ARG_INT, &o.q_heads, "query heads (default 8)", "N" },
     { "kv-heads", 0, 0, G_OPTION_ARG_INT, &o.kv_heads, "kv heads (default 2)", "N" },
     { "head-dim", 0, 0, G_OPTION_ARG_INT, &o.head_dim, "head dimension (default 64)", "N" },
-    { "mode", 0, 0, G_OPTION_ARG_STRING, &o.mode, "Quest mode: per_kv_head or shared (default per_kv_head)", "M" },
+    { "mode", 0, 0, G_OPTION_ARG_STRING, &o.mode, "Quest mode: per_kv_head, per_q_head or shared (default per_kv_head)", "M" },
     { "store-dtype", 0, 0, G_OPTION_ARG_STRING, &o.store_dtype, "stored K/V dtype: f32, f16, bf16, q8_0 (default f16)", "T" },
     { "json", 0, 0, G_OPTION_ARG_NONE, &o.json, "one JSON record per length instead of the table", NULL },
     G_OPTION_ENTRY_NULL,
@@ -176,9 +176,9 @@ sift_bench_policy_quest (int argc, char **argv)
       return SIFT_EXIT_USAGE;
     }
   SiftDType dt;
-  if (!g_str_equal (o.mode, "per_kv_head") && !g_str_equal (o.mode, "shared"))
+  if (!g_str_equal (o.mode, "per_kv_head") && !g_str_equal (o.mode, "per_q_head") && !g_str_equal (o.mode, "shared"))
     {
-      fprintf (stderr, "sift bench policy quest: --mode '%s' is not per_kv_head or shared\n", o.mode);
+      fprintf (stderr, "sift bench policy quest: --mode '%s' is not per_kv_head, per_q_head or shared\n", o.mode);
       return SIFT_EXIT_USAGE;
     }
   if (!sift_dtype_from_name (o.store_dtype, &dt))

@@ -207,9 +207,9 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
 }
 
 gint32
-quest_n_rankings (QuestMode mode, gint32 n_kv_heads)
+quest_n_rankings (QuestMode mode, gint32 n_q_heads, gint32 n_kv_heads)
 {
-  return mode == QUEST_MODE_SHARED ? 1 : n_kv_heads;
+  return mode == QUEST_MODE_SHARED ? 1 : mode == QUEST_MODE_PER_Q_HEAD ? n_q_heads : n_kv_heads;
 }
 
 void
@@ -217,7 +217,7 @@ quest_rank (const float *head_bounds, gint32 n_q_heads, gint32 n_kv_heads, gsize
             QuestReduce reduce, float *out)
 {
   g_return_if_fail (head_bounds != NULL && out != NULL && n_kv_heads > 0 && n_q_heads % n_kv_heads == 0);
-  const gint32 n_rank = quest_n_rankings (mode, n_kv_heads);
+  const gint32 n_rank = quest_n_rankings (mode, n_q_heads, n_kv_heads);
   const gint32 per = n_q_heads / n_rank; /* query heads reduced into one ranking */
   for (gint32 r = 0; r < n_rank; r++)
     for (gsize b = 0; b < n; b++)

@@ -11,6 +11,7 @@ G_BEGIN_DECLS
 typedef enum {
   QUEST_MODE_PER_KV_HEAD = 0, /* one ranking per kv head, from its group's query heads */
   QUEST_MODE_SHARED = 1,      /* one ranking for every head */
+  QUEST_MODE_PER_Q_HEAD = 2,  /* one ranking per query head (the paper's reference code, after repeat_kv) */
 } QuestMode;
 
 typedef enum {
@@ -58,8 +59,9 @@ gboolean quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView 
                             const gint64 *available, gsize n, float *out, GError **error);
 
 /* Rankings from head bounds [n_q_heads][n]: per_kv_head gives [n_kv_heads][n]
- * reducing each group's query heads, shared gives [1][n] reducing all heads. */
-gint32 quest_n_rankings (QuestMode mode, gint32 n_kv_heads);
+ * reducing each group's query heads, per_q_head [n_q_heads][n] (each head's
+ * own bounds), shared [1][n] reducing all heads. */
+gint32 quest_n_rankings (QuestMode mode, gint32 n_q_heads, gint32 n_kv_heads);
 void quest_rank (const float *head_bounds, gint32 n_q_heads, gint32 n_kv_heads, gsize n, QuestMode mode,
                  QuestReduce reduce, float *out);
 

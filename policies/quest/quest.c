@@ -25,8 +25,9 @@ typedef struct {
 } Quest;
 
 static const SiftParamSpec quest_params[] = {
-  { "mode", SIFT_PARAM_STRING, "per_kv_head", 1, 0, "per_kv_head|shared",
-    "per_kv_head: one ranking per kv head from its group's query heads; shared: one ranking for all heads" },
+  { "mode", SIFT_PARAM_STRING, "per_kv_head", 1, 0, "per_kv_head|per_q_head|shared",
+    "per_kv_head: one ranking per kv head from its group's query heads; per_q_head: one per query head; "
+    "shared: one for all heads" },
   { "gqa_reduce", SIFT_PARAM_STRING, "max", 1, 0, "max|mean",
     "how the query heads reading one kv head (or all heads, shared) combine their bounds" },
   { "token_budget", SIFT_PARAM_INT, "2048", 1, 1e12, NULL,
@@ -50,8 +51,15 @@ quest_init (SiftPolicy *policy, const SiftParams *params, GError **error)
   Quest *self = (Quest *) policy;
   const SiftModelShape *shape = policy->shape;
 
-  self->mode = g_str_equal (sift_params_get_string (params, "mode"), "shared") ? QUEST_MODE_SHARED
-                                                                               : QUEST_MODE_PER_KV_HEAD;
+  static const struct {
+    const char *name;
+    QuestMode mode;
+  } modes[] = { { "per_kv_head", QUEST_MODE_PER_KV_HEAD }, { "per_q_head", QUEST_MODE_PER_Q_HEAD },
+                { "shared", QUEST_MODE_SHARED } };
+  const char *mode = sift_params_get_string (params, "mode");
+  for (gsize i = 0; i < G_N_ELEMENTS (modes); i++)
+    if (g_str_equal (mode, modes[i].name))
+      self->mode = modes[i].mode;
   self->reduce = g_str_equal (sift_params_get_string (params, "gqa_reduce"), "mean") ? QUEST_REDUCE_MEAN
                                                                                       : QUEST_REDUCE_MAX;
   gint64 top_k = sift_params_get_int (params, "top_k");
@@ -153,7 +161,7 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
       return TRUE;
     }
 
-  const gint32 n_rank = quest_n_rankings (self->mode, shape->n_kv_heads);
+  const gint32 n_rank = quest_n_rankings (self->mode, shape->n_q_heads, shape->n_kv_heads);
   g_autofree float *bounds = g_new (float, (gsize) shape->n_q_heads * n); /* [n_q_heads][n] */
   g_autofree float *rank = g_new (float, (gsize) n_rank * n);             /* [n_rank][n] */
   g_autofree guint8 *keep = g_new (guint8, n);                            /* [n] */
@@ -173,6 +181,8 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
             continue;
           if (self->mode == QUEST_MODE_SHARED)
             sift_selection_add (selected, available[b]);
+          else if (self->mode == QUEST_MODE_PER_Q_HEAD)
+            sift_selection_add_q_head (selected, available[b], r);
           else
             sift_selection_add_kv_head (selected, available[b], r);
         }

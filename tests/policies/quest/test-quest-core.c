@@ -257,19 +257,19 @@ test_rank_modes (void **state)
   g_autoptr (GRand) rng = g_rand_new_with_seed (15);
   const gint32 nq = 8, nkv = 2;
   const gsize n = 7;
-  float hb[8 * 7], out[2 * 7];
+  float hb[8 * 7], out[8 * 7];
   fill_normal (rng, hb, G_N_ELEMENTS (hb), 2.0);
-  for (int mode = 0; mode < 2; mode++)
+  for (int mode = 0; mode < 3; mode++)
     for (int reduce = 0; reduce < 2; reduce++)
       {
-        gint32 n_rank = quest_n_rankings ((QuestMode) mode, nkv);
-        assert_int_equal (n_rank, mode == QUEST_MODE_SHARED ? 1 : nkv);
+        gint32 n_rank = quest_n_rankings ((QuestMode) mode, nq, nkv);
+        assert_int_equal (n_rank, mode == QUEST_MODE_SHARED ? 1 : mode == QUEST_MODE_PER_Q_HEAD ? nq : nkv);
+        gint32 per = nq / n_rank;
         quest_rank (hb, nq, nkv, n, (QuestMode) mode, (QuestReduce) reduce, out);
         for (gint32 r = 0; r < n_rank; r++)
           for (gsize b = 0; b < n; b++)
             {
-              gint32 h0 = mode == QUEST_MODE_SHARED ? 0 : r * (nq / nkv);
-              gint32 h1 = mode == QUEST_MODE_SHARED ? nq : (r + 1) * (nq / nkv);
+              gint32 h0 = r * per, h1 = (r + 1) * per;
               double mx = -INFINITY, sum = 0.0;
               for (gint32 h = h0; h < h1; h++)
                 {

@@ -169,7 +169,7 @@ select_all (SiftPolicy *policy, const SiftPolicyContext *ctx, GError **error)
  * keys (largest over rows, or of the mean row), reduced per ranking, picked
  * by sorting everything. */
 static guint8 *
-oracle_select (const Fixture *f, gint32 layer, gboolean shared, gboolean mean_reduce, gboolean mean_query,
+oracle_select (const Fixture *f, gint32 layer, gint32 n_rank, gboolean mean_reduce, gboolean mean_query,
                gsize budget, gsize sinks, gsize recent)
 {
   const gsize n = (gsize) f->n_blocks;
@@ -190,7 +190,7 @@ oracle_select (const Fixture *f, gint32 layer, gboolean shared, gboolean mean_re
           hb[(gsize) h * n + b] = (float) best;
         }
     }
-  gint32 n_rank = shared ? 1 : NKV, per = NQ / n_rank;
+  gint32 per = NQ / n_rank;
   guint8 *mask = g_new0 (guint8, NQ * n);
   g_autofree float *score = g_new (float, n);
   g_autofree guint8 *keep = g_new (guint8, n);
@@ -247,15 +247,17 @@ static void
 test_selection_matches_oracle (void **state)
 {
   (void) state;
-  static const char *const modes[][2] = { { "mode=per_kv_head", "gqa_reduce=max" },
-                                          { "mode=per_kv_head", "gqa_reduce=mean" },
-                                          { "mode=shared", "gqa_reduce=max" },
-                                          { "mode=shared", "gqa_reduce=mean" } };
+  static const struct {
+    const char *mode, *reduce;
+    gint32 n_rank;
+  } modes[] = { { "mode=per_kv_head", "gqa_reduce=max", NKV }, { "mode=per_kv_head", "gqa_reduce=mean", NKV },
+                { "mode=shared", "gqa_reduce=max", 1 },        { "mode=shared", "gqa_reduce=mean", 1 },
+                { "mode=per_q_head", "gqa_reduce=max", NQ } };
   for (guint32 seed = 1; seed <= 6; seed++)
     for (gsize m = 0; m < G_N_ELEMENTS (modes); m++)
       {
         Fixture *f = fixture_new (seed * 7 + (guint32) m, 37, 1 + (gint32) seed % BS, seed % 2 ? 1 : 3);
-        const char *settings[] = { modes[m][0], modes[m][1], "top_k=9", "sink_blocks=2", "recent_blocks=1",
+        const char *settings[] = { modes[m].mode, modes[m].reduce, "top_k=9", "sink_blocks=2", "recent_blocks=1",
                                    "dense_layers=[]", NULL };
         SiftPolicy *policy = make_policy (settings);
         offload_all (policy, f);
@@ -265,10 +267,10 @@ test_selection_matches_oracle (void **state)
             g_autoptr (SiftSelection) sel = select_all (policy, &ctx, NULL);
             assert_non_null (sel);
             g_autofree guint8 *want
-              = oracle_select (f, l, m >= 2, m % 2 == 1, FALSE, 9, 2, 1);
+              = oracle_select (f, l, modes[m].n_rank, g_str_has_suffix (modes[m].reduce, "mean"), FALSE, 9, 2, 1);
             assert_selection_is (sel, want, (gsize) f->n_blocks);
-            /* Per-kv-head selections differ between groups here (else the test proves nothing). */
-            if (m < 2 && l == 0 && seed == 1)
+            /* Per-head selections differ between groups here (else the test proves nothing). */
+            if (modes[m].n_rank > 1 && l == 0 && seed == 1)
               {
                 gboolean differ = FALSE;
                 for (gint64 b = 0; b < f->n_blocks; b++)
@@ -301,7 +303,7 @@ test_token_budget_sinks_recent (void **state)
       assert_true (sift_selection_has (sel, 0, h));
       assert_true (sift_selection_has (sel, f->n_blocks - 1, h));
     }
-  g_autofree guint8 *want = oracle_select (f, 0, FALSE, FALSE, FALSE, 5, 1, 1);
+  g_autofree guint8 *want = oracle_select (f, 0, NKV, FALSE, FALSE, 5, 1, 1);
   assert_selection_is (sel, want, (gsize) f->n_blocks);
 
   /* Layer 1 is forced dense: every block for every head. */
@@ -353,7 +355,7 @@ test_prefill_option (void **state)
   g_autoptr (SiftSelection) all = select_all (p_off, &ctx, NULL);
   assert_int_equal (sift_selection_n_blocks (all), f->n_blocks);
   g_autoptr (SiftSelection) sel = select_all (p_on, &ctx, NULL);
-  g_autofree guint8 *want = oracle_select (f, 1, FALSE, FALSE, TRUE, 4, 1, 1);
+  g_autofree guint8 *want = oracle_select (f, 1, NKV, FALSE, TRUE, 4, 1, 1);
   assert_selection_is (sel, want, (gsize) f->n_blocks);
   sift_policy_free (p_off);
   sift_policy_free (p_on);
@@ -384,7 +386,7 @@ test_reset_clears_metadata (void **state)
     }
   offload_all (policy, f);
   g_autoptr (SiftSelection) after = select_all (policy, &ctx, NULL);
-  g_autofree guint8 *want = oracle_select (f, 0, FALSE, FALSE, FALSE, 4, 1, 1);
+  g_autofree guint8 *want = oracle_select (f, 0, NKV, FALSE, FALSE, 4, 1, 1);
   assert_selection_is (after, want, (gsize) f->n_blocks);
   sift_policy_free (policy);
   fixture_free (f);
