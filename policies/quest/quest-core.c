@@ -148,6 +148,27 @@ quest_bound (const float *q, const float *kmin, const float *kmax, gint32 head_d
   return s;
 }
 
+/* The bound with q split by sign beforehand: max(q_i M_i, q_i m_i) is
+ * q_i M_i for q_i >= 0 and q_i m_i otherwise (M_i >= m_i), so the bound is
+ * qpos . kmax + qneg . kmin. Four partial sums break the add chain (the
+ * loop is latency-bound otherwise); quest_bound is the plain reference. */
+static float
+bound_split (const float *qpos, const float *qneg, const float *kmin, const float *kmax, gint32 d)
+{
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  gint32 i = 0;
+  for (; i + 4 <= d; i += 4)
+    {
+      s0 += qpos[i] * kmax[i] + qneg[i] * kmin[i];
+      s1 += qpos[i + 1] * kmax[i + 1] + qneg[i + 1] * kmin[i + 1];
+      s2 += qpos[i + 2] * kmax[i + 2] + qneg[i + 2] * kmin[i + 2];
+      s3 += qpos[i + 3] * kmax[i + 3] + qneg[i + 3] * kmin[i + 3];
+    }
+  for (; i < d; i++)
+    s0 += qpos[i] * kmax[i] + qneg[i] * kmin[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
 gboolean
 quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
                    const gint64 *available, gsize n, float *out, GError **error)
@@ -165,7 +186,9 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
     }
   const gint32 group = nq / meta->n_kv_heads;
   const gint64 n_rows = mean_query ? 1 : q->n_tokens;
-  g_autofree float *rows = g_new0 (float, (gsize) nq * (gsize) n_rows * (gsize) d); /* [nq][n_rows][d] */
+  const gsize n_q = (gsize) nq * (gsize) n_rows;
+  g_autofree float *rows = g_new0 (float, n_q * (gsize) d); /* [nq][n_rows][d] */
+  g_autofree float *split = g_new (float, 2 * n_q * (gsize) d); /* [nq][n_rows][2][d]: positive, negative part */
   g_autofree float *tmp = g_new (float, d);
   for (gint32 h = 0; h < nq; h++)
     for (gint64 t = 0; t < q->n_tokens; t++)
@@ -179,6 +202,13 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
         sift_view_row_to_f32 (q, h, t, tmp);
         for (gint32 i = 0; i < d; i++)
           dst[i] += tmp[i] / (float) q->n_tokens;
+      }
+  for (gsize r = 0; r < n_q; r++)
+    for (gint32 i = 0; i < d; i++)
+      {
+        float x = rows[r * (gsize) d + (gsize) i];
+        split[(2 * r) * (gsize) d + (gsize) i] = x > 0.0f ? x : 0.0f;
+        split[(2 * r + 1) * (gsize) d + (gsize) i] = x > 0.0f ? 0.0f : x;
       }
 
   for (gsize b = 0; b < n; b++)
@@ -198,8 +228,10 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
           const float *kmax = kmin + (gsize) meta->n_kv_heads * d;
           float best = -INFINITY;
           for (gint64 t = 0; t < n_rows; t++)
-            best = fmaxf (best, quest_bound (rows + ((gsize) h * (gsize) n_rows + (gsize) t) * (gsize) d,
-                                             kmin, kmax, d));
+            {
+              const float *qp = split + (2 * ((gsize) h * (gsize) n_rows + (gsize) t)) * (gsize) d;
+              best = fmaxf (best, bound_split (qp, qp + d, kmin, kmax, d));
+            }
           out[(gsize) h * n + b] = best;
         }
     }
