@@ -436,7 +436,11 @@ static void
 test_round_trip (void **state)
 {
   (void) state;
-  g_autoptr (SiftRegistry) registry = test_registry ();
+  g_autoptr (SiftRegistry) base = test_registry ();
+  /* Shipped configs name every shipped policy: search all their build dirs
+   * (base only clears the environment's search path, as test_registry does). */
+  g_auto (GStrv) dirs = g_strsplit (GOOD_DIR G_SEARCHPATH_SEPARATOR_S POLICY_BUILD_DIRS, G_SEARCHPATH_SEPARATOR_S, -1);
+  g_autoptr (SiftRegistry) registry = sift_registry_new ((const char *const *) dirs);
   const char *files[] = { SOURCE_DIR "/configs/default.yaml", SOURCE_DIR "/configs/full.yaml" };
   for (gsize i = 0; i < G_N_ELEMENTS (files); i++)
     {
