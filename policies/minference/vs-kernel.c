@@ -65,12 +65,27 @@ vs_tile_attend_scalar (VsTile *t, const float *const *krow, const float *const *
     }
 }
 
+static int isa_override = -1;
+
+void
+vs_set_isa (int isa)
+{
+  isa_override = isa;
+}
+
+/* The ISA the inner loops use: sift_isa_active () unless a test forced one. */
+static inline SiftIsa
+vs_isa (void)
+{
+  return isa_override >= 0 ? (SiftIsa) isa_override : sift_isa_active ();
+}
+
 void
 vs_tile_attend (VsTile *t, const float *const *krow, const float *const *vrow, const gint64 *key_pos,
                 gint32 n_keys)
 {
 #ifdef VS_HAVE_AVX2
-  if (sift_isa_active () >= SIFT_ISA_AVX2 && t->d % 8 == 0)
+  if (vs_isa () >= SIFT_ISA_AVX2 && t->d % 8 == 0)
     {
       vs_tile_attend_avx2 (t, krow, vrow, key_pos, n_keys);
       return;
@@ -83,7 +98,7 @@ void
 vs_scores (const float *q, gint32 n_rows, gint32 d, const float *const *krow, gint32 n_keys, float *s)
 {
 #ifdef VS_HAVE_AVX2
-  if (sift_isa_active () >= SIFT_ISA_AVX2 && d % 8 == 0)
+  if (vs_isa () >= SIFT_ISA_AVX2 && d % 8 == 0)
     {
       vs_scores_avx2 (q, n_rows, d, krow, n_keys, s);
       return;

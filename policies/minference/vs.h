@@ -133,6 +133,10 @@ void vs_scores_avx2 (const float *q, gint32 n_rows, gint32 d, const float *const
                      float *s);
 #endif
 
+/* Tests: force the inner loops to a SiftIsa (the caller checked the CPU
+ * has it); -1 follows sift_isa_active () again. */
+void vs_set_isa (int isa);
+
 /* The paths sift_isa_active () picks. */
 void vs_tile_attend (VsTile *t, const float *const *krow, const float *const *vrow,
                      const gint64 *key_pos, gint32 n_keys);
