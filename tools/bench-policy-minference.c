@@ -19,7 +19,7 @@
 #include "commands.h"
 
 typedef struct {
-  gint32 q_heads, kv_heads, head_dim, heads;
+  gint32 q_heads, kv_heads, head_dim, heads, tile;
   gint64 vertical, slash, last_q, sink, recent;
   double budget;
   gint dense_tiles;
@@ -71,14 +71,15 @@ fill_qkv (const Options *o, gint64 n, float *q, float *k, float *v)
  * returns seconds scaled to every row. With `vs`, the sparse kernel keeping
  * every diagonal (dense through the same inner loops). */
 static double
-time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale, gint tiles, gboolean vs)
+time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale, gint tiles, gint32 o_tile,
+            gboolean vs)
 {
   const gint64 n = q->n_tokens;
-  gint64 n_tiles = (n + VS_TILE - 1) / VS_TILE;
+  gint64 n_tiles = (n + 64 - 1) / 64;
   tiles = (gint) MIN (tiles, n_tiles);
   double seconds = 0.0, sampled = 0.0;
-  g_autofree float *out = g_new (float, (gsize) q->n_heads * VS_TILE * q->head_dim);
-  g_autofree float *lse = g_new (float, (gsize) q->n_heads * VS_TILE);
+  g_autofree float *out = g_new (float, (gsize) q->n_heads * 64 * q->head_dim);
+  g_autofree float *lse = g_new (float, (gsize) q->n_heads * 64);
   g_autofree gint64 *all = vs ? g_new (gint64, n) : NULL;
   for (gint64 i = 0; vs && i < n; i++)
     all[i] = i;
@@ -89,14 +90,14 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
     {
       /* Tiles evenly spaced, the last one ending the sequence. */
       gint64 t = tiles == 1 ? n_tiles - 1 : (n_tiles - 1) * i / (tiles - 1);
-      gint64 a = t * VS_TILE, rows = MIN (VS_TILE, n - a);
+      gint64 a = t * 64, rows = MIN (64, n - a);
       SiftView qt = sift_view_tokens (q, a, rows);
       SiftView kt = sift_view_tokens (k, 0, a + rows), vt = sift_view_tokens (v, 0, a + rows);
       SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, q->n_heads, rows, q->head_dim);
       gint64 t0 = g_get_monotonic_time ();
       if (vs)
         {
-          g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, pat);
+          g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, o_tile, pat);
           vs_attn_block (at, &kt, &vt, 0);
           vs_attn_finish (at, &ov, lse);
         }
@@ -131,7 +132,7 @@ run_length (const Options *o, gint64 n)
   SiftView vv = sift_view_htd (v, SIFT_DTYPE_F32, G, n, d);
   SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, H, n, d);
 
-  VsEstimateOpts est = { (gint32) o->last_q, o->sink, o->recent };
+  VsEstimateOpts est = { o->tile, (gint32) o->last_q, o->sink, o->recent };
   g_autofree VsSizes *sizes = g_new (VsSizes, H);
   for (gint32 h = 0; h < H; h++)
     vs_sizes (n, o->vertical, o->slash, o->budget, o->sink, o->recent, &sizes[h].vertical, &sizes[h].slash);
@@ -144,8 +145,8 @@ run_length (const Options *o, gint64 n)
       return 2;
     }
   double sparse = (g_get_monotonic_time () - t0) / 1e6 * head_factor;
-  double dense = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, FALSE) * head_factor;
-  double dense_vs = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, TRUE) * head_factor;
+  double dense = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, FALSE) * head_factor;
+  double dense_vs = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, TRUE) * head_factor;
   printf ("%8" G_GINT64_FORMAT "  %7.4f  %9.2f  %8.2f  %9.2f  %9.2f  %9.2f  %7.2fx  %7.2fx\n", n,
           (double) st.keys_attended / (double) st.keys_causal, sparse,
           st.seconds_estimate * head_factor, st.seconds_attend * head_factor, dense, dense_vs,
@@ -158,7 +159,7 @@ int
 sift_bench_policy_minference (int argc, char **argv)
 {
   Options o = {
-    .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 32,
+    .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 32, .tile = VS_TILE_DEFAULT,
     .vertical = 1000, .slash = 6096, .last_q = 64, .sink = 30, .recent = 100,
     .dense_tiles = 16, .threads = 0, .seed = 1,
   };
@@ -171,6 +172,7 @@ sift_bench_policy_minference (int argc, char **argv)
     { "vertical", 0, 0, G_OPTION_ARG_INT64, &o.vertical, "vertical_size (1000)", "N" },
     { "slash", 0, 0, G_OPTION_ARG_INT64, &o.slash, "slash_size (6096)", "N" },
     { "budget", 0, 0, G_OPTION_ARG_DOUBLE, &o.budget, "adaptive budget fraction (0: fixed sizes)", "F" },
+    { "tile", 0, 0, G_OPTION_ARG_INT, &o.tile, "query rows per kernel tile (16)", "N" },
     { "last-q", 0, 0, G_OPTION_ARG_INT64, &o.last_q, "estimation rows (64)", "N" },
     { "dense-tiles", 0, 0, G_OPTION_ARG_INT, &o.dense_tiles, "64-row tiles dense is timed on, scaled to all rows (16)", "N" },
     { "threads", 't', 0, G_OPTION_ARG_INT, &o.threads, "threads (default: SIFT_THREADS or all CPUs)", "N" },
@@ -192,7 +194,7 @@ sift_bench_policy_minference (int argc, char **argv)
   o.data = data;
   if (o.q_heads <= 0 || o.kv_heads <= 0 || o.q_heads % o.kv_heads != 0 || o.head_dim <= 0
       || o.head_dim % 2 != 0 || o.heads <= 0 || o.heads > o.q_heads || o.heads % (o.q_heads / o.kv_heads) != 0
-      || o.dense_tiles < 1 || o.last_q < 1 || (strcmp (data, "rope") != 0 && strcmp (data, "random") != 0))
+      || o.dense_tiles < 1 || o.last_q < 1 || o.tile < 1 || o.tile > VS_TILE_MAX || (strcmp (data, "rope") != 0 && strcmp (data, "random") != 0))
     {
       fprintf (stderr, "sift bench policy minference: bad shape or option (heads must be a multiple of "
                        "q-heads / kv-heads, head-dim even, data rope|random)\n");
@@ -202,8 +204,8 @@ sift_bench_policy_minference (int argc, char **argv)
     sift_parallel_set_n_threads (o.threads);
   printf ("# minference prefill, whole prompt: %d q heads (%d run), %d kv heads, head_dim %d; "
           "vertical %" G_GINT64_FORMAT ", slash %" G_GINT64_FORMAT ", budget %g, last_q %" G_GINT64_FORMAT
-          "; data %s; isa %s, %d threads\n",
-          o.q_heads, o.heads, o.kv_heads, o.head_dim, o.vertical, o.slash, o.budget, o.last_q, data,
+          ", tile %d; data %s; isa %s, %d threads\n",
+          o.q_heads, o.heads, o.kv_heads, o.head_dim, o.vertical, o.slash, o.budget, o.last_q, o.tile, data,
           sift_isa_name (sift_isa_active ()), sift_parallel_n_threads ());
   printf ("# seconds for all %d heads; dense = sift_attn_dense, dense-vs = the sparse kernel keeping every "
           "diagonal; both timed on %d tiles and scaled\n", o.q_heads, o.dense_tiles);

@@ -36,6 +36,8 @@ static const SiftParamSpec minference_params[] = {
     "first key columns always kept" },
   { "num_recent_diags", SIFT_PARAM_INT, "100", 1, G_MAXINT32, NULL,
     "nearest diagonals always kept (distance 0 is the token itself)" },
+  { "tile_rows", SIFT_PARAM_INT, "16", 1, VS_TILE_MAX, NULL,
+    "query rows per kernel tile: a slash diagonal covers this many keys per row (MInference's GPU kernel: 64)" },
   { "pattern_file", SIFT_PARAM_STRING, "", 0, -1, NULL,
     "per-head patterns, MInference's JSON (or YAML) format; heads not listed use the sizes above" },
   { NULL },
@@ -45,6 +47,7 @@ static gboolean
 minference_init (SiftPolicy *self, const SiftParams *params, GError **error)
 {
   MinferencePolicy *p = (MinferencePolicy *) self;
+  p->est.tile = (gint32) sift_params_get_int (params, "tile_rows");
   p->est.last_q = (gint32) sift_params_get_int (params, "last_q");
   p->est.num_sink = sift_params_get_int (params, "num_sink_tokens");
   p->est.num_recent = sift_params_get_int (params, "num_recent_diags");

@@ -121,9 +121,7 @@ pass_head (const PassJob *job, gint32 h)
   float *m = e->m + (gsize) h * r, *l = e->l + (gsize) h * r, *lse = e->lse + (gsize) h * r;
   float *vert = e->vertical + (gsize) h * e->n_keys, *slash = e->slash + (gsize) h * e->n_keys;
   const float *krow[VS_KEY_GROUP];
-  float s[VS_TILE * VS_KEY_GROUP];
-  g_autofree float *s_big = r > VS_TILE ? g_new (float, (gsize) r * VS_KEY_GROUP) : NULL;
-  float *sc = s_big ? s_big : s;
+  g_autofree float *sc = g_new (float, (gsize) r * VS_KEY_GROUP);
   const gint64 n = job->k->n_tokens;
 
   for (gint64 j0 = 0; j0 < n; j0 += VS_KEY_GROUP)

@@ -50,12 +50,12 @@ vs_tile_ranges (const VsPattern *p, gint64 a, gint64 b, gint64 k0, gint64 k1, Vs
 }
 
 gint64
-vs_pattern_count (const VsPattern *p, gint64 q_pos, gint64 n_q, VsRange *scratch)
+vs_pattern_count (const VsPattern *p, gint64 q_pos, gint64 n_q, gint32 tile, VsRange *scratch)
 {
   gint64 total = 0;
-  for (gint64 a = q_pos; a < q_pos + n_q; a += VS_TILE)
+  for (gint64 a = q_pos; a < q_pos + n_q; a += tile)
     {
-      const gint64 b = MIN (a + VS_TILE, q_pos + n_q);
+      const gint64 b = MIN (a + tile, q_pos + n_q);
       gsize nr = vs_tile_ranges (p, a, b, 0, b, scratch);
       for (gsize i = 0; i < nr; i++)
         for (gint64 row = a; row < b; row++)

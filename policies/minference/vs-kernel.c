@@ -1,6 +1,6 @@
 /* Vertical-slash sparse attention kernel.
  *
- * Per (query head, tile of VS_TILE rows): the merged slash ranges and the
+ * Per (query head, tile of rows): the merged slash ranges and the
  * leftover vertical columns of the current key block are walked in
  * ascending key order and fed VS_KEY_GROUP keys at a time to the inner
  * loop, which updates the tile's online softmax. A key of the block is fed
@@ -132,6 +132,7 @@ struct _VsAttn {
   gint32 n_q_heads, n_kv_heads, d;
   gint64 q_pos;
   gint32 n_q;
+  gint32 tile;
   gint64 n_tiles;
   float *q;                  /* [n_q_heads][n_q][d], pre-scaled */
   float *m, *l;              /* [n_q_heads][n_q] */
@@ -146,16 +147,19 @@ struct _VsAttn {
 };
 
 VsAttn *
-vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, const VsPattern *pattern)
+vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
+             const VsPattern *pattern)
 {
   g_return_val_if_fail (q->dtype == SIFT_DTYPE_F32 && q->n_heads % n_kv_heads == 0, NULL);
+  g_return_val_if_fail (tile >= 1 && tile <= VS_TILE_MAX, NULL);
   VsAttn *a = g_new0 (VsAttn, 1);
   a->n_q_heads = q->n_heads;
   a->n_kv_heads = n_kv_heads;
   a->d = q->head_dim;
   a->q_pos = q_pos;
   a->n_q = (gint32) q->n_tokens;
-  a->n_tiles = (a->n_q + VS_TILE - 1) / VS_TILE;
+  a->tile = tile;
+  a->n_tiles = (a->n_q + tile - 1) / tile;
   a->pattern = pattern;
   const gsize rows = (gsize) a->n_q_heads * a->n_q;
   a->q = g_new (float, rows * a->d);
@@ -237,7 +241,7 @@ block_item (const BlockJob *job, gint64 item, VsRange *scratch)
   VsAttn *a = job->a;
   const gint32 h = (gint32) (item / a->n_tiles);
   const gint64 t = item % a->n_tiles;
-  const gint64 a0 = a->q_pos + t * VS_TILE, b0 = MIN (a0 + VS_TILE, a->q_pos + a->n_q);
+  const gint64 a0 = a->q_pos + t * a->tile, b0 = MIN (a0 + a->tile, a->q_pos + a->n_q);
   const gint64 lo = job->key0, hi = MIN (job->key0 + job->k->n_tokens, b0);
   if (lo >= hi)
     return;

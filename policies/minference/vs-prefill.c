@@ -53,6 +53,7 @@ vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scal
   const gint32 H = q->n_heads, d = q->head_dim;
   const gint64 n_q = q->n_tokens, n_keys = q_pos + n_q;
   g_return_val_if_fail (q->dtype == SIFT_DTYPE_F32 && n_q > 0 && opts->last_q > 0, FALSE);
+  g_return_val_if_fail (opts->tile >= 1 && opts->tile <= VS_TILE_MAX, FALSE);
   gint64 t0 = g_get_monotonic_time ();
 
   /* Estimate from the chunk's last rows against every key so far. */
@@ -90,7 +91,7 @@ vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scal
     }
   gint64 t1 = g_get_monotonic_time ();
 
-  g_autoptr (VsAttn) attn = vs_attn_new (q, q_pos, n_kv_heads, scale, pattern);
+  g_autoptr (VsAttn) attn = vs_attn_new (q, q_pos, n_kv_heads, scale, opts->tile, pattern);
   if (!source (source_data, TRUE, attn_block, attn, error))
     return FALSE;
   vs_attn_finish (attn, out, lse);

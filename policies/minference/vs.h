@@ -12,9 +12,12 @@
 
 G_BEGIN_DECLS
 
-/* Query rows per tile of the sparse kernel: the slash diagonals of a tile
- * become whole key ranges [tile_start - d, tile_end - d). */
-#define VS_TILE 64
+/* Query rows per tile of the sparse kernel by default: the slash diagonals
+ * of a tile become whole key ranges [tile_start - d, tile_end - d), so a
+ * lone diagonal costs `tile` keys per row. MInference's GPU kernel uses 64;
+ * on a CPU 16 rows already reuse each key enough and waste 4x less. */
+#define VS_TILE_DEFAULT 16
+#define VS_TILE_MAX 256
 
 /* ---- Estimation (vs-estimate.c) ------------------------------------------
  *
@@ -59,7 +62,7 @@ void vs_sizes (gint64 n, gint64 vertical_size, gint64 slash_size, double budget,
 /* ---- Pattern and index (vs-index.c) ---------------------------------------
  *
  * A head's pattern: vertical columns and slash distances, both ascending.
- * For query rows cut into tiles of VS_TILE rows from the chunk's first row,
+ * For query rows cut into tiles of `tile` rows from the chunk's first row,
  * tile rows [a, b) visit the union of the key ranges [a - d, b - d) over
  * the slash distances d, merged and clipped to [0, b), and the vertical
  * columns below b outside those ranges; row p of the tile attends the
@@ -80,7 +83,7 @@ typedef struct {
  * ascending; out needs room for n_slash ranges. Returns how many. */
 gsize vs_tile_ranges (const VsPattern *p, gint64 a, gint64 b, gint64 k0, gint64 k1, VsRange *out);
 /* Keys attended by rows [q_pos, q_pos + n_q) under the pattern (causal). */
-gint64 vs_pattern_count (const VsPattern *p, gint64 q_pos, gint64 n_q, VsRange *scratch);
+gint64 vs_pattern_count (const VsPattern *p, gint64 q_pos, gint64 n_q, gint32 tile, VsRange *scratch);
 
 /* ---- Kernel (vs-kernel.c) -------------------------------------------------
  *
@@ -92,7 +95,7 @@ typedef struct _VsAttn VsAttn;
 
 /* q: f32 [n_q_heads][n_q][head_dim] at positions q_pos..; pattern[h] for
  * each query head (kept by pointer until vs_attn_free). */
-VsAttn *vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale,
+VsAttn *vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
                      const VsPattern *pattern);
 void vs_attn_free (VsAttn *a);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (VsAttn, vs_attn_free)
@@ -152,6 +155,7 @@ SiftView vs_view_f32 (const SiftView *k, float **buf, gsize *cap);
  * key blocks [0, q_pos + n_q) that a block source yields in ascending order
  * (passes 1 and 2 need K only). */
 typedef struct {
+  gint32 tile;          /* query rows per kernel tile, 1..VS_TILE_MAX */
   gint32 last_q;        /* rows the estimate uses (the chunk's last) */
   gint64 num_sink;      /* columns 0.. always kept */
   gint64 num_recent;    /* distances 0.. always kept */

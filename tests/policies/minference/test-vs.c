@@ -310,14 +310,14 @@ test_sizes (void **state)
 /* The mask by its definition: row p (tile [a, b) counted from q_pos)
  * attends j <= p with j a column, or a - d <= j < b - d for a distance d. */
 static gboolean *
-build_mask (const VsPattern *p, gint64 q_pos, gint64 n_q)
+build_mask (const VsPattern *p, gint64 q_pos, gint64 n_q, gint32 tile)
 {
   const gint64 n = q_pos + n_q;
   gboolean *m = g_new0 (gboolean, (gsize) n_q * n);
   for (gint64 i = 0; i < n_q; i++)
     {
       const gint64 row = q_pos + i;
-      const gint64 a = q_pos + (i / VS_TILE) * VS_TILE, b = MIN (a + VS_TILE, n);
+      const gint64 a = q_pos + (i / tile) * tile, b = MIN (a + tile, n);
       for (gsize c = 0; c < p->n_vertical; c++)
         if (p->vertical[c] <= row)
           m[i * n + p->vertical[c]] = TRUE;
@@ -382,7 +382,8 @@ random_set (GRand *rng, gint64 n, gint64 want, gint64 forced, gint64 *out)
 /* Runs the kernel for rows [q_pos, q_pos + n_q) over keys streamed in
  * blocks; checks every head against the masked double reference. */
 static void
-check_kernel (SiftIsa isa, gint32 d, gint64 q_pos, gint64 n_q, gint64 block, gboolean empty_pattern)
+check_kernel (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint64 block,
+              gboolean empty_pattern)
 {
   if (!use_isa (isa))
     return;
@@ -401,7 +402,7 @@ check_kernel (SiftIsa isa, gint32 d, gint64 q_pos, gint64 n_q, gint64 block, gbo
       pat[h].n_slash = empty_pattern ? 0 : random_set (rng, n, 6 + 4 * h, h == 3 ? 0 : 2, slash + h * n);
     }
   SiftView qc = sift_view_tokens (&t.qv, q_pos, n_q);
-  g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, pat);
+  g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat);
   for (gint64 j0 = 0; j0 < n; j0 += block)
     {
       SiftView kb = sift_view_tokens (&t.kv, j0, MIN (block, n - j0));
@@ -418,13 +419,13 @@ check_kernel (SiftIsa isa, gint32 d, gint64 q_pos, gint64 n_q, gint64 block, gbo
   gint64 mask_count = 0;
   for (gint32 h = 0; h < 4; h++)
     {
-      g_autofree gboolean *mask = build_mask (&pat[h], q_pos, n_q);
+      g_autofree gboolean *mask = build_mask (&pat[h], q_pos, n_q, tile);
       masked_reference (&t, h, q_pos, n_q, mask, scale, ro, rl);
       gint64 head_count = 0;
       for (gint64 i = 0; i < n_q * n; i++)
         head_count += mask[i];
       mask_count += head_count;
-      assert_int_equal (vs_pattern_count (&pat[h], q_pos, n_q, scratch), head_count);
+      assert_int_equal (vs_pattern_count (&pat[h], q_pos, n_q, tile, scratch), head_count);
       /* The tile mask holds the exact vertical-slash pattern. */
       for (gint64 i = 0; i < n_q; i++)
         {
@@ -456,8 +457,9 @@ static void
 test_kernel_mask_scalar (void **state)
 {
   (void) state;
-  check_kernel (SIFT_ISA_SCALAR, 16, 0, 200, 200, FALSE);
-  check_kernel (SIFT_ISA_SCALAR, 16, 150, 130, 33, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 16, 64, 0, 200, 200, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 16, 16, 150, 130, 33, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 8, 7, 20, 90, 11, FALSE);
 }
 
 static void
@@ -465,18 +467,18 @@ test_kernel_mask_simd (void **state)
 {
   (void) state;
   SiftIsa isa = SIFT_ISA_AVX2;
-  check_kernel (isa, 16, 0, 200, 200, FALSE);
-  check_kernel (isa, 128, 0, 257, 257, FALSE);
-  check_kernel (isa, 128, 190, 100, 64, FALSE);
-  check_kernel (isa, 24, 70, 150, 1, FALSE);
+  check_kernel (isa, 16, 64, 0, 200, 200, FALSE);
+  check_kernel (isa, 128, 16, 0, 257, 257, FALSE);
+  check_kernel (isa, 128, 64, 190, 100, 64, FALSE);
+  check_kernel (isa, 24, 5, 70, 150, 1, FALSE);
 }
 
 static void
 test_kernel_empty_pattern (void **state)
 {
   (void) state;
-  check_kernel (SIFT_ISA_SCALAR, 8, 10, 70, 16, TRUE);
-  check_kernel (SIFT_ISA_AVX2, 8, 10, 70, 16, TRUE);
+  check_kernel (SIFT_ISA_SCALAR, 8, 16, 10, 70, 16, TRUE);
+  check_kernel (SIFT_ISA_AVX2, 8, 16, 10, 70, 16, TRUE);
 }
 
 /* The AVX2 inner loops against the scalar ones on the same inputs. */
@@ -493,7 +495,7 @@ test_simd_matches_scalar (void **state)
       return;
     }
   Qkv t;
-  qkv_init (&t, 23, 1, 1, 128, VS_KEY_GROUP + VS_TILE, 1.0);
+  qkv_init (&t, 23, 1, 1, 128, VS_KEY_GROUP + 64, 1.0);
   const float *krow[VS_KEY_GROUP], *vrow[VS_KEY_GROUP];
   gint64 pos[VS_KEY_GROUP];
   for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
@@ -502,31 +504,31 @@ test_simd_matches_scalar (void **state)
       krow[kk] = t.k + (gsize) kk * t.d;
       vrow[kk] = t.v + (gsize) kk * t.d;
     }
-  float s1[VS_TILE * VS_KEY_GROUP], s2[VS_TILE * VS_KEY_GROUP];
+  float s1[64 * VS_KEY_GROUP], s2[64 * VS_KEY_GROUP];
   for (gint32 nk = 1; nk <= VS_KEY_GROUP; nk += 7)
     {
-      vs_scores_scalar (t.q, VS_TILE, t.d, krow, nk, s1);
+      vs_scores_scalar (t.q, 64, t.d, krow, nk, s1);
       vs_set_isa (SIFT_ISA_AVX2);
-      vs_scores (t.q, VS_TILE, t.d, krow, nk, s2);
-      for (gint32 r = 0; r < VS_TILE; r++)
+      vs_scores (t.q, 64, t.d, krow, nk, s2);
+      for (gint32 r = 0; r < 64; r++)
         for (gint32 kk = 0; kk < nk; kk++)
           assert_true (fabsf (s1[r * VS_KEY_GROUP + kk] - s2[r * VS_KEY_GROUP + kk]) < 1e-4f);
     }
-  float m[2][VS_TILE], l[2][VS_TILE];
-  g_autofree float *acc0 = g_new0 (float, VS_TILE * t.d), *acc1 = g_new0 (float, VS_TILE * t.d);
+  float m[2][64], l[2][64];
+  g_autofree float *acc0 = g_new0 (float, 64 * t.d), *acc1 = g_new0 (float, 64 * t.d);
   float *acc[2] = { acc0, acc1 };
   for (int w = 0; w < 2; w++)
     {
-      for (gint32 r = 0; r < VS_TILE; r++)
+      for (gint32 r = 0; r < 64; r++)
         m[w][r] = -INFINITY, l[w][r] = 0.0f;
-      VsTile tile = { t.q, 40, VS_TILE, t.d, m[w], l[w], acc[w], 0 };
+      VsTile tile = { t.q, 40, 64, t.d, m[w], l[w], acc[w], 0 };
       for (int rep = 0; rep < 3; rep++)
         if (w == 0)
           vs_tile_attend_scalar (&tile, krow, vrow, pos, VS_KEY_GROUP);
         else
           vs_tile_attend_avx2 (&tile, krow, vrow, pos, VS_KEY_GROUP);
     }
-  for (gint32 r = 0; r < VS_TILE; r++)
+  for (gint32 r = 0; r < 64; r++)
     {
       assert_true (fabsf (l[0][r] - l[1][r]) <= 1e-4f * l[0][r]);
       assert_true (fabsf (m[0][r] - m[1][r]) < 1e-4f);
@@ -567,7 +569,7 @@ test_chunk_equals_whole (void **state)
   (void) state;
   Qkv t;
   qkv_init (&t, 31, 4, 2, 32, 1000, 1.5);
-  const VsEstimateOpts opts = { 64, 30, 100 };
+  const VsEstimateOpts opts = { VS_TILE_DEFAULT, 64, 30, 100 };
   VsSizes sizes[4];
   for (gint32 h = 0; h < 4; h++)
     vs_sizes (t.n, 40 + 20 * h, 103, 0.0, opts.num_sink, opts.num_recent, &sizes[h].vertical, &sizes[h].slash);
@@ -601,7 +603,7 @@ test_budget_past_sequence_is_dense (void **state)
   (void) state;
   Qkv t;
   qkv_init (&t, 41, 4, 2, 16, 300, 1.0);
-  const VsEstimateOpts opts = { 64, 30, 100 };
+  const VsEstimateOpts opts = { VS_TILE_DEFAULT, 64, 30, 100 };
   VsSizes sizes[4];
   for (gint32 h = 0; h < 4; h++)
     vs_sizes (t.n, h % 2 ? 5000 : 10, h % 2 ? 10 : 400, 0.0, 30, 100, &sizes[h].vertical, &sizes[h].slash);
@@ -634,7 +636,7 @@ test_budget_past_sequence_is_dense (void **state)
   VsPattern full[4];
   for (gint32 h = 0; h < 4; h++)
     full[h] = (VsPattern) { NULL, 0, all, (gsize) t.n };
-  g_autoptr (VsAttn) a = vs_attn_new (&t.qv, 0, 2, 0.25f, full);
+  g_autoptr (VsAttn) a = vs_attn_new (&t.qv, 0, 2, 0.25f, 16, full);
   vs_attn_block (a, &t.kv, &t.vv, 0);
   vs_attn_finish (a, &v1, l1);
   assert_int_equal (vs_attn_attended (a), st.keys_causal);
