@@ -47,20 +47,7 @@ hsum (__m256 v)
   return _mm_cvtss_f32 (s);
 }
 
-/* kt[c * G + kk] = krow[kk][c]; keys past n_keys are zero. */
-static void
-transpose (const float *const *krow, gint32 n_keys, gint32 d, float *kt)
-{
-  for (gint32 kk = 0; kk < G; kk++)
-    if (kk < n_keys)
-      for (gint32 c = 0; c < d; c++)
-        kt[(gsize) c * G + kk] = krow[kk][c];
-    else
-      for (gint32 c = 0; c < d; c++)
-        kt[(gsize) c * G + kk] = 0.0f;
-}
-
-/* s[0..G) = q . kt[:, 0..G) */
+/* s[0..G) = q . kt[:, 0..G) for one row. */
 static inline void
 row_scores (const float *q, const float *kt, gint32 d, float *s)
 {
@@ -80,93 +67,140 @@ row_scores (const float *q, const float *kt, gint32 d, float *s)
   _mm256_storeu_ps (s + 24, s3);
 }
 
+/* Two rows at once: eight independent FMA chains hide the FMA latency. */
+static inline void
+row2_scores (const float *q0, const float *q1, const float *kt, gint32 d, float *s0, float *s1)
+{
+  __m256 a0 = _mm256_setzero_ps (), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (gint32 c = 0; c < d; c++)
+    {
+      const float *k = kt + (gsize) c * G;
+      __m256 k0 = _mm256_loadu_ps (k), k1 = _mm256_loadu_ps (k + 8);
+      __m256 k2 = _mm256_loadu_ps (k + 16), k3 = _mm256_loadu_ps (k + 24);
+      __m256 x = _mm256_broadcast_ss (q0 + c), y = _mm256_broadcast_ss (q1 + c);
+      a0 = _mm256_fmadd_ps (x, k0, a0);
+      a1 = _mm256_fmadd_ps (x, k1, a1);
+      a2 = _mm256_fmadd_ps (x, k2, a2);
+      a3 = _mm256_fmadd_ps (x, k3, a3);
+      b0 = _mm256_fmadd_ps (y, k0, b0);
+      b1 = _mm256_fmadd_ps (y, k1, b1);
+      b2 = _mm256_fmadd_ps (y, k2, b2);
+      b3 = _mm256_fmadd_ps (y, k3, b3);
+    }
+  _mm256_storeu_ps (s0, a0);
+  _mm256_storeu_ps (s0 + 8, a1);
+  _mm256_storeu_ps (s0 + 16, a2);
+  _mm256_storeu_ps (s0 + 24, a3);
+  _mm256_storeu_ps (s1, b0);
+  _mm256_storeu_ps (s1 + 8, b1);
+  _mm256_storeu_ps (s1 + 16, b2);
+  _mm256_storeu_ps (s1 + 24, b3);
+}
+
 void
 vs_scores_avx2 (const float *q, gint32 n_rows, gint32 d, const float *const *krow, gint32 n_keys, float *s)
 {
   float kt[(gsize) d * G];
-  transpose (krow, n_keys, d, kt);
+  vs_transpose (krow, n_keys, d, kt);
   for (gint32 r = 0; r < n_rows; r++)
     row_scores (q + (gsize) r * d, kt, d, s + (gsize) r * G);
 }
 
-void
-vs_tile_attend_avx2 (VsTile *t, const float *const *krow, const float *const *vrow,
-                     const gint64 *key_pos, gint32 n_keys)
+/* Online-softmax update of row r with the scores s of lanes [lo, hi). */
+static inline void
+row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *const *vrow)
 {
   const gint32 d = t->d;
-  float kt[(gsize) d * G];
-  float s[G];
-  transpose (krow, n_keys, d, kt);
-  const __m256 iota0 = _mm256_setr_ps (0, 1, 2, 3, 4, 5, 6, 7);
-  gint32 vis = 0;
-  for (gint32 r = 0; r < t->n_rows; r++)
+  float mx = s[lo];
+  for (gint32 i = lo + 1; i < hi; i++)
+    mx = MAX (mx, s[i]);
+  /* The running max only grows, so alpha <= 1 rescales the earlier sum and
+   * accumulator, and every exponent stays <= 0. */
+  const float m_new = MAX (t->m[r], mx);
+  const float alpha = expf (t->m[r] - m_new);
+  const __m256 mv = _mm256_set1_ps (m_new);
+  const __m256 lov = _mm256_set1_ps ((float) lo), hiv = _mm256_set1_ps ((float) hi);
+  __m256 lane = _mm256_setr_ps (0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 lsum = _mm256_setzero_ps ();
+  for (gint32 i = 0; i < G; i += 8)
     {
-      const gint64 pos = t->pos0 + r;
-      while (vis < n_keys && key_pos[vis] <= pos)
-        vis++; /* keys ascend: row r sees a prefix */
-      if (vis == 0)
+      __m256 in = _mm256_and_ps (_mm256_cmp_ps (lane, lov, _CMP_GE_OQ), _mm256_cmp_ps (lane, hiv, _CMP_LT_OQ));
+      __m256 p = _mm256_and_ps (exp256 (_mm256_min_ps (_mm256_sub_ps (_mm256_loadu_ps (s + i), mv), _mm256_setzero_ps ())), in);
+      _mm256_storeu_ps (s + i, p);
+      lsum = _mm256_add_ps (lsum, p);
+      lane = _mm256_add_ps (lane, _mm256_set1_ps (8.0f));
+    }
+  t->l[r] = t->l[r] * alpha + hsum (lsum);
+  t->m[r] = m_new;
+  t->attended += hi - lo;
+  float *acc = t->acc + (gsize) r * d;
+  const __m256 av = _mm256_set1_ps (alpha);
+  gint32 c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64)
+    {
+      __m256 a0 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0), av);
+      __m256 a1 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 8), av);
+      __m256 a2 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 16), av);
+      __m256 a3 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 24), av);
+      __m256 a4 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 32), av);
+      __m256 a5 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 40), av);
+      __m256 a6 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 48), av);
+      __m256 a7 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 56), av);
+      for (gint32 i = lo; i < hi; i++)
+        {
+          const __m256 pk = _mm256_broadcast_ss (s + i);
+          const float *v = vrow[i] + c0;
+          a0 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v), a0);
+          a1 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 8), a1);
+          a2 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 16), a2);
+          a3 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 24), a3);
+          a4 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 32), a4);
+          a5 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 40), a5);
+          a6 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 48), a6);
+          a7 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 56), a7);
+        }
+      _mm256_storeu_ps (acc + c0, a0);
+      _mm256_storeu_ps (acc + c0 + 8, a1);
+      _mm256_storeu_ps (acc + c0 + 16, a2);
+      _mm256_storeu_ps (acc + c0 + 24, a3);
+      _mm256_storeu_ps (acc + c0 + 32, a4);
+      _mm256_storeu_ps (acc + c0 + 40, a5);
+      _mm256_storeu_ps (acc + c0 + 48, a6);
+      _mm256_storeu_ps (acc + c0 + 56, a7);
+    }
+  for (; c0 < d; c0 += 8)
+    {
+      __m256 a0 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0), av);
+      for (gint32 i = lo; i < hi; i++)
+        a0 = _mm256_fmadd_ps (_mm256_broadcast_ss (s + i), _mm256_loadu_ps (vrow[i] + c0), a0);
+      _mm256_storeu_ps (acc + c0, a0);
+    }
+}
+
+void
+vs_group_attend_avx2 (VsTile *t, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  float s[2][G];
+  gint32 hi_r[2];
+  gint32 vis = g->lo;
+  for (gint32 r = 0; r < t->n_rows; r += 2)
+    {
+      const gint32 nr = MIN (2, t->n_rows - r);
+      for (gint32 k = 0; k < nr; k++)
+        {
+          while (vis < g->hi && g->key_pos[vis] <= t->pos0 + r + k)
+            vis++; /* keys ascend: a row sees a prefix of the lanes */
+          hi_r[k] = vis;
+        }
+      if (hi_r[nr - 1] == g->lo)
         continue;
-      t->attended += vis;
-      row_scores (t->q + (gsize) r * d, kt, d, s);
-      float mx = s[0];
-      for (gint32 kk = 1; kk < vis; kk++)
-        mx = MAX (mx, s[kk]);
-      /* Online softmax: the running max only grows, so alpha <= 1 rescales
-       * the earlier sum and accumulator and every exponent stays <= 0. */
-      const float m_new = MAX (t->m[r], mx);
-      const float alpha = expf (t->m[r] - m_new);
-      const __m256 mv = _mm256_set1_ps (m_new), visv = _mm256_set1_ps ((float) vis);
-      __m256 lsum = _mm256_setzero_ps ();
-      for (gint32 kk = 0; kk < G; kk += 8)
-        {
-          __m256 inside = _mm256_cmp_ps (_mm256_add_ps (iota0, _mm256_set1_ps ((float) kk)), visv, _CMP_LT_OQ);
-          __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (_mm256_loadu_ps (s + kk), mv)), inside);
-          _mm256_storeu_ps (s + kk, p);
-          lsum = _mm256_add_ps (lsum, p);
-        }
-      t->l[r] = t->l[r] * alpha + hsum (lsum);
-      t->m[r] = m_new;
-      float *acc = t->acc + (gsize) r * d;
-      const __m256 av = _mm256_set1_ps (alpha);
-      gint32 c0 = 0;
-      for (; c0 + 64 <= d; c0 += 64)
-        {
-          __m256 a0 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0), av);
-          __m256 a1 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 8), av);
-          __m256 a2 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 16), av);
-          __m256 a3 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 24), av);
-          __m256 a4 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 32), av);
-          __m256 a5 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 40), av);
-          __m256 a6 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 48), av);
-          __m256 a7 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 56), av);
-          for (gint32 kk = 0; kk < vis; kk++)
-            {
-              const __m256 pk = _mm256_broadcast_ss (s + kk);
-              const float *v = vrow[kk] + c0;
-              a0 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v), a0);
-              a1 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 8), a1);
-              a2 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 16), a2);
-              a3 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 24), a3);
-              a4 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 32), a4);
-              a5 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 40), a5);
-              a6 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 48), a6);
-              a7 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v + 56), a7);
-            }
-          _mm256_storeu_ps (acc + c0, a0);
-          _mm256_storeu_ps (acc + c0 + 8, a1);
-          _mm256_storeu_ps (acc + c0 + 16, a2);
-          _mm256_storeu_ps (acc + c0 + 24, a3);
-          _mm256_storeu_ps (acc + c0 + 32, a4);
-          _mm256_storeu_ps (acc + c0 + 40, a5);
-          _mm256_storeu_ps (acc + c0 + 48, a6);
-          _mm256_storeu_ps (acc + c0 + 56, a7);
-        }
-      for (; c0 < d; c0 += 8)
-        {
-          __m256 a0 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0), av);
-          for (gint32 kk = 0; kk < vis; kk++)
-            a0 = _mm256_fmadd_ps (_mm256_broadcast_ss (s + kk), _mm256_loadu_ps (vrow[kk] + c0), a0);
-          _mm256_storeu_ps (acc + c0, a0);
-        }
+      if (nr == 2)
+        row2_scores (t->q + (gsize) r * d, t->q + (gsize) (r + 1) * d, g->kt, d, s[0], s[1]);
+      else
+        row_scores (t->q + (gsize) r * d, g->kt, d, s[0]);
+      for (gint32 k = 0; k < nr; k++)
+        if (hi_r[k] > g->lo)
+          row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
     }
 }

@@ -32,8 +32,7 @@ vs_scores_scalar (const float *q, gint32 n_rows, gint32 d, const float *const *k
 }
 
 void
-vs_tile_attend_scalar (VsTile *t, const float *const *krow, const float *const *vrow,
-                       const gint64 *key_pos, gint32 n_keys)
+vs_group_attend_scalar (VsTile *t, const VsGroup *g)
 {
   const gint32 d = t->d;
   for (gint32 r = 0; r < t->n_rows; r++)
@@ -41,11 +40,11 @@ vs_tile_attend_scalar (VsTile *t, const float *const *krow, const float *const *
       const float *q = t->q + (gsize) r * d;
       float *acc = t->acc + (gsize) r * d;
       const gint64 pos = t->pos0 + r;
-      for (gint32 kk = 0; kk < n_keys && key_pos[kk] <= pos; kk++)
+      for (gint32 i = g->lo; i < g->hi && g->key_pos[i] <= pos; i++)
         {
           float s = 0.0f;
           for (gint32 c = 0; c < d; c++)
-            s += q[c] * krow[kk][c];
+            s += q[c] * g->kt[(gsize) c * VS_KEY_GROUP + i];
           if (s > t->m[r])
             {
               /* A new max: rescale what was summed under the old one so
@@ -60,9 +59,21 @@ vs_tile_attend_scalar (VsTile *t, const float *const *krow, const float *const *
           t->l[r] += p;
           t->attended++;
           for (gint32 c = 0; c < d; c++)
-            acc[c] += p * vrow[kk][c];
+            acc[c] += p * g->vrow[i][c];
         }
     }
+}
+
+void
+vs_transpose (const float *const *krow, gint32 n, gint32 d, float *kt)
+{
+  for (gint32 i = 0; i < VS_KEY_GROUP; i++)
+    if (i < n)
+      for (gint32 c = 0; c < d; c++)
+        kt[(gsize) c * VS_KEY_GROUP + i] = krow[i][c];
+    else
+      for (gint32 c = 0; c < d; c++)
+        kt[(gsize) c * VS_KEY_GROUP + i] = 0.0f;
 }
 
 static int isa_override = -1;
@@ -81,17 +92,23 @@ vs_isa (void)
 }
 
 void
-vs_tile_attend (VsTile *t, const float *const *krow, const float *const *vrow, const gint64 *key_pos,
-                gint32 n_keys)
+vs_group_attend (VsTile *t, const VsGroup *g)
 {
-#ifdef VS_HAVE_AVX2
-  if (vs_isa () >= SIFT_ISA_AVX2 && t->d % 8 == 0)
+#ifdef VS_HAVE_AVX512
+  if (vs_isa () >= SIFT_ISA_AVX512 && t->d % 16 == 0)
     {
-      vs_tile_attend_avx2 (t, krow, vrow, key_pos, n_keys);
+      vs_group_attend_avx512 (t, g);
       return;
     }
 #endif
-  vs_tile_attend_scalar (t, krow, vrow, key_pos, n_keys);
+#ifdef VS_HAVE_AVX2
+  if (vs_isa () >= SIFT_ISA_AVX2 && t->d % 8 == 0)
+    {
+      vs_group_attend_avx2 (t, g);
+      return;
+    }
+#endif
+  vs_group_attend_scalar (t, g);
 }
 
 void
@@ -140,10 +157,14 @@ struct _VsAttn {
   const VsPattern *pattern;  /* [n_q_heads] */
   gsize max_slash;
   VsRange *scratch;          /* [n_threads][max_slash] */
-  gint64 *attended;          /* [n_q_heads * n_tiles] */
+  float *col_kt;             /* [n_threads][d][VS_KEY_GROUP]: gathered columns */
   gint n_threads;
+  gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
   gsize kcap, vcap;
+  float *panels;             /* the block's K by groups of 32 keys: [n_kv_heads][n_panels][d][32] */
+  gsize panels_cap;
+  gint64 n_panels;
 };
 
 VsAttn *
@@ -181,6 +202,7 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
   a->n_threads = sift_parallel_n_threads ();
   a->scratch = g_new (VsRange, (gsize) a->n_threads * MAX (a->max_slash, 1));
+  a->col_kt = g_new (float, (gsize) a->n_threads * a->d * VS_KEY_GROUP);
   return a;
 }
 
@@ -194,9 +216,11 @@ vs_attn_free (VsAttn *a)
   g_free (a->l);
   g_free (a->acc);
   g_free (a->scratch);
+  g_free (a->col_kt);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
+  g_free (a->panels);
   g_free (a);
 }
 
@@ -206,37 +230,49 @@ typedef struct {
   gint64 key0;
 } BlockJob;
 
-/* Keys waiting for the inner loop, ascending. */
-typedef struct {
-  VsTile tile;
-  const SiftView *k, *v;
-  gint32 g;
-  gint64 key0;
-  gint32 n;
-  gint64 pos[VS_KEY_GROUP];
-  const float *krow[VS_KEY_GROUP], *vrow[VS_KEY_GROUP];
-} Feed;
-
-static inline void
-feed_flush (Feed *f)
+static void
+transpose_range (gint64 begin, gint64 end, gint worker, gpointer data)
 {
-  if (f->n > 0)
-    vs_tile_attend (&f->tile, f->krow, f->vrow, f->pos, f->n);
-  f->n = 0;
+  (void) worker;
+  const BlockJob *job = data;
+  VsAttn *a = job->a;
+  const gint64 n = job->k->n_tokens;
+  for (gint64 item = begin; item < end; item++)
+    {
+      const gint32 g = (gint32) (item / a->n_panels);
+      const gint64 p = item % a->n_panels;
+      const float *krow[VS_KEY_GROUP];
+      gint32 nk = (gint32) MIN (VS_KEY_GROUP, n - p * VS_KEY_GROUP);
+      for (gint32 i = 0; i < nk; i++)
+        krow[i] = sift_view_row (job->k, g, p * VS_KEY_GROUP + i);
+      vs_transpose (krow, nk, a->d, a->panels + (gsize) item * a->d * VS_KEY_GROUP);
+    }
 }
 
-static inline void
-feed_key (Feed *f, gint64 j)
+/* The keys of a range [s, e) by the block's panels, lanes clipped. */
+static void
+attend_range (const BlockJob *job, VsTile *tile, gint32 g, gint64 s, gint64 e)
 {
-  f->pos[f->n] = j;
-  f->krow[f->n] = sift_view_row (f->k, f->g, j - f->key0);
-  f->vrow[f->n] = sift_view_row (f->v, f->g, j - f->key0);
-  if (++f->n == VS_KEY_GROUP)
-    feed_flush (f);
+  VsAttn *a = job->a;
+  VsGroup grp;
+  for (gint64 j = s; j < e;)
+    {
+      const gint64 p = (j - job->key0) / VS_KEY_GROUP, base = job->key0 + p * VS_KEY_GROUP;
+      grp.kt = a->panels + ((gsize) g * a->n_panels + p) * a->d * VS_KEY_GROUP;
+      grp.lo = (gint32) (j - base);
+      grp.hi = (gint32) MIN (VS_KEY_GROUP, e - base);
+      for (gint32 i = grp.lo; i < grp.hi; i++)
+        {
+          grp.key_pos[i] = base + i;
+          grp.vrow[i] = sift_view_row (job->v, g, base + i - job->key0);
+        }
+      vs_group_attend (tile, &grp);
+      j = base + grp.hi;
+    }
 }
 
 static void
-block_item (const BlockJob *job, gint64 item, VsRange *scratch)
+block_item (const BlockJob *job, gint64 item, gint worker)
 {
   VsAttn *a = job->a;
   const gint32 h = (gint32) (item / a->n_tiles);
@@ -246,41 +282,53 @@ block_item (const BlockJob *job, gint64 item, VsRange *scratch)
   if (lo >= hi)
     return;
   const VsPattern *p = &a->pattern[h];
+  const gint32 g = h / (a->n_q_heads / a->n_kv_heads);
   const gsize row0 = (gsize) h * a->n_q + (gsize) (a0 - a->q_pos);
-  Feed f = {
-    .tile = { a->q + row0 * a->d, a0, (gint32) (b0 - a0), a->d, a->m + row0, a->l + row0,
-              a->acc + row0 * a->d },
-    .k = job->k, .v = job->v,
-    .g = h / (a->n_q_heads / a->n_kv_heads),
-    .key0 = job->key0,
-  };
-  gsize nr = vs_tile_ranges (p, a0, b0, lo, hi, scratch);
-  /* Columns in [lo, hi), merged with the ranges in ascending order. */
-  gsize c = 0;
+  VsTile tile = { a->q + row0 * a->d, a0, (gint32) (b0 - a0), a->d, a->m + row0, a->l + row0,
+                  a->acc + row0 * a->d, 0 };
+  VsRange *ranges = a->scratch + (gsize) worker * MAX (a->max_slash, 1);
+  gsize nr = vs_tile_ranges (p, a0, b0, lo, hi, ranges);
+  for (gsize i = 0; i < nr; i++)
+    attend_range (job, &tile, g, ranges[i].start, ranges[i].end);
+
+  /* Columns in [lo, hi) that no range covers, gathered and transposed. */
+  VsGroup grp = { .kt = a->col_kt + (gsize) worker * a->d * VS_KEY_GROUP, .lo = 0, .hi = 0 };
+  const float *krow[VS_KEY_GROUP];
+  gsize c = 0, ri = 0;
   while (c < p->n_vertical && p->vertical[c] < lo)
     c++;
-  for (gsize i = 0; i < nr; i++)
+  for (; c <= p->n_vertical; c++)
     {
-      for (; c < p->n_vertical && p->vertical[c] < scratch[i].start; c++)
-        feed_key (&f, p->vertical[c]);
-      for (gint64 j = scratch[i].start; j < scratch[i].end; j++)
-        feed_key (&f, j);
-      while (c < p->n_vertical && p->vertical[c] < scratch[i].end)
-        c++; /* visited by the range */
+      gboolean end = c == p->n_vertical || p->vertical[c] >= hi;
+      if (!end)
+        {
+          const gint64 col = p->vertical[c];
+          while (ri < nr && ranges[ri].end <= col)
+            ri++;
+          if (ri < nr && ranges[ri].start <= col)
+            continue; /* the range visited it */
+          grp.key_pos[grp.hi] = col;
+          krow[grp.hi] = sift_view_row (job->k, g, col - job->key0);
+          grp.vrow[grp.hi] = sift_view_row (job->v, g, col - job->key0);
+          grp.hi++;
+        }
+      if (grp.hi == VS_KEY_GROUP || (end && grp.hi > 0))
+        {
+          vs_transpose (krow, grp.hi, a->d, (float *) grp.kt);
+          vs_group_attend (&tile, &grp);
+          grp.hi = 0;
+        }
+      if (end)
+        break;
     }
-  for (; c < p->n_vertical && p->vertical[c] < hi; c++)
-    feed_key (&f, p->vertical[c]);
-  feed_flush (&f);
-  a->attended[item] += f.tile.attended;
+  a->attended[item] += tile.attended;
 }
 
 static void
 block_range (gint64 begin, gint64 end, gint worker, gpointer data)
 {
-  const BlockJob *job = data;
-  VsRange *scratch = job->a->scratch + (gsize) worker * MAX (job->a->max_slash, 1);
   for (gint64 item = begin; item < end; item++)
-    block_item (job, item, scratch);
+    block_item (data, item, worker);
 }
 
 void
@@ -294,9 +342,18 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   SiftView vf = vs_view_f32 (v, &a->vbuf, &a->vcap);
   BlockJob job = { a, &kf, &vf, key0 };
   g_assert (sift_parallel_n_threads () <= a->n_threads);
+  /* K transposed once per block, shared by every tile and query head. */
+  a->n_panels = (k->n_tokens + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+  gsize need = (gsize) a->n_kv_heads * a->n_panels * a->d * VS_KEY_GROUP;
+  if (need > a->panels_cap)
+    {
+      g_free (a->panels);
+      a->panels = g_new (float, need);
+      a->panels_cap = need;
+    }
+  sift_parallel_for ((gint64) a->n_kv_heads * a->n_panels, 16, transpose_range, &job);
   sift_parallel_for ((gint64) a->n_q_heads * a->n_tiles, 1, block_range, &job);
 }
-
 void
 vs_attn_finish (VsAttn *a, SiftView *out, float *lse)
 {

@@ -107,9 +107,11 @@ void vs_attn_finish (VsAttn *a, SiftView *out, float *lse);
 /* Keys attended so far, rows x keys summed over heads. */
 gint64 vs_attn_attended (const VsAttn *a);
 
+/* Keys per call of the inner loop. */
+#define VS_KEY_GROUP 32
+
 /* Inner loop of the kernel: rows [0, n_rows) of one tile (row r at position
- * pos0 + r) attend n_keys keys at positions key_pos[] (ascending), K and V
- * rows given by pointers (f32 [head_dim]). m, l: [n_rows]; acc [n_rows][d]. */
+ * pos0 + r) against one group of keys. m, l: [n_rows]; acc [n_rows][d]. */
 typedef struct {
   const float *q;          /* [n_rows][d], pre-multiplied by the scale */
   gint64 pos0;
@@ -118,14 +120,26 @@ typedef struct {
   gint64 attended;         /* keys attended so far, summed over rows */
 } VsTile;
 
-void vs_tile_attend_scalar (VsTile *t, const float *const *krow, const float *const *vrow,
-                            const gint64 *key_pos, gint32 n_keys);
+/* Up to VS_KEY_GROUP keys, K transposed so a row's scores are FMAs of
+ * broadcast query elements: lanes [lo, hi) are keys, at ascending
+ * positions key_pos[lane]; row p attends the lanes with key_pos <= p. */
+typedef struct {
+  const float *kt;                     /* [d][VS_KEY_GROUP] */
+  const float *vrow[VS_KEY_GROUP];     /* f32 [d] each */
+  gint64 key_pos[VS_KEY_GROUP];
+  gint32 lo, hi;
+} VsGroup;
+
+void vs_group_attend_scalar (VsTile *t, const VsGroup *g);
 #ifdef VS_HAVE_AVX2
-void vs_tile_attend_avx2 (VsTile *t, const float *const *krow, const float *const *vrow,
-                          const gint64 *key_pos, gint32 n_keys);
+void vs_group_attend_avx2 (VsTile *t, const VsGroup *g);
 #endif
-/* Keys per call of the inner loop. */
-#define VS_KEY_GROUP 32
+#ifdef VS_HAVE_AVX512
+void vs_group_attend_avx512 (VsTile *t, const VsGroup *g);
+#endif
+
+/* kt[c * VS_KEY_GROUP + i] = krow[i][c] for i < n; zero lanes past n. */
+void vs_transpose (const float *const *krow, gint32 n, gint32 d, float *kt);
 
 /* Scores of n_rows query rows (q [n_rows][d], pre-scaled) against
  * n_keys <= VS_KEY_GROUP keys: s[r * VS_KEY_GROUP + kk]. */
@@ -141,8 +155,7 @@ void vs_scores_avx2 (const float *q, gint32 n_rows, gint32 d, const float *const
 void vs_set_isa (int isa);
 
 /* The paths sift_isa_active () picks. */
-void vs_tile_attend (VsTile *t, const float *const *krow, const float *const *vrow,
-                     const gint64 *key_pos, gint32 n_keys);
+void vs_group_attend (VsTile *t, const VsGroup *g);
 void vs_scores (const float *q, gint32 n_rows, gint32 d, const float *const *krow, gint32 n_keys, float *s);
 
 /* f32 view of k (itself when it is f32; else converted into *buf). */

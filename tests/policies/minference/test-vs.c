@@ -28,13 +28,25 @@ have_avx2 (void)
 #endif
 }
 
+static gboolean
+have_avx512 (void)
+{
+#if defined(VS_HAVE_AVX512)
+  __builtin_cpu_init ();
+  return __builtin_cpu_supports ("avx512f") && __builtin_cpu_supports ("avx512bw")
+         && __builtin_cpu_supports ("avx512vl") && __builtin_cpu_supports ("avx512dq");
+#else
+  return FALSE;
+#endif
+}
+
 /* Forces the minference inner loops to isa; FALSE (test skipped) when absent. */
 static gboolean
 use_isa (SiftIsa isa)
 {
-  if (isa == SIFT_ISA_AVX2 && !have_avx2 ())
+  if ((isa == SIFT_ISA_AVX2 && !have_avx2 ()) || (isa == SIFT_ISA_AVX512 && !have_avx512 ()))
     {
-      print_message ("skipping avx2: not built or not supported here\n");
+      print_message ("skipping %s: not built or not supported here\n", sift_isa_name (isa));
       return FALSE;
     }
   vs_set_isa (isa);
@@ -466,11 +478,15 @@ static void
 test_kernel_mask_simd (void **state)
 {
   (void) state;
-  SiftIsa isa = SIFT_ISA_AVX2;
-  check_kernel (isa, 16, 64, 0, 200, 200, FALSE);
-  check_kernel (isa, 128, 16, 0, 257, 257, FALSE);
-  check_kernel (isa, 128, 64, 190, 100, 64, FALSE);
-  check_kernel (isa, 24, 5, 70, 150, 1, FALSE);
+  const SiftIsa isas[] = { SIFT_ISA_AVX2, SIFT_ISA_AVX512 };
+  for (gsize i = 0; i < G_N_ELEMENTS (isas); i++)
+    {
+      check_kernel (isas[i], 16, 64, 0, 200, 200, FALSE);
+      check_kernel (isas[i], 128, 16, 0, 257, 257, FALSE);
+      check_kernel (isas[i], 128, 64, 190, 100, 64, FALSE);
+      check_kernel (isas[i], 48, 5, 70, 150, 1, FALSE);
+      check_kernel (isas[i], 24, 9, 33, 90, 40, FALSE);
+    }
 }
 
 static void
@@ -481,63 +497,71 @@ test_kernel_empty_pattern (void **state)
   check_kernel (SIFT_ISA_AVX2, 8, 16, 10, 70, 16, TRUE);
 }
 
-/* The AVX2 inner loops against the scalar ones on the same inputs. */
+/* The SIMD inner loops against the scalar ones on the same inputs: lanes
+ * clipped at both ends, rows that see none, some or all of the keys. */
 static void
-test_simd_matches_scalar (void **state)
+check_group_paths (SiftIsa isa)
 {
-  (void) state;
-#ifndef VS_HAVE_AVX2
-  skip ();
-#else
-  if (!have_avx2 ())
-    {
-      skip ();
-      return;
-    }
   Qkv t;
   qkv_init (&t, 23, 1, 1, 128, VS_KEY_GROUP + 64, 1.0);
-  const float *krow[VS_KEY_GROUP], *vrow[VS_KEY_GROUP];
-  gint64 pos[VS_KEY_GROUP];
+  const float *krow[VS_KEY_GROUP];
+  VsGroup grp = { .lo = 3, .hi = 29 };
   for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
     {
-      pos[kk] = 3 * kk;
+      grp.key_pos[kk] = 20 + 2 * kk;
       krow[kk] = t.k + (gsize) kk * t.d;
-      vrow[kk] = t.v + (gsize) kk * t.d;
+      grp.vrow[kk] = t.v + (gsize) kk * t.d;
     }
+  g_autofree float *kt = g_new (float, (gsize) t.d * VS_KEY_GROUP);
+  vs_transpose (krow, VS_KEY_GROUP, t.d, kt);
+  grp.kt = kt;
   float s1[64 * VS_KEY_GROUP], s2[64 * VS_KEY_GROUP];
-  for (gint32 nk = 1; nk <= VS_KEY_GROUP; nk += 7)
-    {
-      vs_scores_scalar (t.q, 64, t.d, krow, nk, s1);
-      vs_set_isa (SIFT_ISA_AVX2);
-      vs_scores (t.q, 64, t.d, krow, nk, s2);
-      for (gint32 r = 0; r < 64; r++)
-        for (gint32 kk = 0; kk < nk; kk++)
-          assert_true (fabsf (s1[r * VS_KEY_GROUP + kk] - s2[r * VS_KEY_GROUP + kk]) < 1e-4f);
-    }
+  vs_set_isa (SIFT_ISA_SCALAR);
+  vs_scores (t.q, 64, t.d, krow, 29, s1);
+  vs_set_isa (isa);
+  vs_scores (t.q, 64, t.d, krow, 29, s2);
+  for (gint32 r = 0; r < 64; r++)
+    for (gint32 kk = 0; kk < 29; kk++)
+      assert_true (fabsf (s1[r * VS_KEY_GROUP + kk] - s2[r * VS_KEY_GROUP + kk]) < 1e-4f);
   float m[2][64], l[2][64];
   g_autofree float *acc0 = g_new0 (float, 64 * t.d), *acc1 = g_new0 (float, 64 * t.d);
   float *acc[2] = { acc0, acc1 };
+  gint64 attended[2];
   for (int w = 0; w < 2; w++)
     {
       for (gint32 r = 0; r < 64; r++)
         m[w][r] = -INFINITY, l[w][r] = 0.0f;
-      VsTile tile = { t.q, 40, 64, t.d, m[w], l[w], acc[w], 0 };
+      /* Rows at 10..72: the first ones see no key, the last all 26. */
+      VsTile tile = { t.q, 10, 63, t.d, m[w], l[w], acc[w], 0 };
+      vs_set_isa (w == 0 ? SIFT_ISA_SCALAR : isa);
       for (int rep = 0; rep < 3; rep++)
-        if (w == 0)
-          vs_tile_attend_scalar (&tile, krow, vrow, pos, VS_KEY_GROUP);
-        else
-          vs_tile_attend_avx2 (&tile, krow, vrow, pos, VS_KEY_GROUP);
+        vs_group_attend (&tile, &grp);
+      attended[w] = tile.attended;
     }
-  for (gint32 r = 0; r < 64; r++)
+  assert_int_equal (attended[0], attended[1]);
+  assert_true (attended[0] > 0);
+  for (gint32 r = 0; r < 63; r++)
     {
       assert_true (fabsf (l[0][r] - l[1][r]) <= 1e-4f * l[0][r]);
-      assert_true (fabsf (m[0][r] - m[1][r]) < 1e-4f);
+      assert_true (m[0][r] == -INFINITY ? m[1][r] == -INFINITY : fabsf (m[0][r] - m[1][r]) < 1e-4f);
       for (gint32 c = 0; c < t.d; c++)
         assert_true (fabsf (acc0[r * t.d + c] - acc1[r * t.d + c]) <= 1e-4f * (1.0f + l[0][r]));
     }
   qkv_clear (&t);
   vs_set_isa (-1);
-#endif
+}
+
+static void
+test_simd_matches_scalar (void **state)
+{
+  (void) state;
+  gboolean any = FALSE;
+  if (have_avx2 ())
+    check_group_paths (SIFT_ISA_AVX2), any = TRUE;
+  if (have_avx512 ())
+    check_group_paths (SIFT_ISA_AVX512), any = TRUE;
+  if (!any)
+    skip ();
 }
 
 /* ---- Whole prompt, chunk source, dense fallback ------------------------------ */

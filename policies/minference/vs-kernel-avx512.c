@@ -1,0 +1,140 @@
+/* AVX-512 inner loop of the vertical-slash kernel (compiled with
+ * -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma; called only when
+ * sift_isa_active () >= SIFT_ISA_AVX512 and head_dim is a multiple of 16).
+ * Same structure as the AVX2 path: 32 scores of a row are two registers
+ * fed by broadcasts of q[c] against the transposed keys (four rows at once,
+ * eight FMA chains), and the row's accumulator (128 floats = 8 registers)
+ * stays in registers while the values stream past. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "vs.h"
+
+#define G VS_KEY_GROUP
+
+/* e^x for x <= 0 (masked lanes are cleared by the caller): see exp256 in
+ * vs-kernel-avx2.c. */
+static inline __m512
+exp512 (__m512 x)
+{
+  const __m512 lo = _mm512_set1_ps (-87.3f);
+  __mmask16 under = _mm512_cmp_ps_mask (x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps (x, lo);
+  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145751953125f), x);
+  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  __m512i e = _mm512_slli_epi32 (_mm512_add_epi32 (_mm512_cvtps_epi32 (n), _mm512_set1_epi32 (127)), 23);
+  return _mm512_maskz_mul_ps ((__mmask16) ~under, p, _mm512_castsi512_ps (e));
+}
+
+/* Scores of rows q[0..nr) (nr <= 4) against the 32 transposed keys. */
+static inline void
+rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G])
+{
+  __m512 a[4][2];
+  for (gint32 k = 0; k < 4; k++)
+    a[k][0] = a[k][1] = _mm512_setzero_ps ();
+  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
+              *q3 = q + (gsize) MIN (3, nr - 1) * d;
+  for (gint32 c = 0; c < d; c++)
+    {
+      const float *k = kt + (gsize) c * G;
+      __m512 k0 = _mm512_loadu_ps (k), k1 = _mm512_loadu_ps (k + 16);
+      __m512 x0 = _mm512_set1_ps (q[c]), x1 = _mm512_set1_ps (q1[c]);
+      __m512 x2 = _mm512_set1_ps (q2[c]), x3 = _mm512_set1_ps (q3[c]);
+      a[0][0] = _mm512_fmadd_ps (x0, k0, a[0][0]);
+      a[0][1] = _mm512_fmadd_ps (x0, k1, a[0][1]);
+      a[1][0] = _mm512_fmadd_ps (x1, k0, a[1][0]);
+      a[1][1] = _mm512_fmadd_ps (x1, k1, a[1][1]);
+      a[2][0] = _mm512_fmadd_ps (x2, k0, a[2][0]);
+      a[2][1] = _mm512_fmadd_ps (x2, k1, a[2][1]);
+      a[3][0] = _mm512_fmadd_ps (x3, k0, a[3][0]);
+      a[3][1] = _mm512_fmadd_ps (x3, k1, a[3][1]);
+    }
+  for (gint32 k = 0; k < nr; k++)
+    {
+      _mm512_storeu_ps (s[k], a[k][0]);
+      _mm512_storeu_ps (s[k] + 16, a[k][1]);
+    }
+}
+
+/* Online-softmax update of row r with the scores s of lanes [lo, hi). */
+static inline void
+row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *const *vrow)
+{
+  const gint32 d = t->d;
+  const __mmask32 in = (__mmask32) (((guint64) 1 << hi) - ((guint64) 1 << lo));
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  __m512 s0 = _mm512_mask_loadu_ps (ninf, (__mmask16) in, s);
+  __m512 s1 = _mm512_mask_loadu_ps (ninf, (__mmask16) (in >> 16), s + 16);
+  const float mx = _mm512_reduce_max_ps (_mm512_max_ps (s0, s1));
+  /* The running max only grows: alpha <= 1, exponents <= 0. */
+  const float m_new = MAX (t->m[r], mx);
+  const float alpha = expf (t->m[r] - m_new);
+  const __m512 mv = _mm512_set1_ps (m_new);
+  __m512 p0 = _mm512_maskz_mov_ps ((__mmask16) in, exp512 (_mm512_sub_ps (s0, mv)));
+  __m512 p1 = _mm512_maskz_mov_ps ((__mmask16) (in >> 16), exp512 (_mm512_sub_ps (s1, mv)));
+  _mm512_storeu_ps (s, p0);
+  _mm512_storeu_ps (s + 16, p1);
+  t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
+  t->m[r] = m_new;
+  t->attended += hi - lo;
+  float *acc = t->acc + (gsize) r * d;
+  const __m512 av = _mm512_set1_ps (alpha);
+  gint32 c0 = 0;
+  for (; c0 + 128 <= d; c0 += 128)
+    {
+      __m512 a[8];
+      for (int j = 0; j < 8; j++)
+        a[j] = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 16 * j), av);
+      for (gint32 i = lo; i < hi; i++)
+        {
+          const __m512 pk = _mm512_set1_ps (s[i]);
+          const float *v = vrow[i] + c0;
+          for (int j = 0; j < 8; j++)
+            a[j] = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 16 * j), a[j]);
+        }
+      for (int j = 0; j < 8; j++)
+        _mm512_storeu_ps (acc + c0 + 16 * j, a[j]);
+    }
+  for (; c0 < d; c0 += 16)
+    {
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+      for (gint32 i = lo; i < hi; i++)
+        a0 = _mm512_fmadd_ps (_mm512_set1_ps (s[i]), _mm512_loadu_ps (vrow[i] + c0), a0);
+      _mm512_storeu_ps (acc + c0, a0);
+    }
+}
+
+void
+vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  float s[4][G];
+  gint32 hi_r[4];
+  gint32 vis = g->lo;
+  for (gint32 r = 0; r < t->n_rows; r += 4)
+    {
+      const gint32 nr = MIN (4, t->n_rows - r);
+      for (gint32 k = 0; k < nr; k++)
+        {
+          while (vis < g->hi && g->key_pos[vis] <= t->pos0 + r + k)
+            vis++; /* keys ascend: a row sees a prefix of the lanes */
+          hi_r[k] = vis;
+        }
+      if (hi_r[nr - 1] == g->lo)
+        continue;
+      rows_scores (t->q + (gsize) r * d, nr, g->kt, d, s);
+      for (gint32 k = 0; k < nr; k++)
+        if (hi_r[k] > g->lo)
+          row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
+    }
+}
