@@ -7,6 +7,7 @@
  * stays in registers while the values stream past. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "vs.h"
 
@@ -39,9 +40,8 @@ exp512 (__m512 x)
 static inline void
 rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G])
 {
-  __m512 a[4][2];
-  for (gint32 k = 0; k < 4; k++)
-    a[k][0] = a[k][1] = _mm512_setzero_ps ();
+  __m512 a00 = _mm512_setzero_ps (), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+         a31 = a00;
   const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
               *q3 = q + (gsize) MIN (3, nr - 1) * d;
   for (gint32 c = 0; c < d; c++)
@@ -50,19 +50,20 @@ rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G]
       __m512 k0 = _mm512_loadu_ps (k), k1 = _mm512_loadu_ps (k + 16);
       __m512 x0 = _mm512_set1_ps (q[c]), x1 = _mm512_set1_ps (q1[c]);
       __m512 x2 = _mm512_set1_ps (q2[c]), x3 = _mm512_set1_ps (q3[c]);
-      a[0][0] = _mm512_fmadd_ps (x0, k0, a[0][0]);
-      a[0][1] = _mm512_fmadd_ps (x0, k1, a[0][1]);
-      a[1][0] = _mm512_fmadd_ps (x1, k0, a[1][0]);
-      a[1][1] = _mm512_fmadd_ps (x1, k1, a[1][1]);
-      a[2][0] = _mm512_fmadd_ps (x2, k0, a[2][0]);
-      a[2][1] = _mm512_fmadd_ps (x2, k1, a[2][1]);
-      a[3][0] = _mm512_fmadd_ps (x3, k0, a[3][0]);
-      a[3][1] = _mm512_fmadd_ps (x3, k1, a[3][1]);
+      a00 = _mm512_fmadd_ps (x0, k0, a00);
+      a01 = _mm512_fmadd_ps (x0, k1, a01);
+      a10 = _mm512_fmadd_ps (x1, k0, a10);
+      a11 = _mm512_fmadd_ps (x1, k1, a11);
+      a20 = _mm512_fmadd_ps (x2, k0, a20);
+      a21 = _mm512_fmadd_ps (x2, k1, a21);
+      a30 = _mm512_fmadd_ps (x3, k0, a30);
+      a31 = _mm512_fmadd_ps (x3, k1, a31);
     }
+  const __m512 out[4][2] = { { a00, a01 }, { a10, a11 }, { a20, a21 }, { a30, a31 } };
   for (gint32 k = 0; k < nr; k++)
     {
-      _mm512_storeu_ps (s[k], a[k][0]);
-      _mm512_storeu_ps (s[k] + 16, a[k][1]);
+      _mm512_storeu_ps (s[k], out[k][0]);
+      _mm512_storeu_ps (s[k] + 16, out[k][1]);
     }
 }
 
@@ -92,18 +93,36 @@ row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *co
   gint32 c0 = 0;
   for (; c0 + 128 <= d; c0 += 128)
     {
-      __m512 a[8];
-      for (int j = 0; j < 8; j++)
-        a[j] = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 16 * j), av);
+      /* Eight named accumulators: an array would live on the stack. */
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+      __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 16), av);
+      __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 32), av);
+      __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 48), av);
+      __m512 a4 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 64), av);
+      __m512 a5 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 80), av);
+      __m512 a6 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 96), av);
+      __m512 a7 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 112), av);
       for (gint32 i = lo; i < hi; i++)
         {
           const __m512 pk = _mm512_set1_ps (s[i]);
           const float *v = vrow[i] + c0;
-          for (int j = 0; j < 8; j++)
-            a[j] = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 16 * j), a[j]);
+          a0 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v), a0);
+          a1 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 16), a1);
+          a2 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 32), a2);
+          a3 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 48), a3);
+          a4 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 64), a4);
+          a5 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 80), a5);
+          a6 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 96), a6);
+          a7 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 112), a7);
         }
-      for (int j = 0; j < 8; j++)
-        _mm512_storeu_ps (acc + c0 + 16 * j, a[j]);
+      _mm512_storeu_ps (acc + c0, a0);
+      _mm512_storeu_ps (acc + c0 + 16, a1);
+      _mm512_storeu_ps (acc + c0 + 32, a2);
+      _mm512_storeu_ps (acc + c0 + 48, a3);
+      _mm512_storeu_ps (acc + c0 + 64, a4);
+      _mm512_storeu_ps (acc + c0 + 80, a5);
+      _mm512_storeu_ps (acc + c0 + 96, a6);
+      _mm512_storeu_ps (acc + c0 + 112, a7);
     }
   for (; c0 < d; c0 += 16)
     {
@@ -114,11 +133,127 @@ row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *co
     }
 }
 
+/* Softmax step of row r without the P.V part: p = e^(s - m_new) in the
+ * lanes [lo, hi), 0 elsewhere (all 32 lanes written); returns alpha. */
+static inline float
+row_softmax (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi)
+{
+  const __mmask32 in = (__mmask32) (((guint64) 1 << hi) - ((guint64) 1 << lo));
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  __m512 s0 = _mm512_mask_loadu_ps (ninf, (__mmask16) in, s);
+  __m512 s1 = _mm512_mask_loadu_ps (ninf, (__mmask16) (in >> 16), s + 16);
+  const float m_new = MAX (t->m[r], _mm512_reduce_max_ps (_mm512_max_ps (s0, s1)));
+  const float alpha = expf (t->m[r] - m_new);
+  const __m512 mv = _mm512_set1_ps (m_new);
+  __m512 p0 = _mm512_maskz_mov_ps ((__mmask16) in, exp512 (_mm512_sub_ps (s0, mv)));
+  __m512 p1 = _mm512_maskz_mov_ps ((__mmask16) (in >> 16), exp512 (_mm512_sub_ps (s1, mv)));
+  _mm512_storeu_ps (s, p0);
+  _mm512_storeu_ps (s + 16, p1);
+  t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
+  t->m[r] = m_new;
+  t->attended += hi - lo;
+  return alpha;
+}
+
+/* acc[r..r+3] = alpha * acc + p . V over lanes [lo, hi): four rows share
+ * each value load, 16 accumulators per 64 dims. */
+static inline void
+pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, gint32 lo, gint32 hi,
+     const float *const *vrow)
+{
+  const gint32 d = t->d;
+  float *acc0 = t->acc + (gsize) r * d, *acc1 = acc0 + d, *acc2 = acc1 + d, *acc3 = acc2 + d;
+  const __m512 al0 = _mm512_set1_ps (alpha[0]), al1 = _mm512_set1_ps (alpha[1]);
+  const __m512 al2 = _mm512_set1_ps (alpha[2]), al3 = _mm512_set1_ps (alpha[3]);
+  gint32 c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64)
+    {
+      __m512 a00 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
+      __m512 a01 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 16), al0);
+      __m512 a02 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 32), al0);
+      __m512 a03 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 48), al0);
+      __m512 a10 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
+      __m512 a11 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 16), al1);
+      __m512 a12 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 32), al1);
+      __m512 a13 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 48), al1);
+      __m512 a20 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
+      __m512 a21 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 16), al2);
+      __m512 a22 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 32), al2);
+      __m512 a23 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 48), al2);
+      __m512 a30 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
+      __m512 a31 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 16), al3);
+      __m512 a32 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 32), al3);
+      __m512 a33 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 48), al3);
+      for (gint32 i = lo; i < hi; i++)
+        {
+          const float *v = vrow[i] + c0;
+          const __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
+          const __m512 v2 = _mm512_loadu_ps (v + 32), v3 = _mm512_loadu_ps (v + 48);
+          __m512 x = _mm512_set1_ps (p[0][i]);
+          a00 = _mm512_fmadd_ps (x, v0, a00);
+          a01 = _mm512_fmadd_ps (x, v1, a01);
+          a02 = _mm512_fmadd_ps (x, v2, a02);
+          a03 = _mm512_fmadd_ps (x, v3, a03);
+          x = _mm512_set1_ps (p[1][i]);
+          a10 = _mm512_fmadd_ps (x, v0, a10);
+          a11 = _mm512_fmadd_ps (x, v1, a11);
+          a12 = _mm512_fmadd_ps (x, v2, a12);
+          a13 = _mm512_fmadd_ps (x, v3, a13);
+          x = _mm512_set1_ps (p[2][i]);
+          a20 = _mm512_fmadd_ps (x, v0, a20);
+          a21 = _mm512_fmadd_ps (x, v1, a21);
+          a22 = _mm512_fmadd_ps (x, v2, a22);
+          a23 = _mm512_fmadd_ps (x, v3, a23);
+          x = _mm512_set1_ps (p[3][i]);
+          a30 = _mm512_fmadd_ps (x, v0, a30);
+          a31 = _mm512_fmadd_ps (x, v1, a31);
+          a32 = _mm512_fmadd_ps (x, v2, a32);
+          a33 = _mm512_fmadd_ps (x, v3, a33);
+        }
+      _mm512_storeu_ps (acc0 + c0, a00);
+      _mm512_storeu_ps (acc0 + c0 + 16, a01);
+      _mm512_storeu_ps (acc0 + c0 + 32, a02);
+      _mm512_storeu_ps (acc0 + c0 + 48, a03);
+      _mm512_storeu_ps (acc1 + c0, a10);
+      _mm512_storeu_ps (acc1 + c0 + 16, a11);
+      _mm512_storeu_ps (acc1 + c0 + 32, a12);
+      _mm512_storeu_ps (acc1 + c0 + 48, a13);
+      _mm512_storeu_ps (acc2 + c0, a20);
+      _mm512_storeu_ps (acc2 + c0 + 16, a21);
+      _mm512_storeu_ps (acc2 + c0 + 32, a22);
+      _mm512_storeu_ps (acc2 + c0 + 48, a23);
+      _mm512_storeu_ps (acc3 + c0, a30);
+      _mm512_storeu_ps (acc3 + c0 + 16, a31);
+      _mm512_storeu_ps (acc3 + c0 + 32, a32);
+      _mm512_storeu_ps (acc3 + c0 + 48, a33);
+    }
+  for (; c0 < d; c0 += 16)
+    {
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
+      __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
+      __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
+      __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
+      for (gint32 i = lo; i < hi; i++)
+        {
+          const __m512 v0 = _mm512_loadu_ps (vrow[i] + c0);
+          a0 = _mm512_fmadd_ps (_mm512_set1_ps (p[0][i]), v0, a0);
+          a1 = _mm512_fmadd_ps (_mm512_set1_ps (p[1][i]), v0, a1);
+          a2 = _mm512_fmadd_ps (_mm512_set1_ps (p[2][i]), v0, a2);
+          a3 = _mm512_fmadd_ps (_mm512_set1_ps (p[3][i]), v0, a3);
+        }
+      _mm512_storeu_ps (acc0 + c0, a0);
+      _mm512_storeu_ps (acc1 + c0, a1);
+      _mm512_storeu_ps (acc2 + c0, a2);
+      _mm512_storeu_ps (acc3 + c0, a3);
+    }
+}
+
 void
 vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
 {
   const gint32 d = t->d;
   float s[4][G];
+  float alpha[4];
   gint32 hi_r[4];
   gint32 vis = g->lo;
   for (gint32 r = 0; r < t->n_rows; r += 4)
@@ -133,8 +268,21 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
       if (hi_r[nr - 1] == g->lo)
         continue;
       rows_scores (t->q + (gsize) r * d, nr, g->kt, d, s);
-      for (gint32 k = 0; k < nr; k++)
+      if (nr < 4)
+        {
+          for (gint32 k = 0; k < nr; k++)
+            if (hi_r[k] > g->lo)
+              row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
+          continue;
+        }
+      for (gint32 k = 0; k < 4; k++)
         if (hi_r[k] > g->lo)
-          row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
+          alpha[k] = row_softmax (t, r + k, s[k], g->lo, hi_r[k]);
+        else
+          {
+            alpha[k] = 1.0f; /* the row sees none of these keys: unchanged */
+            memset (s[k], 0, sizeof s[k]);
+          }
+      pv4 (t, r, s, alpha, g->lo, hi_r[3], g->vrow);
     }
 }
