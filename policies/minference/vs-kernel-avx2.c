@@ -106,33 +106,39 @@ vs_scores_avx2 (const float *q, gint32 n_rows, gint32 d, const float *const *kro
     row_scores (q + (gsize) r * d, kt, d, s + (gsize) r * G);
 }
 
-/* Online-softmax update of row r with the scores s of lanes [lo, hi). */
+/* Lanes set in `bits` as a vector mask, lanes i0 .. i0 + 7. */
+static inline __m256
+lane_mask (guint32 bits, gint32 i0)
+{
+  const __m256i sel = _mm256_setr_epi32 (1, 2, 4, 8, 16, 32, 64, 128);
+  __m256i b = _mm256_and_si256 (_mm256_set1_epi32 ((int) (bits >> i0)), sel);
+  return _mm256_castsi256_ps (_mm256_cmpeq_epi32 (b, sel));
+}
+
+/* Online-softmax update of row r with the scores s of the lanes in vis. */
 static inline void
-row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *const *vrow)
+row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow)
 {
   const gint32 d = t->d;
-  float mx = s[lo];
-  for (gint32 i = lo + 1; i < hi; i++)
-    mx = MAX (mx, s[i]);
+  float mx = -INFINITY;
+  for (guint32 m = vis; m; m &= m - 1)
+    mx = MAX (mx, s[__builtin_ctz (m)]);
   /* The running max only grows, so alpha <= 1 rescales the earlier sum and
    * accumulator, and every exponent stays <= 0. */
   const float m_new = MAX (t->m[r], mx);
   const float alpha = expf (t->m[r] - m_new);
   const __m256 mv = _mm256_set1_ps (m_new);
-  const __m256 lov = _mm256_set1_ps ((float) lo), hiv = _mm256_set1_ps ((float) hi);
-  __m256 lane = _mm256_setr_ps (0, 1, 2, 3, 4, 5, 6, 7);
   __m256 lsum = _mm256_setzero_ps ();
   for (gint32 i = 0; i < G; i += 8)
     {
-      __m256 in = _mm256_and_ps (_mm256_cmp_ps (lane, lov, _CMP_GE_OQ), _mm256_cmp_ps (lane, hiv, _CMP_LT_OQ));
-      __m256 p = _mm256_and_ps (exp256 (_mm256_min_ps (_mm256_sub_ps (_mm256_loadu_ps (s + i), mv), _mm256_setzero_ps ())), in);
+      __m256 x = _mm256_min_ps (_mm256_sub_ps (_mm256_loadu_ps (s + i), mv), _mm256_setzero_ps ());
+      __m256 p = _mm256_and_ps (exp256 (x), lane_mask (vis, i));
       _mm256_storeu_ps (s + i, p);
       lsum = _mm256_add_ps (lsum, p);
-      lane = _mm256_add_ps (lane, _mm256_set1_ps (8.0f));
     }
   t->l[r] = t->l[r] * alpha + hsum (lsum);
   t->m[r] = m_new;
-  t->attended += hi - lo;
+  t->attended += __builtin_popcount (vis);
   float *acc = t->acc + (gsize) r * d;
   const __m256 av = _mm256_set1_ps (alpha);
   gint32 c0 = 0;
@@ -146,8 +152,9 @@ row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *co
       __m256 a5 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 40), av);
       __m256 a6 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 48), av);
       __m256 a7 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0 + 56), av);
-      for (gint32 i = lo; i < hi; i++)
+      for (guint32 m = vis; m; m &= m - 1)
         {
+          const gint32 i = __builtin_ctz (m);
           const __m256 pk = _mm256_broadcast_ss (s + i);
           const float *v = vrow[i] + c0;
           a0 = _mm256_fmadd_ps (pk, _mm256_loadu_ps (v), a0);
@@ -171,8 +178,11 @@ row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *co
   for (; c0 < d; c0 += 8)
     {
       __m256 a0 = _mm256_mul_ps (_mm256_loadu_ps (acc + c0), av);
-      for (gint32 i = lo; i < hi; i++)
-        a0 = _mm256_fmadd_ps (_mm256_broadcast_ss (s + i), _mm256_loadu_ps (vrow[i] + c0), a0);
+      for (guint32 m = vis; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          a0 = _mm256_fmadd_ps (_mm256_broadcast_ss (s + i), _mm256_loadu_ps (vrow[i] + c0), a0);
+        }
       _mm256_storeu_ps (acc + c0, a0);
     }
 }
@@ -182,25 +192,20 @@ vs_group_attend_avx2 (VsTile *t, const VsGroup *g)
 {
   const gint32 d = t->d;
   float s[2][G];
-  gint32 hi_r[2];
-  gint32 vis = g->lo;
   for (gint32 r = 0; r < t->n_rows; r += 2)
     {
       const gint32 nr = MIN (2, t->n_rows - r);
-      for (gint32 k = 0; k < nr; k++)
-        {
-          while (vis < g->hi && g->key_pos[vis] <= t->pos0 + r + k)
-            vis++; /* keys ascend: a row sees a prefix of the lanes */
-          hi_r[k] = vis;
-        }
-      if (hi_r[nr - 1] == g->lo)
+      guint32 vis[2] = { vs_visible_lanes (g, t->pos0 + r), 0 };
+      if (nr == 2)
+        vis[1] = vs_visible_lanes (g, t->pos0 + r + 1);
+      if ((vis[0] | vis[1]) == 0)
         continue;
       if (nr == 2)
         row2_scores (t->q + (gsize) r * d, t->q + (gsize) (r + 1) * d, g->kt, d, s[0], s[1]);
       else
         row_scores (t->q + (gsize) r * d, g->kt, d, s[0]);
       for (gint32 k = 0; k < nr; k++)
-        if (hi_r[k] > g->lo)
-          row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
+        if (vis[k])
+          row_update (t, r + k, s[k], vis[k], g->vrow);
     }
 }

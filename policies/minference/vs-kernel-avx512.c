@@ -36,10 +36,56 @@ exp512 (__m512 x)
   return _mm512_maskz_mul_ps ((__mmask16) ~under, p, _mm512_castsi512_ps (e));
 }
 
-/* Scores of rows q[0..nr) (nr <= 4) against the 32 transposed keys. */
+/* Scores of rows q[0..nr) against lanes [h, h + 16) only: four chains. */
 static inline void
-rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G])
+rows_scores_half (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G], gint32 h)
 {
+  __m512 a0 = _mm512_setzero_ps (), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
+              *q3 = q + (gsize) MIN (3, nr - 1) * d;
+  gint32 c = 0;
+  /* Two c at a time: eight independent chains. */
+  for (; c + 2 <= d; c += 2)
+    {
+      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h), k1 = _mm512_loadu_ps (kt + (gsize) (c + 1) * G + h);
+      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
+      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
+      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
+      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
+      b0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c + 1]), k1, b0);
+      b1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c + 1]), k1, b1);
+      b2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c + 1]), k1, b2);
+      b3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c + 1]), k1, b3);
+    }
+  for (; c < d; c++)
+    {
+      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h);
+      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
+      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
+      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
+      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
+    }
+  const __m512 out[4] = { _mm512_add_ps (a0, b0), _mm512_add_ps (a1, b1), _mm512_add_ps (a2, b2),
+                          _mm512_add_ps (a3, b3) };
+  for (gint32 k = 0; k < nr; k++)
+    _mm512_storeu_ps (s[k] + h, out[k]);
+}
+
+/* Scores of rows q[0..nr) (nr <= 4) against the 32 transposed keys; a
+ * half of the lanes no row needs is left unwritten. */
+static inline void
+rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need, float (*s)[G])
+{
+  if ((need & 0xffff0000u) == 0)
+    {
+      rows_scores_half (q, nr, kt, d, s, 0);
+      return;
+    }
+  if ((need & 0xffffu) == 0)
+    {
+      rows_scores_half (q, nr, kt, d, s, 16);
+      return;
+    }
   __m512 a00 = _mm512_setzero_ps (), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
          a31 = a00;
   const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
@@ -67,78 +113,12 @@ rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G]
     }
 }
 
-/* Online-softmax update of row r with the scores s of lanes [lo, hi). */
-static inline void
-row_update (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi, const float *const *vrow)
-{
-  const gint32 d = t->d;
-  const __mmask32 in = (__mmask32) (((guint64) 1 << hi) - ((guint64) 1 << lo));
-  const __m512 ninf = _mm512_set1_ps (-INFINITY);
-  __m512 s0 = _mm512_mask_loadu_ps (ninf, (__mmask16) in, s);
-  __m512 s1 = _mm512_mask_loadu_ps (ninf, (__mmask16) (in >> 16), s + 16);
-  const float mx = _mm512_reduce_max_ps (_mm512_max_ps (s0, s1));
-  /* The running max only grows: alpha <= 1, exponents <= 0. */
-  const float m_new = MAX (t->m[r], mx);
-  const float alpha = expf (t->m[r] - m_new);
-  const __m512 mv = _mm512_set1_ps (m_new);
-  __m512 p0 = _mm512_maskz_mov_ps ((__mmask16) in, exp512 (_mm512_sub_ps (s0, mv)));
-  __m512 p1 = _mm512_maskz_mov_ps ((__mmask16) (in >> 16), exp512 (_mm512_sub_ps (s1, mv)));
-  _mm512_storeu_ps (s, p0);
-  _mm512_storeu_ps (s + 16, p1);
-  t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
-  t->m[r] = m_new;
-  t->attended += hi - lo;
-  float *acc = t->acc + (gsize) r * d;
-  const __m512 av = _mm512_set1_ps (alpha);
-  gint32 c0 = 0;
-  for (; c0 + 128 <= d; c0 += 128)
-    {
-      /* Eight named accumulators: an array would live on the stack. */
-      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
-      __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 16), av);
-      __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 32), av);
-      __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 48), av);
-      __m512 a4 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 64), av);
-      __m512 a5 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 80), av);
-      __m512 a6 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 96), av);
-      __m512 a7 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0 + 112), av);
-      for (gint32 i = lo; i < hi; i++)
-        {
-          const __m512 pk = _mm512_set1_ps (s[i]);
-          const float *v = vrow[i] + c0;
-          a0 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v), a0);
-          a1 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 16), a1);
-          a2 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 32), a2);
-          a3 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 48), a3);
-          a4 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 64), a4);
-          a5 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 80), a5);
-          a6 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 96), a6);
-          a7 = _mm512_fmadd_ps (pk, _mm512_loadu_ps (v + 112), a7);
-        }
-      _mm512_storeu_ps (acc + c0, a0);
-      _mm512_storeu_ps (acc + c0 + 16, a1);
-      _mm512_storeu_ps (acc + c0 + 32, a2);
-      _mm512_storeu_ps (acc + c0 + 48, a3);
-      _mm512_storeu_ps (acc + c0 + 64, a4);
-      _mm512_storeu_ps (acc + c0 + 80, a5);
-      _mm512_storeu_ps (acc + c0 + 96, a6);
-      _mm512_storeu_ps (acc + c0 + 112, a7);
-    }
-  for (; c0 < d; c0 += 16)
-    {
-      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
-      for (gint32 i = lo; i < hi; i++)
-        a0 = _mm512_fmadd_ps (_mm512_set1_ps (s[i]), _mm512_loadu_ps (vrow[i] + c0), a0);
-      _mm512_storeu_ps (acc + c0, a0);
-    }
-}
-
 /* Softmax step of row r without the P.V part: p = e^(s - m_new) in the
- * lanes [lo, hi), 0 elsewhere (all 32 lanes written); returns alpha. */
+ * lanes of vis, 0 elsewhere (all 32 lanes written); returns alpha. */
 static inline float
-row_softmax (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi)
+row_softmax (VsTile *t, gint32 r, float *s, guint32 vis)
 {
-  const __mmask32 in = (__mmask32) (((guint64) 1 << hi) - ((guint64) 1 << lo));
+  const __mmask32 in = (__mmask32) vis;
   const __m512 ninf = _mm512_set1_ps (-INFINITY);
   __m512 s0 = _mm512_mask_loadu_ps (ninf, (__mmask16) in, s);
   __m512 s1 = _mm512_mask_loadu_ps (ninf, (__mmask16) (in >> 16), s + 16);
@@ -151,15 +131,34 @@ row_softmax (VsTile *t, gint32 r, float *s, gint32 lo, gint32 hi)
   _mm512_storeu_ps (s + 16, p1);
   t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
   t->m[r] = m_new;
-  t->attended += hi - lo;
+  t->attended += __builtin_popcount (vis);
   return alpha;
 }
 
-/* acc[r..r+3] = alpha * acc + p . V over lanes [lo, hi): four rows share
+/* Online-softmax update of row r with the scores s of the lanes in vis. */
+static inline void
+row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow)
+{
+  const gint32 d = t->d;
+  const float alpha = row_softmax (t, r, s, vis);
+  float *acc = t->acc + (gsize) r * d;
+  const __m512 av = _mm512_set1_ps (alpha);
+  for (gint32 c0 = 0; c0 < d; c0 += 16)
+    {
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+      for (guint32 m = vis; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          a0 = _mm512_fmadd_ps (_mm512_set1_ps (s[i]), _mm512_loadu_ps (vrow[i] + c0), a0);
+        }
+      _mm512_storeu_ps (acc + c0, a0);
+    }
+}
+
+/* acc[r..r+3] = alpha * acc + p . V over `lanes`: four rows share
  * each value load, 16 accumulators per 64 dims. */
 static inline void
-pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, gint32 lo, gint32 hi,
-     const float *const *vrow)
+pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, const float *const *vrow)
 {
   const gint32 d = t->d;
   float *acc0 = t->acc + (gsize) r * d, *acc1 = acc0 + d, *acc2 = acc1 + d, *acc3 = acc2 + d;
@@ -184,8 +183,9 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, gint32 lo, gint32 h
       __m512 a31 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 16), al3);
       __m512 a32 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 32), al3);
       __m512 a33 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 48), al3);
-      for (gint32 i = lo; i < hi; i++)
+      for (guint32 m = lanes; m; m &= m - 1)
         {
+          const gint32 i = __builtin_ctz (m);
           const float *v = vrow[i] + c0;
           const __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
           const __m512 v2 = _mm512_loadu_ps (v + 32), v3 = _mm512_loadu_ps (v + 48);
@@ -233,8 +233,9 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, gint32 lo, gint32 h
       __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
       __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
       __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
-      for (gint32 i = lo; i < hi; i++)
+      for (guint32 m = lanes; m; m &= m - 1)
         {
+          const gint32 i = __builtin_ctz (m);
           const __m512 v0 = _mm512_loadu_ps (vrow[i] + c0);
           a0 = _mm512_fmadd_ps (_mm512_set1_ps (p[0][i]), v0, a0);
           a1 = _mm512_fmadd_ps (_mm512_set1_ps (p[1][i]), v0, a1);
@@ -254,35 +255,31 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
   const gint32 d = t->d;
   float s[4][G];
   float alpha[4];
-  gint32 hi_r[4];
-  gint32 vis = g->lo;
+  guint32 vis[4];
   for (gint32 r = 0; r < t->n_rows; r += 4)
     {
       const gint32 nr = MIN (4, t->n_rows - r);
-      for (gint32 k = 0; k < nr; k++)
-        {
-          while (vis < g->hi && g->key_pos[vis] <= t->pos0 + r + k)
-            vis++; /* keys ascend: a row sees a prefix of the lanes */
-          hi_r[k] = vis;
-        }
-      if (hi_r[nr - 1] == g->lo)
+      guint32 any = 0;
+      for (gint32 k = 0; k < 4; k++)
+        any |= vis[k] = k < nr ? vs_visible_lanes (g, t->pos0 + r + k) : 0;
+      if (any == 0)
         continue;
-      rows_scores (t->q + (gsize) r * d, nr, g->kt, d, s);
+      rows_scores (t->q + (gsize) r * d, nr, g->kt, d, any, s);
       if (nr < 4)
         {
           for (gint32 k = 0; k < nr; k++)
-            if (hi_r[k] > g->lo)
-              row_update (t, r + k, s[k], g->lo, hi_r[k], g->vrow);
+            if (vis[k])
+              row_update (t, r + k, s[k], vis[k], g->vrow);
           continue;
         }
       for (gint32 k = 0; k < 4; k++)
-        if (hi_r[k] > g->lo)
-          alpha[k] = row_softmax (t, r + k, s[k], g->lo, hi_r[k]);
+        if (vis[k])
+          alpha[k] = row_softmax (t, r + k, s[k], vis[k]);
         else
           {
             alpha[k] = 1.0f; /* the row sees none of these keys: unchanged */
             memset (s[k], 0, sizeof s[k]);
           }
-      pv4 (t, r, s, alpha, g->lo, hi_r[3], g->vrow);
+      pv4 (t, r, s, alpha, any, g->vrow);
     }
 }

@@ -39,9 +39,11 @@ vs_group_attend_scalar (VsTile *t, const VsGroup *g)
     {
       const float *q = t->q + (gsize) r * d;
       float *acc = t->acc + (gsize) r * d;
-      const gint64 pos = t->pos0 + r;
-      for (gint32 i = g->lo; i < g->hi && g->key_pos[i] <= pos; i++)
+      const guint32 vis = vs_visible_lanes (g, t->pos0 + r);
+      for (gint32 i = 0; i < VS_KEY_GROUP; i++)
         {
+          if (!(vis >> i & 1))
+            continue;
           float s = 0.0f;
           for (gint32 c = 0; c < d; c++)
             s += q[c] * g->kt[(gsize) c * VS_KEY_GROUP + i];
@@ -143,7 +145,16 @@ vs_view_f32 (const SiftView *k, float **buf, gsize *cap)
   return f;
 }
 
-/* ---- Streaming driver ------------------------------------------------------ */
+/* ---- Streaming driver ------------------------------------------------------
+ *
+ * Key-stationary: a work item is one kv head and VS_CHUNK_ROWS query rows
+ * (every tile of them, for every query head of the group). It walks the
+ * block's key panels once, in order, and each panel, while it sits in L1,
+ * serves every (query head, tile) whose mask meets it. A tile's mask in a
+ * panel is a lane bitmask: its merged slash ranges OR the head's columns
+ * (a key in both is one bit, so visited once). */
+
+#define VS_CHUNK_ROWS 64
 
 struct _VsAttn {
   gint32 n_q_heads, n_kv_heads, d;
@@ -151,19 +162,21 @@ struct _VsAttn {
   gint32 n_q;
   gint32 tile;
   gint64 n_tiles;
+  gint32 chunk_rows;         /* rows per work item, a multiple of tile */
   float *q;                  /* [n_q_heads][n_q][d], pre-scaled */
   float *m, *l;              /* [n_q_heads][n_q] */
   float *acc;                /* [n_q_heads][n_q][d] */
   const VsPattern *pattern;  /* [n_q_heads] */
-  gsize max_slash;
-  VsRange *scratch;          /* [n_threads][max_slash] */
-  float *col_kt;             /* [n_threads][d][VS_KEY_GROUP]: gathered columns */
+  gsize max_ranges;          /* per (head, tile, block): at most n_slash */
+  gsize scratch_per_worker;
+  VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
   gint n_threads;
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
   gsize kcap, vcap;
-  float *panels;             /* the block's K by groups of 32 keys: [n_kv_heads][n_panels][d][32] */
-  gsize panels_cap;
+  float *panels;             /* the block's K by 32 keys: [n_kv_heads][n_panels][d][32] */
+  guint32 *colmask;          /* [n_q_heads][n_panels]: the head's columns in each panel */
+  gsize panels_cap, colmask_cap;
   gint64 n_panels;
 };
 
@@ -181,6 +194,7 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->n_q = (gint32) q->n_tokens;
   a->tile = tile;
   a->n_tiles = (a->n_q + tile - 1) / tile;
+  a->chunk_rows = tile * MAX (1, VS_CHUNK_ROWS / tile);
   a->pattern = pattern;
   const gsize rows = (gsize) a->n_q_heads * a->n_q;
   a->q = g_new (float, rows * a->d);
@@ -189,7 +203,7 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->l = g_new0 (float, rows);
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
-      a->max_slash = MAX (a->max_slash, pattern[h].n_slash);
+      a->max_ranges = MAX (a->max_ranges, pattern[h].n_slash);
       for (gint32 i = 0; i < a->n_q; i++)
         {
           const float *src = sift_view_row (q, h, i);
@@ -199,10 +213,11 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
           a->m[(gsize) h * a->n_q + i] = -INFINITY;
         }
     }
+  a->max_ranges = MAX (a->max_ranges, 1);
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
   a->n_threads = sift_parallel_n_threads ();
-  a->scratch = g_new (VsRange, (gsize) a->n_threads * MAX (a->max_slash, 1));
-  a->col_kt = g_new (float, (gsize) a->n_threads * a->d * VS_KEY_GROUP);
+  a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
+  a->scratch = g_new (VsRange, (gsize) a->n_threads * a->scratch_per_worker);
   return a;
 }
 
@@ -216,11 +231,11 @@ vs_attn_free (VsAttn *a)
   g_free (a->l);
   g_free (a->acc);
   g_free (a->scratch);
-  g_free (a->col_kt);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
   g_free (a->panels);
+  g_free (a->colmask);
   g_free (a);
 }
 
@@ -249,86 +264,95 @@ transpose_range (gint64 begin, gint64 end, gint worker, gpointer data)
     }
 }
 
-/* The keys of a range [s, e) by the block's panels, lanes clipped. */
-static void
-attend_range (const BlockJob *job, VsTile *tile, gint32 g, gint64 s, gint64 e)
-{
-  VsAttn *a = job->a;
-  VsGroup grp;
-  for (gint64 j = s; j < e;)
-    {
-      const gint64 p = (j - job->key0) / VS_KEY_GROUP, base = job->key0 + p * VS_KEY_GROUP;
-      grp.kt = a->panels + ((gsize) g * a->n_panels + p) * a->d * VS_KEY_GROUP;
-      grp.lo = (gint32) (j - base);
-      grp.hi = (gint32) MIN (VS_KEY_GROUP, e - base);
-      for (gint32 i = grp.lo; i < grp.hi; i++)
-        {
-          grp.key_pos[i] = base + i;
-          grp.vrow[i] = sift_view_row (job->v, g, base + i - job->key0);
-        }
-      vs_group_attend (tile, &grp);
-      j = base + grp.hi;
-    }
-}
+typedef struct {
+  const VsRange *r;
+  gsize n, cur;
+} Cursor;
 
 static void
-block_item (const BlockJob *job, gint64 item, gint worker)
+chunk_item (const BlockJob *job, gint64 item, gint worker)
 {
   VsAttn *a = job->a;
-  const gint32 h = (gint32) (item / a->n_tiles);
-  const gint64 t = item % a->n_tiles;
-  const gint64 a0 = a->q_pos + t * a->tile, b0 = MIN (a0 + a->tile, a->q_pos + a->n_q);
-  const gint64 lo = job->key0, hi = MIN (job->key0 + job->k->n_tokens, b0);
-  if (lo >= hi)
+  const gint32 hg = a->n_q_heads / a->n_kv_heads;
+  const gint64 n_chunks = (a->n_q + a->chunk_rows - 1) / a->chunk_rows;
+  const gint32 g = (gint32) (item / n_chunks);
+  const gint64 row0 = (item % n_chunks) * a->chunk_rows;
+  const gint64 row1 = MIN (row0 + a->chunk_rows, a->n_q);
+  const gint64 t0 = row0 / a->tile, nt = (row1 - row0 + a->tile - 1) / a->tile;
+  const gint64 key_end = MIN (job->key0 + job->k->n_tokens, a->q_pos + row1);
+  if (job->key0 >= key_end)
     return;
-  const VsPattern *p = &a->pattern[h];
-  const gint32 g = h / (a->n_q_heads / a->n_kv_heads);
-  const gsize row0 = (gsize) h * a->n_q + (gsize) (a0 - a->q_pos);
-  VsTile tile = { a->q + row0 * a->d, a0, (gint32) (b0 - a0), a->d, a->m + row0, a->l + row0,
-                  a->acc + row0 * a->d, 0 };
-  VsRange *ranges = a->scratch + (gsize) worker * MAX (a->max_slash, 1);
-  gsize nr = vs_tile_ranges (p, a0, b0, lo, hi, ranges);
-  for (gsize i = 0; i < nr; i++)
-    attend_range (job, &tile, g, ranges[i].start, ranges[i].end);
-
-  /* Columns in [lo, hi) that no range covers, gathered and transposed. */
-  VsGroup grp = { .kt = a->col_kt + (gsize) worker * a->d * VS_KEY_GROUP, .lo = 0, .hi = 0 };
-  const float *krow[VS_KEY_GROUP];
-  gsize c = 0, ri = 0;
-  while (c < p->n_vertical && p->vertical[c] < lo)
-    c++;
-  for (; c <= p->n_vertical; c++)
+  Cursor cur[hg * nt];
+  VsRange *scratch = a->scratch + (gsize) worker * a->scratch_per_worker;
+  for (gint32 hh = 0; hh < hg; hh++)
+    for (gint64 t = 0; t < nt; t++)
+      {
+        const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+        VsRange *r = scratch + ((gsize) hh * nt + t) * a->max_ranges;
+        cur[hh * nt + t] = (Cursor) { r, vs_tile_ranges (&a->pattern[g * hg + hh], ta, tb, job->key0, key_end, r), 0 };
+      }
+  const gint64 last_panel = (key_end - job->key0 + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+  VsGroup grp;
+  for (gint64 pi = 0; pi < last_panel; pi++)
     {
-      gboolean end = c == p->n_vertical || p->vertical[c] >= hi;
-      if (!end)
+      const gint64 base = job->key0 + pi * VS_KEY_GROUP;
+      const gint32 nk = (gint32) MIN (VS_KEY_GROUP, job->key0 + job->k->n_tokens - base);
+      grp.kt = a->panels + ((gsize) g * a->n_panels + pi) * a->d * VS_KEY_GROUP;
+      grp.key0 = base;
+      for (gint32 i = 0; i < nk; i++)
+        grp.vrow[i] = sift_view_row (job->v, g, base - job->key0 + i);
+      for (gint32 hh = 0; hh < hg; hh++)
         {
-          const gint64 col = p->vertical[c];
-          while (ri < nr && ranges[ri].end <= col)
-            ri++;
-          if (ri < nr && ranges[ri].start <= col)
-            continue; /* the range visited it */
-          grp.key_pos[grp.hi] = col;
-          krow[grp.hi] = sift_view_row (job->k, g, col - job->key0);
-          grp.vrow[grp.hi] = sift_view_row (job->v, g, col - job->key0);
-          grp.hi++;
+          const gint32 h = g * hg + hh;
+          const guint32 cols = a->colmask[(gsize) h * a->n_panels + pi];
+          for (gint64 t = 0; t < nt; t++)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+              if (base >= tb)
+                continue; /* every row of this tile precedes the panel */
+              Cursor *c = &cur[hh * nt + t];
+              guint32 mask = cols;
+              while (c->cur < c->n && c->r[c->cur].end <= base)
+                c->cur++;
+              for (gsize k = c->cur; k < c->n && c->r[k].start < base + VS_KEY_GROUP; k++)
+                {
+                  gint64 s = MAX (c->r[k].start, base) - base, e = MIN (c->r[k].end, base + VS_KEY_GROUP) - base;
+                  mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
+                }
+              if (mask == 0)
+                continue;
+              grp.mask = mask;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                              a->acc + row * a->d, 0 };
+              vs_group_attend (&tile, &grp);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+            }
         }
-      if (grp.hi == VS_KEY_GROUP || (end && grp.hi > 0))
-        {
-          vs_transpose (krow, grp.hi, a->d, (float *) grp.kt);
-          vs_group_attend (&tile, &grp);
-          grp.hi = 0;
-        }
-      if (end)
-        break;
     }
-  a->attended[item] += tile.attended;
 }
 
 static void
-block_range (gint64 begin, gint64 end, gint worker, gpointer data)
+chunk_range (gint64 begin, gint64 end, gint worker, gpointer data)
 {
   for (gint64 item = begin; item < end; item++)
-    block_item (data, item, worker);
+    chunk_item (data, item, worker);
+}
+
+/* lower bound of x in a[0..n) */
+static gsize
+first_at_least (const gint64 *a, gsize n, gint64 x)
+{
+  gsize lo = 0, hi = n;
+  while (lo < hi)
+    {
+      gsize mid = lo + (hi - lo) / 2;
+      if (a[mid] < x)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+  return lo;
 }
 
 void
@@ -351,9 +375,29 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
       a->panels = g_new (float, need);
       a->panels_cap = need;
     }
+  need = (gsize) a->n_q_heads * a->n_panels;
+  if (need > a->colmask_cap)
+    {
+      g_free (a->colmask);
+      a->colmask = g_new (guint32, need);
+      a->colmask_cap = need;
+    }
+  memset (a->colmask, 0, need * sizeof (guint32));
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      const VsPattern *p = &a->pattern[h];
+      for (gsize c = first_at_least (p->vertical, p->n_vertical, key0);
+           c < p->n_vertical && p->vertical[c] < key0 + k->n_tokens; c++)
+        {
+          gint64 off = p->vertical[c] - key0;
+          a->colmask[(gsize) h * a->n_panels + off / VS_KEY_GROUP] |= 1u << (off % VS_KEY_GROUP);
+        }
+    }
   sift_parallel_for ((gint64) a->n_kv_heads * a->n_panels, 16, transpose_range, &job);
-  sift_parallel_for ((gint64) a->n_q_heads * a->n_tiles, 1, block_range, &job);
+  const gint64 n_chunks = (a->n_q + a->chunk_rows - 1) / a->chunk_rows;
+  sift_parallel_for ((gint64) a->n_kv_heads * n_chunks, 1, chunk_range, &job);
 }
+
 void
 vs_attn_finish (VsAttn *a, SiftView *out, float *lse)
 {

@@ -120,15 +120,26 @@ typedef struct {
   gint64 attended;         /* keys attended so far, summed over rows */
 } VsTile;
 
-/* Up to VS_KEY_GROUP keys, K transposed so a row's scores are FMAs of
- * broadcast query elements: lanes [lo, hi) are keys, at ascending
- * positions key_pos[lane]; row p attends the lanes with key_pos <= p. */
+/* A panel of VS_KEY_GROUP consecutive keys (positions key0 + lane), K
+ * transposed so a row's scores are FMAs of broadcast query elements; the
+ * lanes set in `mask` are the tile's keys, and row p attends those with
+ * key0 + lane <= p. */
 typedef struct {
   const float *kt;                     /* [d][VS_KEY_GROUP] */
-  const float *vrow[VS_KEY_GROUP];     /* f32 [d] each */
-  gint64 key_pos[VS_KEY_GROUP];
-  gint32 lo, hi;
+  const float *vrow[VS_KEY_GROUP];     /* f32 [d] each (lanes in mask) */
+  gint64 key0;
+  guint32 mask;
 } VsGroup;
+
+/* Lanes of a group row p attends: the mask, cut at the causal limit. */
+static inline guint32
+vs_visible_lanes (const VsGroup *g, gint64 p)
+{
+  const gint64 n = p - g->key0 + 1;
+  if (n <= 0)
+    return 0;
+  return n >= VS_KEY_GROUP ? g->mask : g->mask & (guint32) ((1u << n) - 1);
+}
 
 void vs_group_attend_scalar (VsTile *t, const VsGroup *g);
 #ifdef VS_HAVE_AVX2
