@@ -191,7 +191,7 @@ sift_bench_policy_minference (int argc, char **argv)
     { "vertical", 0, 0, G_OPTION_ARG_INT64, &o.vertical, "vertical_size (1000)", "N" },
     { "slash", 0, 0, G_OPTION_ARG_INT64, &o.slash, "slash_size (6096)", "N" },
     { "budget", 0, 0, G_OPTION_ARG_DOUBLE, &o.budget, "adaptive budget fraction (0: fixed sizes)", "F" },
-    { "tile", 0, 0, G_OPTION_ARG_INT, &o.tile, "query rows per kernel tile (16)", "N" },
+    { "tile", 0, 0, G_OPTION_ARG_INT, &o.tile, "query rows per kernel tile (4)", "N" },
     { "last-q", 0, 0, G_OPTION_ARG_INT64, &o.last_q, "estimation rows (64)", "N" },
     { "dense-tiles", 0, 0, G_OPTION_ARG_INT, &o.dense_tiles, "64-row tiles dense is timed on, scaled to all rows (16)", "N" },
     { "threads", 't', 0, G_OPTION_ARG_INT, &o.threads, "threads (default: SIFT_THREADS or all CPUs)", "N" },

@@ -36,7 +36,7 @@ static const SiftParamSpec minference_params[] = {
     "first key columns always kept" },
   { "num_recent_diags", SIFT_PARAM_INT, "100", 1, G_MAXINT32, NULL,
     "nearest diagonals always kept (distance 0 is the token itself)" },
-  { "tile_rows", SIFT_PARAM_INT, "16", 1, VS_TILE_MAX, NULL,
+  { "tile_rows", SIFT_PARAM_INT, "4", 1, VS_TILE_MAX, NULL,
     "query rows per kernel tile: a slash diagonal covers this many keys per row (MInference's GPU kernel: 64)" },
   { "pattern_file", SIFT_PARAM_STRING, "", 0, -1, NULL,
     "per-head patterns, MInference's JSON (or YAML) format; heads not listed use the sizes above" },
