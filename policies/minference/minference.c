@@ -148,7 +148,8 @@ minference_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *ou
   if (vs_sizes_dense (sizes, shape->n_q_heads, n))
     return sift_engine_attend_default (ctx->engine, ctx, NULL, out, lse, error);
   EngineSource src = { ctx };
-  return vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, shape->scale, &p->est,
+  const float scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  return vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est,
                            sizes, engine_source, &src, out, lse, NULL, error);
 }
 
