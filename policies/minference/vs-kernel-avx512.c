@@ -118,15 +118,22 @@ rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need,
 static inline float
 row_softmax (VsTile *t, gint32 r, float *s, guint32 vis)
 {
-  const __mmask32 in = (__mmask32) vis;
+  const __mmask16 in0 = (__mmask16) vis, in1 = (__mmask16) (vis >> 16);
   const __m512 ninf = _mm512_set1_ps (-INFINITY);
-  __m512 s0 = _mm512_mask_loadu_ps (ninf, (__mmask16) in, s);
-  __m512 s1 = _mm512_mask_loadu_ps (ninf, (__mmask16) (in >> 16), s + 16);
-  const float m_new = MAX (t->m[r], _mm512_reduce_max_ps (_mm512_max_ps (s0, s1)));
-  const float alpha = expf (t->m[r] - m_new);
+  __m512 s0 = in0 ? _mm512_mask_loadu_ps (ninf, in0, s) : ninf;
+  __m512 s1 = in1 ? _mm512_mask_loadu_ps (ninf, in1, s + 16) : ninf;
+  const float mx = _mm512_reduce_max_ps (_mm512_max_ps (s0, s1));
+  /* The running max only grows: alpha <= 1, exponents <= 0; most groups
+   * leave it unchanged and need no rescaling at all. */
+  const float m_old = t->m[r];
+  const float m_new = mx > m_old ? mx : m_old;
+  const float alpha = m_new == m_old ? 1.0f : expf (m_old - m_new);
   const __m512 mv = _mm512_set1_ps (m_new);
-  __m512 p0 = _mm512_maskz_mov_ps ((__mmask16) in, exp512 (_mm512_sub_ps (s0, mv)));
-  __m512 p1 = _mm512_maskz_mov_ps ((__mmask16) (in >> 16), exp512 (_mm512_sub_ps (s1, mv)));
+  __m512 p0 = _mm512_setzero_ps (), p1 = p0;
+  if (in0)
+    p0 = _mm512_maskz_mov_ps (in0, exp512 (_mm512_sub_ps (s0, mv)));
+  if (in1)
+    p1 = _mm512_maskz_mov_ps (in1, exp512 (_mm512_sub_ps (s1, mv)));
   _mm512_storeu_ps (s, p0);
   _mm512_storeu_ps (s + 16, p1);
   t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
