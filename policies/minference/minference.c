@@ -149,8 +149,12 @@ minference_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *ou
     return sift_engine_attend_default (ctx->engine, ctx, NULL, out, lse, error);
   EngineSource src = { ctx };
   const float scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
-  return vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est,
-                           sizes, engine_source, &src, out, lse, NULL, error);
+  VsStats stats = { 0 };
+  if (!vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est, sizes, engine_source, &src,
+                         out, lse, &stats, error))
+    return FALSE;
+  sift_engine_count_attended (ctx->engine, ctx, (guint64) stats.keys_attended);
+  return TRUE;
 }
 
 static const SiftPolicyOps minference_ops = {

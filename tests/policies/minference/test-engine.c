@@ -19,6 +19,7 @@ typedef struct {
   gint64 n;
   float *out;  /* [LAYERS][QH][n][D] */
   float *lse;  /* [LAYERS][QH][n] */
+  SiftCounters prefill;  /* the engine's, all layers */
 } Capture;
 
 static void
@@ -71,6 +72,7 @@ run_prefill (const char *policy, const char *const *params, gint64 n, gint32 chu
   sift_runner_set_observer (runner, &capture_observer, cap);
   if (!sift_runner_prefill (runner, n, &error))
     fail_msg ("%s", error->message);
+  sift_engine_counters (engine, -1, SIFT_PHASE_PREFILL, &cap->prefill);
 }
 
 static void
@@ -131,6 +133,7 @@ test_whole_prompt_chunk (void **state)
   set_sizes (sizes, n, 40, 150);
   g_autofree float *out = g_new (float, (gsize) QH * n * D);
   g_autofree float *lse = g_new (float, (gsize) QH * n);
+  gint64 total_attended = 0;
   for (gint32 l = 0; l < LAYERS; l++)
     {
       Layer L;
@@ -140,6 +143,7 @@ test_whole_prompt_chunk (void **state)
       g_autoptr (GError) error = NULL;
       assert_true (vs_prefill (&L.qv, &L.kv, &L.vv, 1.0f / sqrtf (D), &opts, sizes, &ov, lse, &st, &error));
       assert_true (st.keys_attended < st.keys_causal); /* really sparse */
+      total_attended += st.keys_attended;
       const float *o = cap.out + (gsize) l * QH * n * D;
       const float *ls = cap.lse + (gsize) l * QH * n;
       for (gsize i = 0; i < (gsize) QH * n * D; i++)
@@ -148,6 +152,9 @@ test_whole_prompt_chunk (void **state)
         assert_true (fabsf (ls[i] - lse[i]) <= 1e-6f);
       layer_clear (&L);
     }
+  /* The density counters hear what the kernel attended. */
+  assert_int_equal (cap.prefill.tokens_attended, total_attended);
+  assert_int_equal (cap.prefill.tokens_available, LAYERS * QH * n * (n + 1) / 2);
   capture_clear (&cap);
 }
 
@@ -223,6 +230,7 @@ test_dense_fallback_is_full (void **state)
   run_prefill ("full", NULL, n, 128, &b);
   assert_memory_equal (a.out, b.out, (gsize) LAYERS * QH * n * D * sizeof (float));
   assert_memory_equal (a.lse, b.lse, (gsize) LAYERS * QH * n * sizeof (float));
+  assert_int_equal (a.prefill.tokens_attended, a.prefill.tokens_available);
   capture_clear (&a);
   capture_clear (&b);
 }
