@@ -300,7 +300,10 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
       grp.kt = a->panels + ((gsize) g * a->n_panels + pi) * a->d * VS_KEY_GROUP;
       grp.key0 = base;
       for (gint32 i = 0; i < nk; i++)
-        grp.vrow[i] = sift_view_row (job->v, g, base - job->key0 + i);
+        {
+          grp.krow[i] = sift_view_row (job->k, g, base - job->key0 + i);
+          grp.vrow[i] = sift_view_row (job->v, g, base - job->key0 + i);
+        }
       for (gint32 hh = 0; hh < hg; hh++)
         {
           const gint32 h = g * hg + hh;

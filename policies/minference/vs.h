@@ -127,6 +127,7 @@ typedef struct {
  * key0 + lane <= p. */
 typedef struct {
   const float *kt;                     /* [d][VS_KEY_GROUP] */
+  const float *krow[VS_KEY_GROUP];     /* the same keys untransposed, f32 [d] each (lanes in mask) */
   const float *vrow[VS_KEY_GROUP];     /* f32 [d] each (lanes in mask) */
   gint64 key0;
   guint32 mask;

@@ -509,6 +509,7 @@ check_group_paths (SiftIsa isa, guint32 mask)
   for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
     {
       krow[kk] = t.k + (gsize) kk * t.d;
+      grp.krow[kk] = krow[kk];
       grp.vrow[kk] = t.v + (gsize) kk * t.d;
     }
   g_autofree float *kt = g_new (float, (gsize) t.d * VS_KEY_GROUP);
