@@ -259,7 +259,7 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
 /* Scores of the few lanes in vis for one row, as dot products against the
  * untransposed keys: cheaper than a 16-lane pass when at most
  * SPARSE_LANES lanes are needed. */
-#define SPARSE_LANES 6
+#define SPARSE_LANES VS_SPARSE_LANES
 
 static inline void
 row_scores_sparse (const float *q, gint32 d, const VsGroup *g, guint32 vis, float *s)
@@ -318,4 +318,78 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
           }
       pv4 (t, r, s, alpha, any, g->vrow);
     }
+}
+
+void
+vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  guint32 vis[4] = { 0, 0, 0, 0 }, any = 0;
+  for (gint32 k = 0; k < t->n_rows; k++)
+    any |= vis[k] = vs_visible_lanes (g, t->pos0 + k);
+  if (any == 0)
+    return;
+  if (pd->n + __builtin_popcount (any) > G)
+    vs_pending_flush_avx512 (t, pd);
+  for (guint32 m = any; m; m &= m - 1)
+    {
+      const gint32 i = __builtin_ctz (m), j = pd->n++;
+      pd->vrow[j] = g->vrow[i];
+      for (gint32 k = 0; k < t->n_rows; k++)
+        if (vis[k] >> i & 1)
+          {
+            const float *q = t->q + (gsize) k * d, *kr = g->krow[i];
+            __m512 a0 = _mm512_setzero_ps (), a1 = a0;
+            gint32 c = 0;
+            for (; c + 32 <= d; c += 32)
+              {
+                a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (kr + c), a0);
+                a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (kr + c + 16), a1);
+              }
+            for (; c < d; c += 16)
+              a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (kr + c), a0);
+            pd->s[k][j] = _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+            pd->vis[k] |= 1u << j;
+          }
+    }
+}
+
+void
+vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
+{
+  if (pd->n == 0)
+    return;
+  float alpha[4];
+  guint32 any = 0;
+  for (gint32 k = 0; k < 4; k++)
+    {
+      if (k < t->n_rows && pd->vis[k])
+        alpha[k] = row_softmax (t, k, pd->s[k], pd->vis[k]);
+      else
+        {
+          alpha[k] = 1.0f;
+          memset (pd->s[k], 0, sizeof pd->s[k]);
+        }
+      any |= pd->vis[k];
+    }
+  if (t->n_rows == 4)
+    pv4 (t, 0, pd->s, alpha, any, pd->vrow);
+  else
+    for (gint32 k = 0; k < t->n_rows; k++)
+      {
+        float *acc = t->acc + (gsize) k * t->d;
+        const __m512 av = _mm512_set1_ps (alpha[k]);
+        for (gint32 c0 = 0; c0 < t->d; c0 += 16)
+          {
+            __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+            for (guint32 m = pd->vis[k]; m; m &= m - 1)
+              {
+                const gint32 i = __builtin_ctz (m);
+                a0 = _mm512_fmadd_ps (_mm512_set1_ps (pd->s[k][i]), _mm512_loadu_ps (pd->vrow[i] + c0), a0);
+              }
+            _mm512_storeu_ps (acc + c0, a0);
+          }
+      }
+  pd->n = 0;
+  pd->vis[0] = pd->vis[1] = pd->vis[2] = pd->vis[3] = 0;
 }

@@ -292,6 +292,13 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
         cur[hh * nt + t] = (Cursor) { r, vs_tile_ranges (&a->pattern[g * hg + hh], ta, tb, job->key0, key_end, r), 0 };
       }
   const gint64 last_panel = (key_end - job->key0 + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+#ifdef VS_HAVE_AVX512
+  /* Few-key groups wait in a per-(head, tile) buffer (see VsPending). */
+  const gboolean pend = vs_isa () >= SIFT_ISA_AVX512 && a->tile <= 4 && a->d % 16 == 0;
+  VsPending pending[pend ? hg * nt : 1];
+  for (gint64 i = 0; pend && i < hg * nt; i++)
+    pending[i].n = 0, pending[i].vis[0] = pending[i].vis[1] = pending[i].vis[2] = pending[i].vis[3] = 0;
+#endif
   VsGroup grp;
   for (gint64 pi = 0; pi < last_panel; pi++)
     {
@@ -328,11 +335,29 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
               VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
                               a->acc + row * a->d, 0 };
-              vs_group_attend (&tile, &grp);
+#ifdef VS_HAVE_AVX512
+              if (pend && __builtin_popcount (mask) <= VS_SPARSE_LANES)
+                vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &grp);
+              else
+#endif
+                vs_group_attend (&tile, &grp);
               a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
             }
         }
     }
+#ifdef VS_HAVE_AVX512
+  for (gint32 hh = 0; pend && hh < hg; hh++)
+    for (gint64 t = 0; t < nt; t++)
+      {
+        const gint32 h = g * hg + hh;
+        const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+        const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+        VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                        a->acc + row * a->d, 0 };
+        vs_pending_flush_avx512 (&tile, &pending[hh * nt + t]);
+        a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+      }
+#endif
 }
 
 static void

@@ -149,6 +149,22 @@ void vs_group_attend_avx2 (VsTile *t, const VsGroup *g);
 #endif
 #ifdef VS_HAVE_AVX512
 void vs_group_attend_avx512 (VsTile *t, const VsGroup *g);
+
+/* Groups with at most VS_SPARSE_LANES keys (lone diagonals, stray
+ * columns) for tiles of at most 4 rows: their scores are dot products put
+ * aside until VS_KEY_GROUP keys have gathered, so the softmax step and the
+ * accumulator pass are paid once per 32 keys rather than once per group.
+ * Every pending key is flushed before the tile's state is read. */
+#define VS_SPARSE_LANES 6
+typedef struct {
+  float s[4][VS_KEY_GROUP];            /* scores of the pending keys, per row */
+  const float *vrow[VS_KEY_GROUP];
+  guint32 vis[4];                      /* pending keys each row attends */
+  gint32 n;
+} VsPending;
+
+void vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g);
+void vs_pending_flush_avx512 (VsTile *t, VsPending *pd);
 #endif
 
 /* kt[c * VS_KEY_GROUP + i] = krow[i][c] for i < n; zero lanes past n. */

@@ -472,6 +472,7 @@ test_kernel_mask_scalar (void **state)
   check_kernel (SIFT_ISA_SCALAR, 16, 64, 0, 200, 200, FALSE);
   check_kernel (SIFT_ISA_SCALAR, 16, 16, 150, 130, 33, FALSE);
   check_kernel (SIFT_ISA_SCALAR, 8, 7, 20, 90, 11, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 16, 4, 0, 150, 150, FALSE);
 }
 
 static void
@@ -486,6 +487,10 @@ test_kernel_mask_simd (void **state)
       check_kernel (isas[i], 128, 64, 190, 100, 64, FALSE);
       check_kernel (isas[i], 48, 5, 70, 150, 1, FALSE);
       check_kernel (isas[i], 24, 9, 33, 90, 40, FALSE);
+      /* Tiles of at most 4 rows: few-key groups wait in the pending buffer. */
+      check_kernel (isas[i], 64, 4, 0, 300, 300, FALSE);
+      check_kernel (isas[i], 32, 3, 41, 170, 37, FALSE);
+      check_kernel (isas[i], 16, 1, 5, 120, 64, FALSE);
     }
 }
 
