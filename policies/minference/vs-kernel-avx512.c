@@ -261,23 +261,29 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
  * SPARSE_LANES lanes are needed. */
 #define SPARSE_LANES VS_SPARSE_LANES
 
+/* q . k over d (a multiple of 16), two chains. */
+static inline float
+dot (const float *q, const float *k, gint32 d)
+{
+  __m512 a0 = _mm512_setzero_ps (), a1 = a0;
+  gint32 c = 0;
+  for (; c + 32 <= d; c += 32)
+    {
+      a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
+      a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (k + c + 16), a1);
+    }
+  for (; c < d; c += 16)
+    a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
+  return _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+}
+
 static inline void
 row_scores_sparse (const float *q, gint32 d, const VsGroup *g, guint32 vis, float *s)
 {
   for (guint32 m = vis; m; m &= m - 1)
     {
       const gint32 i = __builtin_ctz (m);
-      const float *k = g->krow[i];
-      __m512 a0 = _mm512_setzero_ps (), a1 = a0;
-      gint32 c = 0;
-      for (; c + 32 <= d; c += 32)
-        {
-          a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
-          a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (k + c + 16), a1);
-        }
-      for (; c < d; c += 16)
-        a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
-      s[i] = _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+      s[i] = dot (q, g->krow[i], d);
     }
 }
 
@@ -338,17 +344,7 @@ vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
       for (gint32 k = 0; k < t->n_rows; k++)
         if (vis[k] >> i & 1)
           {
-            const float *q = t->q + (gsize) k * d, *kr = g->krow[i];
-            __m512 a0 = _mm512_setzero_ps (), a1 = a0;
-            gint32 c = 0;
-            for (; c + 32 <= d; c += 32)
-              {
-                a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (kr + c), a0);
-                a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (kr + c + 16), a1);
-              }
-            for (; c < d; c += 16)
-              a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (kr + c), a0);
-            pd->s[k][j] = _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+            pd->s[k][j] = dot (t->q + (gsize) k * d, g->krow[i], d);
             pd->vis[k] |= 1u << j;
           }
     }
