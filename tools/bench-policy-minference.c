@@ -219,6 +219,19 @@ sift_bench_policy_minference (int argc, char **argv)
                        "q-heads / kv-heads, head-dim even, data rope|random)\n");
       return 2;
     }
+  g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
+  const gsize n_lengths = g_strv_length (parts);
+  g_autofree gint64 *ns = g_new (gint64, MAX (n_lengths, 1));
+  for (gsize i = 0; i < n_lengths; i++)
+    {
+      char *end = NULL;
+      ns[i] = g_ascii_strtoll (parts[i], &end, 10);
+      if (end == parts[i] || *end != '\0' || ns[i] < 1)
+        {
+          fprintf (stderr, "sift bench policy minference: bad length '%s'\n", parts[i]);
+          return 2;
+        }
+    }
   if (o.threads > 0)
     sift_parallel_set_n_threads (o.threads);
   printf ("# minference prefill, whole prompt: %d q heads (%d run), %d kv heads, head_dim %d; "
@@ -231,17 +244,9 @@ sift_bench_policy_minference (int argc, char **argv)
           "tiles and scaled by causal work; speedups: wall, cpu, cpu against densevs\n",
           o.q_heads, o.dense_tiles);
   printf ("#    len  density    sparse      cpu    estim     dense      cpu   densevs      cpu   speedup  cpu-x   vs-x\n");
-  g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
-  for (gsize i = 0; parts[i]; i++)
+  for (gsize i = 0; i < n_lengths; i++)
     {
-      char *end = NULL;
-      gint64 n = g_ascii_strtoll (parts[i], &end, 10);
-      if (end == parts[i] || *end != '\0' || n < 1)
-        {
-          fprintf (stderr, "sift bench policy minference: bad length '%s'\n", parts[i]);
-          return 2;
-        }
-      int rc = run_length (&o, n);
+      int rc = run_length (&o, ns[i]);
       if (rc != 0)
         return rc;
     }
