@@ -1,10 +1,12 @@
-/* AVX2 + FMA dot products of reshaped rows and columns (built with
- * -mavx2 -mfma, called only when sift_isa_active () >= AVX2). Tiles of
+/* AVX2 + FMA dot products of reshaped rows and columns (this file alone
+ * targets AVX2; called only when sift_isa_active () >= AVX2). Tiles of
  * 4 rows x 2 columns keep 8 accumulators in registers, so each loaded
  * vector feeds 2 (row) or 4 (column) FMAs instead of one. */
-#include <immintrin.h>
-
 #include "xattn-score.h"
+
+#ifdef XATTN_HAVE_AVX2
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
 
 static inline float
 hsum (__m256 v)
@@ -90,3 +92,5 @@ xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const float
     for (gint64 j = 0; j < n_cols; j++)
       out[i * n_cols + j] = dot1 (rows + (gsize) i * row_stride, cols + (gsize) j * col_stride, len);
 }
+
+#endif /* XATTN_HAVE_AVX2 */

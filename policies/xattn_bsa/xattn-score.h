@@ -10,6 +10,13 @@
 
 G_BEGIN_DECLS
 
+/* The AVX2 dot products are compiled wherever GCC-compatible x86-64
+ * compilers can target AVX2 (xattn-dots-avx2.c sets its own target), and
+ * used only when sift_isa_active () says the CPU has it. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(XATTN_NO_SIMD)
+#define XATTN_HAVE_AVX2 1
+#endif
+
 typedef struct {
   gint32 n_q_heads;
   gint32 n_kv_heads;  /* divides n_q_heads */
