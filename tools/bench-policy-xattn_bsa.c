@@ -29,8 +29,9 @@ typedef struct {
   char *lengths;
   gint q_heads, kv_heads, head_dim, heads;
   gint kv_block, chunk, stride, block, sample, threads;
+  gboolean density_only;
   double threshold, vote_threshold;
-  char *vote;
+  char *vote, *granularity;
   gint64 min_query_len;
   /* input */
   double sink, locality, heavy, noise;
@@ -117,6 +118,7 @@ typedef struct {
   double dense_s, est_s, attn_s;
   double pairs, pairs_dense;   /* (query, key) pairs attended, summed over heads */
   double rel_err;              /* ||sparse - dense|| / ||dense|| */
+  double kb_sel, kb_causal;    /* (head, query block, key block) triples selected / causal */
 } ChunkResult;
 
 static double
@@ -138,6 +140,58 @@ attend_merge (const SiftView *q, gint32 h0, gint32 n, const SiftView *k, const S
          && sift_attn_merge (&ah, acc_lse + (gsize) h0 * (gsize) q->n_tokens, &oh, tmp_lse, error);
 }
 
+/* What one default-pipeline call does for chunk rows [r0, r1): every
+ * stored block for the heads whose attend[h][e] is set (runs of consecutive
+ * heads in one kernel call), then the chunk's keys causally; the result goes
+ * to those rows of out / lse ([H][n_q]). Adds the (query, key) pairs. */
+static gboolean
+attend_rows (const Input *in, const SiftView *q, gint64 q_pos, gint64 r0, gint64 r1, const guint8 *attend,
+             gint64 n_blocks, gint32 bs, float scale, float *out, float *lse, double *pairs, GError **error)
+{
+  const gint32 H = in->n_q, d = in->d;
+  const gint64 n = r1 - r0, n_q = q->n_tokens;
+  SiftView k_all = sift_view_htd (in->k, SIFT_DTYPE_F32, 1, in->n, d);
+  SiftView v_all = sift_view_htd (in->v, SIFT_DTYPE_F32, 1, in->n, d);
+  SiftView qr = sift_view_tokens (q, r0, n);
+  g_autofree float *acc = g_new0 (float, (gsize) H * (gsize) n * (gsize) d);
+  g_autofree float *acc_lse = g_new (float, (gsize) H * (gsize) n);
+  g_autofree float *tmp = g_new (float, (gsize) H * (gsize) n * (gsize) d);
+  g_autofree float *tmp_lse = g_new (float, (gsize) H * (gsize) n);
+  for (gsize i = 0; i < (gsize) H * (gsize) n; i++)
+    acc_lse[i] = -INFINITY;
+  SiftView acc_v = sift_view_htd (acc, SIFT_DTYPE_F32, H, n, d);
+  SiftAttnOpts full = { scale, FALSE, 0 };
+  for (gint64 e = 0; e < n_blocks; e++)
+    for (gint32 h = 0; h < H;)
+      {
+        if (!attend[(gsize) h * (gsize) n_blocks + (gsize) e])
+          {
+            h++;
+            continue;
+          }
+        gint32 h1 = h;
+        while (h1 < H && attend[(gsize) h1 * (gsize) n_blocks + (gsize) e])
+          h1++;
+        SiftView kb = sift_view_tokens (&k_all, e * bs, bs), vb = sift_view_tokens (&v_all, e * bs, bs);
+        if (!attend_merge (&qr, h, h1 - h, &kb, &vb, &full, &acc_v, acc_lse, tmp, tmp_lse, error))
+          return FALSE;
+        *pairs += (double) (h1 - h) * (double) bs * (double) n;
+        h = h1;
+      }
+  SiftView kl = sift_view_tokens (&k_all, q_pos, r1), vl = sift_view_tokens (&v_all, q_pos, r1);
+  SiftAttnOpts local = { scale, TRUE, r0 };
+  if (!attend_merge (&qr, 0, H, &kl, &vl, &local, &acc_v, acc_lse, tmp, tmp_lse, error))
+    return FALSE;
+  *pairs += (double) H * ((double) n * (double) r0 + (double) n * (double) (n + 1) / 2);
+  for (gint32 h = 0; h < H; h++)
+    {
+      memcpy (out + ((gsize) h * (gsize) n_q + (gsize) r0) * (gsize) d, acc + (gsize) h * (gsize) n * (gsize) d,
+              (gsize) n * (gsize) d * sizeof (float));
+      memcpy (lse + (gsize) h * (gsize) n_q + (gsize) r0, acc_lse + (gsize) h * (gsize) n, (gsize) n * sizeof (float));
+    }
+  return TRUE;
+}
+
 static gboolean
 run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnScorer *scorer,
            ChunkResult *res, GError **error)
@@ -154,17 +208,13 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
   g_autofree float *dense_lse = g_new (float, (gsize) H * (gsize) n_q);
   g_autofree float *acc = g_new0 (float, out_n);
   g_autofree float *acc_lse = g_new (float, (gsize) H * (gsize) n_q);
-  g_autofree float *tmp = g_new (float, out_n);
-  g_autofree float *tmp_lse = g_new (float, (gsize) H * (gsize) n_q);
-  for (gsize i = 0; i < (gsize) H * (gsize) n_q; i++)
-    acc_lse[i] = -INFINITY;
 
   /* Dense: every earlier key and the chunk, causal. */
   SiftView k_upto = sift_view_tokens (&k_all, 0, kv_end), v_upto = sift_view_tokens (&v_all, 0, kv_end);
   SiftView dense_v = sift_view_htd (dense, SIFT_DTYPE_F32, H, n_q, d);
   SiftAttnOpts causal = { scale, TRUE, q_pos };
   double t0 = now ();
-  if (!sift_attn_dense (&q, &k_upto, &v_upto, &causal, &dense_v, dense_lse, error))
+  if (!o->density_only && !sift_attn_dense (&q, &k_upto, &v_upto, &causal, &dense_v, dense_lse, error))
     return FALSE;
   res->dense_s = now () - t0;
   res->pairs_dense = (double) H * ((double) n_q * (double) q_pos + (double) n_q * (double) (n_q + 1) / 2);
@@ -172,9 +222,19 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
   /* xattn_bsa: estimation, selection, vote. */
   t0 = now ();
   XattnGeometry geo = { H, 1, d, o->stride, o->block, scale };
-  g_autofree guint8 *attend = g_new (guint8, (gsize) H * (gsize) MAX (n_blocks, 1));
+  /* Per call of the pipeline: rows [r0, r1) and what each head attends. */
+  const gsize slice = (gsize) H * (gsize) MAX (n_blocks, 1);
+  g_autofree guint8 *attend = NULL;
+  g_autofree gint64 *r_lo = NULL, *r_hi = NULL;
+  gint64 n_calls = 1;
   if (kv_end < o->min_query_len)
-    memset (attend, 1, (gsize) H * (gsize) MAX (n_blocks, 1));
+    {
+      attend = g_malloc (slice);
+      memset (attend, 1, slice);
+      r_lo = g_new0 (gint64, 1);
+      r_hi = g_new (gint64, 1);
+      r_hi[0] = n_q;
+    }
   else
     {
       xattn_scorer_begin (scorer, &q, q_pos, n_q);
@@ -192,7 +252,13 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       g_autofree gint64 *order = g_new (gint64, (gsize) n_kb);
       xattn_scorer_finish (scorer, scores);
       for (gint64 row = 0; row < H * n_qb; row++)
-        xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, o->threshold, sel + row * n_kb, order);
+        {
+          gint64 qb = qb0 + row % n_qb;
+          xattn_select_row (scores + row * n_kb, n_kb, qb, o->threshold, sel + row * n_kb, order);
+          for (gint64 kb = 0; kb <= qb; kb++)
+            res->kb_sel += sel[row * n_kb + kb];
+          res->kb_causal += (double) (qb + 1);
+        }
       g_autofree SiftBlockMeta *meta = g_new (SiftBlockMeta, (gsize) MAX (n_blocks, 1));
       g_autofree gint64 *ids = g_new (gint64, (gsize) MAX (n_blocks, 1));
       for (gint64 e = 0; e < n_blocks; e++)
@@ -201,44 +267,51 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
           ids[e] = e;
         }
       XattnPlan plan;
-      xattn_plan_init (&plan, H, n_blocks);
+      xattn_plan_init (&plan, H, n_qb, n_blocks);
       xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_blocks,
                        g_str_equal (o->vote, "majority") ? XATTN_VOTE_MAJORITY : XATTN_VOTE_ANY,
                        o->vote_threshold, &plan);
-      memcpy (attend, plan.attend, (gsize) H * (gsize) n_blocks);
+      /* As xattn-glue.c: one call for the chunk, or one per run of query
+       * blocks with identical choices. */
+      gboolean per_qb = g_str_equal (o->granularity, "query_block");
+      attend = g_malloc (slice * (gsize) n_qb);
+      r_lo = g_new (gint64, (gsize) n_qb);
+      r_hi = g_new (gint64, (gsize) n_qb);
+      n_calls = 0;
+      for (gint64 i = 0; i < (per_qb ? n_qb : 1);)
+        {
+          const guint8 *a = per_qb ? plan.qb_attend + (gsize) i * slice : plan.attend;
+          gint64 j = i + 1;
+          while (per_qb && j < n_qb && memcmp (a, plan.qb_attend + (gsize) j * slice, slice) == 0)
+            j++;
+          memcpy (attend + (gsize) n_calls * slice, a, slice);
+          r_lo[n_calls] = per_qb ? MAX ((qb0 + i) * o->block, q_pos) - q_pos : 0;
+          r_hi[n_calls] = per_qb ? MIN ((qb0 + j) * o->block, kv_end) - q_pos : n_q;
+          n_calls++;
+          i = j;
+        }
       xattn_plan_clear (&plan);
     }
   res->est_s = now () - t0;
 
-  /* Attention over the selection: per stored block, each run of
-   * consecutive heads that attend it in one call; then the chunk. */
+  /* Attention over the selection, call by call. */
+  if (o->density_only)
+    {
+      for (gint64 c = 0; c < n_calls; c++)
+        {
+          gint64 n = r_hi[c] - r_lo[c];
+          for (gsize i = 0; i < slice; i++)
+            res->pairs += attend[(gsize) c * slice + i] ? (double) bs * (double) n : 0.0;
+          res->pairs += (double) H * ((double) n * (double) r_lo[c] + (double) n * (double) (n + 1) / 2);
+        }
+      return TRUE;
+    }
   t0 = now ();
-  SiftView acc_v = sift_view_htd (acc, SIFT_DTYPE_F32, H, n_q, d);
-  SiftAttnOpts full = { scale, FALSE, 0 };
-  double pairs = 0;
-  for (gint64 e = 0; e < n_blocks; e++)
-    for (gint32 h = 0; h < H;)
-      {
-        if (!attend[(gsize) h * (gsize) n_blocks + (gsize) e])
-          {
-            h++;
-            continue;
-          }
-        gint32 h1 = h;
-        while (h1 < H && attend[(gsize) h1 * (gsize) n_blocks + (gsize) e])
-          h1++;
-        SiftView kb = sift_view_tokens (&k_all, e * bs, bs), vb = sift_view_tokens (&v_all, e * bs, bs);
-        if (!attend_merge (&q, h, h1 - h, &kb, &vb, &full, &acc_v, acc_lse, tmp, tmp_lse, error))
-          return FALSE;
-        pairs += (double) (h1 - h) * (double) bs * (double) n_q;
-        h = h1;
-      }
-  SiftView kl = sift_view_tokens (&k_all, q_pos, n_q), vl = sift_view_tokens (&v_all, q_pos, n_q);
-  SiftAttnOpts local = { scale, TRUE, 0 };
-  if (!attend_merge (&q, 0, H, &kl, &vl, &local, &acc_v, acc_lse, tmp, tmp_lse, error))
-    return FALSE;
+  for (gint64 c = 0; c < n_calls; c++)
+    if (!attend_rows (in, &q, q_pos, r_lo[c], r_hi[c], attend + (gsize) c * slice, n_blocks, bs, scale, acc,
+                      acc_lse, &res->pairs, error))
+      return FALSE;
   res->attn_s = now () - t0;
-  res->pairs = pairs + (double) H * (double) n_q * (double) (n_q + 1) / 2;
 
   double num = 0, den = 0;
   for (gsize i = 0; i < out_n; i++)
@@ -311,8 +384,9 @@ run_length (const Options *o, gint64 n, GError **error)
       pairs[i] = r.pairs;
       pairs_dense[i] = r.pairs_dense;
       worst_err = MAX (worst_err, r.rel_err);
-      fprintf (stderr, "    chunk %4" G_GINT64_FORMAT ": dense %.2f s, xattn %.2f s (estimate %.2f s), density %.3f\n",
-               idx[i], r.dense_s, r.est_s + r.attn_s, r.est_s, r.pairs / r.pairs_dense);
+      fprintf (stderr, "    chunk %4" G_GINT64_FORMAT ": dense %.2f s, xattn %.2f s (estimate %.2f s), density %.3f"
+               " (per query block %.3f)\n", idx[i], r.dense_s, r.est_s + r.attn_s, r.est_s,
+               r.pairs / r.pairs_dense, r.kb_causal > 0 ? r.kb_sel / r.kb_causal : 1.0);
     }
   const double scale = (double) o->q_heads / o->heads;
   double t_dense = fill_total (idx, dense, (gsize) m, n_chunks) * scale;
@@ -344,11 +418,13 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "kv-block", 0, 0, G_OPTION_ARG_INT, &o.kv_block, "Engine KV block size in tokens (128)", "N" },
     { "chunk", 0, 0, G_OPTION_ARG_INT, &o.chunk, "Prefill chunk size (4096)", "N" },
     { "sample", 0, 0, G_OPTION_ARG_INT, &o.sample, "Chunks measured per length, evenly spaced (4; 0: all)", "N" },
+    { "density-only", 0, 0, G_OPTION_ARG_NONE, &o.density_only, "Estimate and select only: density, no attention timing", NULL },
     { "threads", 0, 0, G_OPTION_ARG_INT, &o.threads, "Threads for parallel loops (default: SIFT_THREADS or all)", "N" },
     { "threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.threshold, "xattn_bsa threshold (0.9)", "X" },
     { "stride", 0, 0, G_OPTION_ARG_INT, &o.stride, "xattn_bsa stride (8)", "S" },
     { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "xattn_bsa block_size (128)", "B" },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
+    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: query_block | chunk (query_block)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
     { "min-query-len", 0, 0, G_OPTION_ARG_INT64, &o.min_query_len, "xattn_bsa min_query_len (1024)", "N" },
     { "sink", 0, 0, G_OPTION_ARG_DOUBLE, &o.sink, "Input: logit of the 4 sink keys (8)", "X" },
@@ -362,7 +438,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   g_autoptr (GOptionContext) ctx = g_option_context_new ("- XAttention-BSA density and prefill speed vs dense");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_autoptr (GError) error = NULL;
-  g_autofree char *lengths = NULL, *vote = NULL;
+  g_autofree char *lengths = NULL, *vote = NULL, *granularity = NULL;
   if (!g_option_context_parse (ctx, &argc, &argv, &error))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: %s\n", error->message);
@@ -371,14 +447,17 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   lengths = o.lengths ? o.lengths : g_strdup ("32768,131072");
   vote = o.vote ? o.vote : g_strdup ("any");
   o.vote = vote;
+  granularity = o.granularity ? o.granularity : g_strdup ("query_block");
+  o.granularity = granularity;
   if (o.heads < 1 || o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0
       || o.heads > o.q_heads / o.kv_heads || o.head_dim < 8 || o.stride < 1 || o.block % o.stride != 0
       || o.kv_block % o.stride != 0 || o.chunk % o.kv_block != 0 || o.threshold < 0 || o.threshold > 1
-      || (!g_str_equal (vote, "any") && !g_str_equal (vote, "majority")))
+      || (!g_str_equal (vote, "any") && !g_str_equal (vote, "majority"))
+      || (!g_str_equal (granularity, "query_block") && !g_str_equal (granularity, "chunk")))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: impossible options: need 1 <= heads <= q-heads/kv-heads, "
                        "head-dim >= 8, stride dividing block and kv-block, kv-block dividing chunk, "
-                       "threshold in [0, 1], vote any|majority\n");
+                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk\n");
       return 2;
     }
   if (o.threads > 0)
@@ -386,10 +465,10 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
 
   g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
   printf ("# xattn_bsa vs dense prefill attention: q_heads %d, kv_heads %d, head_dim %d (measured %d q head(s) "
-          "of one group, scaled), kv block %d, chunk %d; threshold %.2f, stride %d, block %d, vote %s; "
-          "threads %d, ISA %s\n",
+          "of one group, scaled), kv block %d, chunk %d; threshold %.2f, stride %d, block %d, vote %s, "
+          "granularity %s; threads %d, ISA %s\n",
           o.q_heads, o.kv_heads, o.head_dim, o.heads, o.kv_block, o.chunk, o.threshold, o.stride, o.block,
-          vote, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()));
+          vote, granularity, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()));
   printf ("# input: sink %.1f, locality %.1f, heavy %.1f x %d, noise %.2f, seed %u\n", o.sink, o.locality,
           o.heavy, o.n_heavy, o.noise, o.seed);
   printf ("%8s %7s %11s %11s %11s %9s %9s  %s\n", "length", "density", "dense_s", "xattn_s", "estimate_s",

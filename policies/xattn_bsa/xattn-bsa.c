@@ -20,6 +20,8 @@ static const SiftParamSpec xattn_params[] = {
     "load a block chosen by any (kv head, query block), or by more than vote_threshold of them" },
   { "vote_threshold", SIFT_PARAM_FLOAT, "0.5", 0.0, 1.0, NULL,
     "fraction of (kv head, query block) votes a block needs under vote: majority" },
+  { "granularity", SIFT_PARAM_STRING, "query_block", 1, 0, "query_block|chunk",
+    "attend a chosen block for the query blocks that chose it, or for the whole chunk (one load per block)" },
   { "min_query_len", SIFT_PARAM_INT, "1024", 0, G_MAXINT64, NULL,
     "below this query position + 1, every block is selected (no estimation)" },
   { NULL },
@@ -36,6 +38,8 @@ xattn_init (SiftPolicy *policy, const SiftParams *params, GError **error)
                                                                               : XATTN_VOTE_ANY,
     .vote_threshold = sift_params_get_float (params, "vote_threshold"),
     .min_query_len = sift_params_get_int (params, "min_query_len"),
+    .granularity = g_str_equal (sift_params_get_string (params, "granularity"), "chunk")
+                     ? XATTN_GRANULARITY_CHUNK : XATTN_GRANULARITY_QUERY_BLOCK,
   };
   return xattn_bsa_configure (policy, &cfg, error);
 }
@@ -50,7 +54,9 @@ static const SiftPolicyOps xattn_bsa_ops = {
   .instance_size = sizeof (XattnBsa),
   .init = xattn_init,
   .finalize = xattn_bsa_finalize,
+  .reset = xattn_bsa_reset,
   .select_blocks = xattn_bsa_select_blocks,
+  .compute_chunked_prefill = xattn_bsa_compute_prefill,
 };
 
 SIFT_PLUGIN_DEFINE (&xattn_bsa_ops)

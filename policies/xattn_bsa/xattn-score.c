@@ -347,11 +347,13 @@ xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold, gu
 /* ---- Aggregation ---------------------------------------------------------- */
 
 void
-xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n)
+xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n_qb, gint64 n)
 {
   plan->n = n;
+  plan->n_qb = n_qb;
   plan->load = g_new0 (guint8, (gsize) MAX (n, 1));
   plan->attend = g_new0 (guint8, (gsize) n_q_heads * (gsize) MAX (n, 1));
+  plan->qb_attend = g_new0 (guint8, (gsize) MAX (n_qb, 1) * (gsize) n_q_heads * (gsize) MAX (n, 1));
   plan->votes = g_new0 (gint64, (gsize) MAX (n, 1));
 }
 
@@ -360,8 +362,10 @@ xattn_plan_clear (XattnPlan *plan)
 {
   g_clear_pointer (&plan->load, g_free);
   g_clear_pointer (&plan->attend, g_free);
+  g_clear_pointer (&plan->qb_attend, g_free);
   g_clear_pointer (&plan->votes, g_free);
   plan->n = 0;
+  plan->n_qb = 0;
 }
 
 void
@@ -370,9 +374,11 @@ xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint6
                  double vote_threshold, XattnPlan *plan)
 {
   const gint32 H = geo->n_q_heads, group = geo->n_q_heads / geo->n_kv_heads;
-  g_return_if_fail (plan->n == n_ids);
+  g_return_if_fail (plan->n == n_ids && plan->n_qb == n_qb);
+  const gsize per_qb = (gsize) H * (gsize) n_ids;
   memset (plan->load, 0, (gsize) n_ids);
-  memset (plan->attend, 0, (gsize) H * (gsize) n_ids);
+  memset (plan->attend, 0, per_qb);
+  memset (plan->qb_attend, 0, per_qb * (gsize) n_qb);
   memset (plan->votes, 0, (gsize) n_ids * sizeof (gint64));
   if (n_ids == 0)
     return;
@@ -401,6 +407,7 @@ xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint6
                   {
                     group_pick[e] = 1;
                     plan->attend[(gsize) h * (gsize) n_ids + (gsize) e] = 1;
+                    plan->qb_attend[(gsize) qb * per_qb + (gsize) h * (gsize) n_ids + (gsize) e] = 1;
                     break;
                   }
           }
@@ -414,11 +421,12 @@ xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint6
   plan->load[0] = 1;
   plan->load[n_ids - 1] = 1;
 
-  /* attend so far holds "head chose it"; keep what is loaded, and give the
-   * always-loaded first and last blocks to every head. */
-  for (gint32 h = 0; h < H; h++)
+  /* attend and qb_attend so far hold "head chose it"; keep what is loaded,
+   * and give the always-loaded first and last blocks to every head. */
+  for (gint64 row = 0; row < H * (n_qb + 1); row++)
     {
-      guint8 *a = plan->attend + (gsize) h * (gsize) n_ids;
+      guint8 *a = row < H ? plan->attend + (gsize) row * (gsize) n_ids
+                          : plan->qb_attend + (gsize) (row - H) * (gsize) n_ids;
       for (gint64 e = 0; e < n_ids; e++)
         a[e] = plan->load[e] && (a[e] || e == 0 || e == n_ids - 1);
     }

@@ -92,7 +92,10 @@ void xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshol
  *     for e if any q head of its group chose it: VOTE_ANY keeps e with one
  *     vote, VOTE_MAJORITY with more than vote_threshold x (n_kv_heads x n_qb)
  *     votes; the first and last entries of `ids` are always loaded.
- *   attend[h][e]: load[e] and (head_any[h][e] or e is first or last).
+ *   attend[h][e]: load[e] and (head_any[h][e] or e is first or last);
+ *   qb_attend[qb][h][e]: the same for query block qb alone: load[e] and
+ *     (h chose e for qb, or e is first or last) — what block-sparse
+ *     attention per query block attends.
  * ids: the engine block ids considered (ascending), meta indexed by id. */
 typedef enum {
   XATTN_VOTE_ANY = 0,
@@ -101,12 +104,14 @@ typedef enum {
 
 typedef struct {
   gint64 n;          /* engine blocks considered */
+  gint64 n_qb;       /* query blocks */
   guint8 *load;      /* [n] */
   guint8 *attend;    /* [n_q_heads][n] */
+  guint8 *qb_attend; /* [n_qb][n_q_heads][n] */
   gint64 *votes;     /* [n] */
 } XattnPlan;
 
-void xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n);
+void xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n_qb, gint64 n);
 void xattn_plan_clear (XattnPlan *plan);
 
 /* sel: guint8 [n_q_heads][n_qb][n_kb] from xattn_select_row. */

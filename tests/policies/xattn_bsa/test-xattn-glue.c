@@ -31,6 +31,11 @@ struct _SiftEngine {
   int loads, loads_not_k, max_in_flight, bad_protocol;
   int *loaded;                  /* [n_blocks] loads per block */
   gint64 fail_block;            /* load of this block fails (-1: none) */
+  /* attend_default calls: rows and the (head, block) pairs selected */
+  gint64 n_blocks;
+  int n_calls;
+  gint64 call_q_pos[64], call_n_q[64];
+  guint8 *call_pairs;           /* [64][n_q_heads = 4][n_blocks] */
 };
 
 gint32
@@ -120,6 +125,44 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
   *v = *k;
 }
 
+/* Records the call and writes a recognisable result: out rows hold their
+ * absolute position + 10000 x head, lse the number of blocks the head attends. */
+gboolean
+sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                            SiftView *out, float *lse, GError **error)
+{
+  assert_true (e->n_calls < 64);
+  int c = e->n_calls++;
+  e->call_q_pos[c] = ctx->q_pos;
+  e->call_n_q[c] = ctx->n_q;
+  assert_int_equal (ctx->q.n_tokens, ctx->n_q);
+  assert_int_equal (out->n_tokens, ctx->n_q);
+  g_autofree gint64 *ids = g_new (gint64, (gsize) MAX (e->n_blocks, 1));
+  for (gint64 b = 0; b < e->n_blocks; b++)
+    ids[b] = b;
+  if (selection != NULL
+      && !sift_selection_validate ((SiftSelection *) selection, ids, (gsize) e->n_blocks, "xattn_bsa", error))
+    return FALSE;
+  for (gint32 h = 0; h < 4; h++)
+    {
+      int count = 0;
+      for (gint64 b = 0; b < e->n_blocks; b++)
+        {
+          guint8 has = selection == NULL || sift_selection_has (selection, b, h);
+          e->call_pairs[((gsize) c * 4 + (gsize) h) * (gsize) e->n_blocks + (gsize) b] = has;
+          count += has;
+        }
+      for (gint64 t = 0; t < ctx->n_q; t++)
+        {
+          float *row = sift_view_row (out, h, t);
+          for (gint32 i = 0; i < out->head_dim; i++)
+            row[i] = (float) (ctx->q_pos + t + 10000 * h);
+          lse[h * ctx->n_q + t] = (float) count;
+        }
+    }
+  return TRUE;
+}
+
 /* ---- Fixture -------------------------------------------------------------- */
 
 typedef struct {
@@ -159,6 +202,8 @@ fixture_init (Fixture *f, gint32 n_slots, gint64 n_blocks, gint64 n_q)
   g_rand_free (r);
   e->slot_k = g_new (float, (gsize) n_slots * (gsize) e->n_kv * (gsize) e->bs * (gsize) e->d);
   e->loaded = g_new0 (int, (gsize) MAX (n_blocks, 1));
+  e->n_blocks = n_blocks;
+  e->call_pairs = g_new0 (guint8, (gsize) 64 * 4 * (gsize) MAX (n_blocks, 1));
   f->meta = g_new (SiftBlockMeta, (gsize) MAX (n_blocks, 1));
   f->ids = g_new (gint64, (gsize) MAX (n_blocks, 1));
   for (gint64 b = 0; b < n_blocks; b++)
@@ -180,6 +225,7 @@ fixture_clear (Fixture *f)
   g_free (f->engine.k);
   g_free (f->engine.slot_k);
   g_free (f->engine.loaded);
+  g_free (f->engine.call_pairs);
   g_free (f->q);
   g_free (f->meta);
   g_free (f->ids);
@@ -219,7 +265,7 @@ run_select (Fixture *f, const XattnBsaConfig *cfg, SiftSelection *sel, GError **
   return ok;
 }
 
-static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0 };
+static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK };
 
 static void
 test_glue_matches_direct (void **state)
@@ -262,7 +308,7 @@ test_glue_matches_direct (void **state)
       for (gint64 row = 0; row < 4 * n_qb; row++)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, cfg.threshold, chosen + row * n_kb, order);
       XattnPlan plan;
-      xattn_plan_init (&plan, 4, f.n_blocks);
+      xattn_plan_init (&plan, 4, n_qb, f.n_blocks);
       xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, &plan);
       gsize n_attend = 0;
       for (gint32 h = 0; h < 4; h++)
@@ -353,6 +399,94 @@ test_glue_rejects_bad_stride (void **state)
   g_free (p);
 }
 
+/* compute_chunked_prefill after select_blocks: the rows it hands the
+ * pipeline, the selection per call and where the results land. */
+static void
+check_compute (XattnGranularity granularity, gint64 min_query_len)
+{
+  Fixture f;
+  fixture_init (&f, 3, 12, 40); /* q_pos 96: query blocks 6 (rows 0..15), 7 (16..31), 8 (32..39) */
+  XattnBsaConfig cfg = base_cfg;
+  cfg.granularity = granularity;
+  cfg.min_query_len = min_query_len;
+  SiftPolicy *p = policy_new (&f.shape, &cfg);
+  XattnBsa *self = (XattnBsa *) p;
+  g_autoptr (SiftSelection) sel = sift_selection_new (4, 2);
+  g_autoptr (GError) error = NULL;
+  assert_true (xattn_bsa_select_blocks (p, &f.ctx, f.ids, (gsize) f.n_blocks, sel, &error));
+  g_autofree float *o = g_new (float, (gsize) (4 * f.n_q * 16));
+  g_autofree float *lse = g_new (float, (gsize) (4 * f.n_q));
+  SiftView ov = sift_view_htd (o, SIFT_DTYPE_F32, 4, f.n_q, 16);
+  assert_true (xattn_bsa_compute_prefill (p, &f.ctx, &ov, lse, &error));
+
+  /* The calls tile the chunk's rows in order. */
+  gint64 next = f.q_pos;
+  for (int c = 0; c < f.engine.n_calls; c++)
+    {
+      assert_int_equal (f.engine.call_q_pos[c], next);
+      next += f.engine.call_n_q[c];
+    }
+  assert_int_equal (next, f.q_pos + f.n_q);
+  if (min_query_len > f.q_pos + f.n_q || granularity == XATTN_GRANULARITY_CHUNK)
+    assert_int_equal (f.engine.n_calls, 1);
+  else
+    {
+      /* One call per run of query blocks with equal choices; here they differ. */
+      gsize slice = 4 * (gsize) f.n_blocks;
+      int runs = 1;
+      for (gint64 i = 1; i < self->plan.n_qb; i++)
+        runs += memcmp (self->plan.qb_attend + i * slice, self->plan.qb_attend + (i - 1) * slice, slice) != 0;
+      assert_int_equal (f.engine.n_calls, runs);
+      assert_true (runs > 1);
+    }
+
+  /* Each row's head attended what its query block's plan says (dense:
+   * everything), and its results landed in its own row. */
+  for (int c = 0; c < f.engine.n_calls; c++)
+    for (gint64 pos = f.engine.call_q_pos[c]; pos < f.engine.call_q_pos[c] + f.engine.call_n_q[c]; pos++)
+      for (gint32 h = 0; h < 4; h++)
+        {
+          int count = 0;
+          for (gint64 b = 0; b < f.n_blocks; b++)
+            {
+              guint8 want = 1;
+              if (self->plan_state == XATTN_PLAN_SPARSE)
+                want = granularity == XATTN_GRANULARITY_CHUNK
+                         ? self->plan.attend[h * f.n_blocks + b]
+                         : self->plan.qb_attend[((pos / 16 - self->plan_qb0) * 4 + h) * f.n_blocks + b];
+              assert_int_equal (f.engine.call_pairs[((gsize) c * 4 + (gsize) h) * (gsize) f.n_blocks + (gsize) b], want);
+              count += want;
+            }
+          gint64 t = pos - f.q_pos;
+          assert_true (o[(h * f.n_q + t) * 16 + 5] == (float) (pos + 10000 * h));
+          assert_true (lse[h * f.n_q + t] == (float) count);
+        }
+  policy_free (p);
+  fixture_clear (&f);
+}
+
+static void
+test_glue_compute (void **state)
+{
+  (void) state;
+  check_compute (XATTN_GRANULARITY_QUERY_BLOCK, 0);
+  check_compute (XATTN_GRANULARITY_CHUNK, 0);
+  check_compute (XATTN_GRANULARITY_QUERY_BLOCK, 1 << 20);
+
+  /* compute without select_blocks for that chunk is refused. */
+  Fixture f;
+  fixture_init (&f, 2, 4, 16);
+  SiftPolicy *p = policy_new (&f.shape, &base_cfg);
+  g_autofree float *o = g_new (float, (gsize) (4 * f.n_q * 16));
+  g_autofree float *lse = g_new (float, (gsize) (4 * f.n_q));
+  SiftView ov = sift_view_htd (o, SIFT_DTYPE_F32, 4, f.n_q, 16);
+  g_autoptr (GError) error = NULL;
+  assert_false (xattn_bsa_compute_prefill (p, &f.ctx, &ov, lse, &error));
+  assert_true (g_error_matches (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE));
+  policy_free (p);
+  fixture_clear (&f);
+}
+
 int
 main (void)
 {
@@ -361,6 +495,7 @@ main (void)
     cmocka_unit_test (test_glue_select_everything),
     cmocka_unit_test (test_glue_load_failure),
     cmocka_unit_test (test_glue_rejects_bad_stride),
+    cmocka_unit_test (test_glue_compute),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

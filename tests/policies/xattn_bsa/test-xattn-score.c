@@ -374,7 +374,7 @@ test_vote_constructed (void **state)
 #undef SEL
 
   XattnPlan plan;
-  xattn_plan_init (&plan, geo.n_q_heads, n_ids);
+  xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
   xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
   const gint64 want_votes[8] = { 0, 0, 3, 3, 1, 1, 2, 2 };
   assert_memory_equal (plan.votes, want_votes, sizeof want_votes);
@@ -404,6 +404,13 @@ test_vote_constructed (void **state)
       xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, &plan);
       assert_memory_equal (plan.load, cases[i].load, 8);
       assert_memory_equal (plan.attend, cases[i].attend, sizeof cases[i].attend);
+      /* Per query block: loaded, and chosen for that query block (engine
+       * block e of 8 tokens lies in key block e / 2), or first or last. */
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        for (gint32 h = 0; h < 4; h++)
+          for (gint64 e = 0; e < n_ids; e++)
+            assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
+                              cases[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0 || e == 7));
     }
   xattn_plan_clear (&plan);
 
@@ -411,7 +418,7 @@ test_vote_constructed (void **state)
    * {0, 1} and {2, 3}; a subset of ids (only id 1) is allowed. */
   SiftBlockMeta big[2] = { { 0, 32, SIFT_PHASE_PREFILL }, { 32, 32, SIFT_PHASE_PREFILL } };
   gint64 only1[1] = { 1 };
-  xattn_plan_init (&plan, geo.n_q_heads, 1);
+  xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
   xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, &plan);
   /* key blocks 2 and 3 together: (g0,qb0) (g1,qb0) (g1,qb1) = 3 votes. */
   assert_int_equal (plan.votes[0], 3);
@@ -446,7 +453,7 @@ test_threshold_extremes_in_attention (void **state)
       for (gint64 row = 0; row < geo.n_q_heads * n_qb; row++)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, thresholds[ti], sel + row * n_kb, order);
       XattnPlan plan;
-      xattn_plan_init (&plan, geo.n_q_heads, n_ids);
+      xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
       xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
 
       /* Attention over the plan: per head, the attended blocks' rows and the chunk. */
