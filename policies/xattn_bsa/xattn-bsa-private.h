@@ -63,6 +63,14 @@ gboolean xattn_bsa_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx
 gboolean xattn_bsa_compute_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse,
                                     GError **error);
 
+/* The ops table fields every table of these methods shares (the plugin's,
+ * and the tests' without init). */
+#define XATTN_BSA_OPS_METHODS                                                  \
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_REQUIRES_BLOCK_SELECTION, \
+  .instance_size = sizeof (XattnBsa), .finalize = xattn_bsa_finalize,         \
+  .reset = xattn_bsa_reset, .select_blocks = xattn_bsa_select_blocks,         \
+  .compute_chunked_prefill = xattn_bsa_compute_prefill
+
 /* What init does once the parameters are read: checks them against the
  * shape (self->shape must be set) and sets the instance up. */
 gboolean xattn_bsa_configure (SiftPolicy *self, const XattnBsaConfig *cfg, GError **error);

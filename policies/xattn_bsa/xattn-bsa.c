@@ -49,14 +49,9 @@ static const SiftPolicyOps xattn_bsa_ops = {
   .name = "xattn_bsa",
   .version = "1.0",
   .description = "XAttention: antidiagonal block scoring, threshold selection, block-sparse prefill",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
   .params = xattn_params,
-  .instance_size = sizeof (XattnBsa),
   .init = xattn_init,
-  .finalize = xattn_bsa_finalize,
-  .reset = xattn_bsa_reset,
-  .select_blocks = xattn_bsa_select_blocks,
-  .compute_chunked_prefill = xattn_bsa_compute_prefill,
+  XATTN_BSA_OPS_METHODS,
 };
 
 SIFT_PLUGIN_DEFINE (&xattn_bsa_ops)

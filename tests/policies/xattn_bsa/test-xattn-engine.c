@@ -22,12 +22,7 @@ static const SiftPolicyOps test_ops = {
   .name = "xattn_bsa",
   .version = "test",
   .description = "xattn_bsa methods without parameter parsing",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
-  .instance_size = sizeof (XattnBsa),
-  .finalize = xattn_bsa_finalize,
-  .reset = xattn_bsa_reset,
-  .select_blocks = xattn_bsa_select_blocks,
-  .compute_chunked_prefill = xattn_bsa_compute_prefill,
+  XATTN_BSA_OPS_METHODS,
 };
 
 static const SiftModelShape shape = {
