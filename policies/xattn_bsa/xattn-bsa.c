@@ -22,7 +22,7 @@ static const SiftParamSpec xattn_params[] = {
     "fraction of (kv head, query block) votes a block needs under vote: majority" },
   { "granularity", SIFT_PARAM_STRING, "query_block", 1, 0, "query_block|chunk",
     "attend a chosen block for the query blocks that chose it, or for the whole chunk (one load per block)" },
-  { "min_query_len", SIFT_PARAM_INT, "1024", 0, G_MAXINT64, NULL,
+  { "min_query_len", SIFT_PARAM_INT, "1024", 0, 1e15, NULL,
     "below this query position + 1, every block is selected (no estimation)" },
   { NULL },
 };
