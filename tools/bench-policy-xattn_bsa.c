@@ -424,7 +424,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "stride", 0, 0, G_OPTION_ARG_INT, &o.stride, "xattn_bsa stride (8)", "S" },
     { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "xattn_bsa block_size (128)", "B" },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
-    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: query_block | chunk (query_block)", "G" },
+    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
     { "min-query-len", 0, 0, G_OPTION_ARG_INT64, &o.min_query_len, "xattn_bsa min_query_len (1024)", "N" },
     { "sink", 0, 0, G_OPTION_ARG_DOUBLE, &o.sink, "Input: logit of the 4 sink keys (8)", "X" },
@@ -447,7 +447,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   lengths = o.lengths ? o.lengths : g_strdup ("32768,131072");
   vote = o.vote ? o.vote : g_strdup ("any");
   o.vote = vote;
-  granularity = o.granularity ? o.granularity : g_strdup ("query_block");
+  granularity = o.granularity ? o.granularity : g_strdup ("chunk");
   o.granularity = granularity;
   if (o.heads < 1 || o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0
       || o.heads > o.q_heads / o.kv_heads || o.head_dim < 8 || o.stride < 1 || o.block % o.stride != 0

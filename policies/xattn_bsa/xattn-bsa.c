@@ -20,8 +20,8 @@ static const SiftParamSpec xattn_params[] = {
     "load a block chosen by any (kv head, query block), or by more than vote_threshold of them" },
   { "vote_threshold", SIFT_PARAM_FLOAT, "0.5", 0.0, 1.0, NULL,
     "fraction of (kv head, query block) votes a block needs under vote: majority" },
-  { "granularity", SIFT_PARAM_STRING, "query_block", 1, 0, "query_block|chunk",
-    "attend a chosen block for the query blocks that chose it, or for the whole chunk (one load per block)" },
+  { "granularity", SIFT_PARAM_STRING, "chunk", 1, 0, "chunk|query_block",
+    "attend a chosen block for the whole chunk (one load per block) or only for the query blocks that chose it" },
   { "min_query_len", SIFT_PARAM_INT, "1024", 0, 1e15, NULL,
     "below this query position + 1, every block is selected (no estimation)" },
   { NULL },
@@ -38,8 +38,8 @@ xattn_init (SiftPolicy *policy, const SiftParams *params, GError **error)
                                                                               : XATTN_VOTE_ANY,
     .vote_threshold = sift_params_get_float (params, "vote_threshold"),
     .min_query_len = sift_params_get_int (params, "min_query_len"),
-    .granularity = g_str_equal (sift_params_get_string (params, "granularity"), "chunk")
-                     ? XATTN_GRANULARITY_CHUNK : XATTN_GRANULARITY_QUERY_BLOCK,
+    .granularity = g_str_equal (sift_params_get_string (params, "granularity"), "query_block")
+                     ? XATTN_GRANULARITY_QUERY_BLOCK : XATTN_GRANULARITY_CHUNK,
   };
   return xattn_bsa_configure (policy, &cfg, error);
 }
