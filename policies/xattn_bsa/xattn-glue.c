@@ -1,6 +1,8 @@
-/* xattn_bsa glue: the instance, its setup, and select_blocks (the
- * estimate over K-only loads, selection, vote, per-head answer). The
- * plugin descriptor and parameter parsing are in xattn-bsa.c. */
+/* xattn_bsa glue: the instance's setup, select_blocks (the estimate over
+ * K-only loads, selection, vote, per-head answer, the plan kept for
+ * compute) and compute_chunked_prefill (the plan through the engine's
+ * default pipeline). The descriptor and parameter parsing are in
+ * xattn-bsa.c. */
 #include <math.h>
 #include <string.h>
 
@@ -10,7 +12,6 @@
 #include <sift/policy.h>
 
 #include "xattn-bsa-private.h"
-
 
 gboolean
 xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **error)
