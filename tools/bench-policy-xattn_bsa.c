@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <glib.h>
 #include <sift/sift.h>
@@ -31,7 +32,7 @@ typedef struct {
   gint kv_block, chunk, stride, block, sample, threads;
   gboolean density_only;
   double threshold, vote_threshold;
-  char *vote, *granularity;
+  char *vote, *granularity, *clock;
   gint64 min_query_len;
   /* input */
   double sink, locality, heavy, noise;
@@ -121,10 +122,17 @@ typedef struct {
   double kb_sel, kb_causal;    /* (head, query block, key block) triples selected / causal */
 } ChunkResult;
 
+/* Seconds on the chosen clock: wall time, or the CPU time of the whole
+ * process (all its threads) — the work done, which a loaded machine does not
+ * inflate the way it inflates wall time. */
+static gboolean use_cpu_clock = TRUE;
+
 static double
 now (void)
 {
-  return (double) g_get_monotonic_time () / 1e6;
+  struct timespec ts;
+  clock_gettime (use_cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
 /* Merges attention of heads [h0, h0 + n) over keys k, v into acc. */
@@ -405,7 +413,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
 {
   Options o = {
     .lengths = NULL, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 4,
-    .kv_block = 128, .chunk = 4096, .stride = 8, .block = 128, .sample = 4, .threads = 0,
+    .kv_block = 128, .chunk = 4096, .stride = 8, .block = 128, .sample = 4, .threads = 1,
     .threshold = 0.9, .vote_threshold = 0.5, .vote = NULL, .min_query_len = 1024,
     .sink = 8.0, .locality = 4.0, .heavy = 4.0, .noise = 1.0, .n_heavy = 8, .seed = 1,
   };
@@ -419,7 +427,8 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "chunk", 0, 0, G_OPTION_ARG_INT, &o.chunk, "Prefill chunk size (4096)", "N" },
     { "sample", 0, 0, G_OPTION_ARG_INT, &o.sample, "Chunks measured per length, evenly spaced (4; 0: all)", "N" },
     { "density-only", 0, 0, G_OPTION_ARG_NONE, &o.density_only, "Estimate and select only: density, no attention timing", NULL },
-    { "threads", 0, 0, G_OPTION_ARG_INT, &o.threads, "Threads for parallel loops (default: SIFT_THREADS or all)", "N" },
+    { "threads", 0, 0, G_OPTION_ARG_INT, &o.threads, "Threads for parallel loops (1; 0: SIFT_THREADS or all)", "N" },
+    { "clock", 0, 0, G_OPTION_ARG_STRING, &o.clock, "cpu (process CPU time, all threads) or wall (cpu)", "CLOCK" },
     { "threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.threshold, "xattn_bsa threshold (0.9)", "X" },
     { "stride", 0, 0, G_OPTION_ARG_INT, &o.stride, "xattn_bsa stride (8)", "S" },
     { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "xattn_bsa block_size (128)", "B" },
@@ -438,7 +447,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   g_autoptr (GOptionContext) ctx = g_option_context_new ("- XAttention-BSA density and prefill speed vs dense");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_autoptr (GError) error = NULL;
-  g_autofree char *lengths = NULL, *vote = NULL, *granularity = NULL;
+  g_autofree char *lengths = NULL, *vote = NULL, *granularity = NULL, *clock_name = NULL;
   if (!g_option_context_parse (ctx, &argc, &argv, &error))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: %s\n", error->message);
@@ -449,15 +458,18 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   o.vote = vote;
   granularity = o.granularity ? o.granularity : g_strdup ("chunk");
   o.granularity = granularity;
+  clock_name = o.clock ? o.clock : g_strdup ("cpu");
+  use_cpu_clock = g_str_equal (clock_name, "cpu");
   if (o.heads < 1 || o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0
       || o.heads > o.q_heads / o.kv_heads || o.head_dim < 8 || o.stride < 1 || o.block % o.stride != 0
       || o.kv_block % o.stride != 0 || o.chunk % o.kv_block != 0 || o.threshold < 0 || o.threshold > 1
       || (!g_str_equal (vote, "any") && !g_str_equal (vote, "majority"))
-      || (!g_str_equal (granularity, "query_block") && !g_str_equal (granularity, "chunk")))
+      || (!g_str_equal (granularity, "query_block") && !g_str_equal (granularity, "chunk"))
+      || (!use_cpu_clock && !g_str_equal (clock_name, "wall")))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: impossible options: need 1 <= heads <= q-heads/kv-heads, "
                        "head-dim >= 8, stride dividing block and kv-block, kv-block dividing chunk, "
-                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk\n");
+                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk, clock cpu|wall\n");
       return 2;
     }
   if (o.threads > 0)
@@ -466,9 +478,10 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
   printf ("# xattn_bsa vs dense prefill attention: q_heads %d, kv_heads %d, head_dim %d (measured %d q head(s) "
           "of one group, scaled), kv block %d, chunk %d; threshold %.2f, stride %d, block %d, vote %s, "
-          "granularity %s; threads %d, ISA %s\n",
+          "granularity %s; threads %d, ISA %s, %s seconds\n",
           o.q_heads, o.kv_heads, o.head_dim, o.heads, o.kv_block, o.chunk, o.threshold, o.stride, o.block,
-          vote, granularity, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()));
+          vote, granularity, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()),
+          use_cpu_clock ? "CPU" : "wall");
   printf ("# input: sink %.1f, locality %.1f, heavy %.1f x %d, noise %.2f, seed %u\n", o.sink, o.locality,
           o.heavy, o.n_heavy, o.noise, o.seed);
   printf ("%8s %7s %11s %11s %11s %9s %9s  %s\n", "length", "density", "dense_s", "xattn_s", "estimate_s",
