@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sift/attn.h>
 #include <sift/parallel.h>
 
 #include "xattn-score.h"
@@ -33,14 +32,19 @@ xattn_dots_force_scalar (gboolean scalar)
   force_scalar = scalar;
 }
 
-gboolean
-xattn_dots_use_avx2 (void)
+SiftIsa
+xattn_dots_isa (void)
 {
-#ifdef XATTN_HAVE_AVX2
-  return !force_scalar && sift_isa_active () >= SIFT_ISA_AVX2;
-#else
-  return FALSE;
+  SiftIsa isa = force_scalar ? SIFT_ISA_SCALAR : sift_isa_active ();
+#ifdef XATTN_HAVE_AVX512
+  if (isa >= SIFT_ISA_AVX512)
+    return SIFT_ISA_AVX512;
 #endif
+#ifdef XATTN_HAVE_AVX2
+  if (isa >= SIFT_ISA_AVX2)
+    return SIFT_ISA_AVX2;
+#endif
+  return SIFT_ISA_SCALAR;
 }
 
 void
@@ -59,17 +63,24 @@ xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const flo
 }
 
 static void
-dots (const float *rows, gsize row_stride, gint64 n_rows, const float *cols, gsize col_stride,
+dots (SiftIsa isa, const float *rows, gsize row_stride, gint64 n_rows, const float *cols, gsize col_stride,
       gint64 n_cols, gsize len, float *out)
 {
-#ifdef XATTN_HAVE_AVX2
-  if (xattn_dots_use_avx2 ())
+  switch (isa)
     {
+#ifdef XATTN_HAVE_AVX512
+    case SIFT_ISA_AVX512:
+      xattn_dots_avx512 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+      return;
+#endif
+#ifdef XATTN_HAVE_AVX2
+    case SIFT_ISA_AVX2:
       xattn_dots_avx2 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
       return;
-    }
 #endif
-  xattn_dots_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+    default:
+      xattn_dots_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+    }
 }
 
 XattnScorer *
@@ -151,6 +162,7 @@ typedef struct {
   gsize k_head_stride;
   gint64 col0, n_cols;
   gint64 tiles_per_head;
+  SiftIsa isa;         /* dot-product path */
 } AddTask;
 
 /* log(e^a + e^b) without overflow; -inf is its identity. */
@@ -190,7 +202,7 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
       gint64 nc = MIN (t->n_cols, last - 1 - t->col0 + 1);
       const float *rows = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) (first - s->row0)) * s->rlen;
       const float *cols = t->k + (gsize) (h / group) * t->k_head_stride;
-      dots (rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
+      dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
 
       for (gint64 i = 0; i < nr; i++)
         {
@@ -229,7 +241,7 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
   g_return_if_fail (pos0 + n <= s->kv_end);
   g_return_if_fail (n % S == 0 || pos0 + n == s->kv_end);
 
-  AddTask t = { .s = s, .col0 = pos0 / S, .n_cols = (n + S - 1) / S };
+  AddTask t = { .s = s, .col0 = pos0 / S, .n_cols = (n + S - 1) / S, .isa = xattn_dots_isa () };
   if (k->dtype == SIFT_DTYPE_F32 && k->token_stride == g->head_dim && n % S == 0)
     {
       /* Block layout already: a head's reshaped columns are contiguous rows. */

@@ -5,16 +5,18 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/attn.h>
 #include <sift/policy.h>
 #include <sift/view.h>
 
 G_BEGIN_DECLS
 
-/* The AVX2 dot products are compiled wherever GCC-compatible x86-64
- * compilers can target AVX2 (xattn-dots-avx2.c sets its own target), and
- * used only when sift_isa_active () says the CPU has it. */
+/* The AVX2 and AVX-512 dot products are compiled wherever GCC-compatible
+ * x86-64 compilers can target them (xattn-dots-avx2.c and -avx512.c set
+ * their own targets), and used only when sift_isa_active () says so. */
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(XATTN_NO_SIMD)
 #define XATTN_HAVE_AVX2 1
+#define XATTN_HAVE_AVX512 1
 #endif
 
 typedef struct {
@@ -68,9 +70,14 @@ void xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, cons
 void xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
                       gsize col_stride, gint64 n_cols, gsize len, float *out);
 #endif
-/* Whether the AVX2 path is used: built in and sift_isa_active () >= AVX2. */
-gboolean xattn_dots_use_avx2 (void);
-/* For tests: force the scalar path (TRUE) or allow the SIMD one (FALSE). */
+#ifdef XATTN_HAVE_AVX512
+void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                        gsize col_stride, gint64 n_cols, gsize len, float *out);
+#endif
+/* The path in use: the best one built in that sift_isa_active () allows,
+ * unless forced scalar. */
+SiftIsa xattn_dots_isa (void);
+/* For tests: force the scalar path (TRUE) or allow the SIMD ones (FALSE). */
 void xattn_dots_force_scalar (gboolean scalar);
 
 /* ---- Threshold selection --------------------------------------------------
