@@ -249,7 +249,7 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       for (gint64 e = 0; e < n_blocks; e++)
         {
           SiftView kb = sift_view_tokens (&k_all, e * bs, bs);
-          xattn_scorer_add_keys (scorer, &kb, e * bs, bs);
+          xattn_scorer_stage_keys (scorer, &kb, e * bs, bs);
         }
       SiftView k_local = sift_view_tokens (&k_all, q_pos, n_q);
       xattn_scorer_add_keys (scorer, &k_local, q_pos, n_q);

@@ -62,7 +62,8 @@ drain (SiftEngine *engine, gint64 from, gint64 to, gint32 n_slots)
 }
 
 /* Adds the K of every available (stored) block to the scorer, streaming
- * them through the ring slots with K-only loads, n_slots in flight. */
+ * them through the ring slots with K-only loads, n_slots in flight (the
+ * scorer stages them, so a slot is free as soon as it is copied). */
 static gboolean
 score_history (XattnBsa *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
                GError **error)
@@ -102,7 +103,7 @@ score_history (XattnBsa *self, const SiftPolicyContext *ctx, const gint64 *avail
           return FALSE;
         }
       if (n_valid > 0)
-        xattn_scorer_add_keys (self->scorer, &k, m->first_token, n_valid);
+        xattn_scorer_stage_keys (self->scorer, &k, m->first_token, n_valid);
       sift_engine_slot_done (engine, slot);
     }
   return TRUE;

@@ -20,8 +20,10 @@ struct _XattnScorer {
   float *qr;          /* [n_q_heads][n_rows][S * head_dim] reshaped queries */
   float *lse;         /* [n_q_heads][n_rows][n_kb] log of each key block's mass; -inf: none yet */
   gsize qr_cap, lse_cap;
-  float *kbuf;        /* [n_kv_heads][n_cols * S][head_dim] staged keys, zero padded */
+  float *kbuf;        /* [n_kv_heads][n_cols * S][head_dim] keys made contiguous, zero padded */
   gsize kbuf_cap;
+  float *stage;       /* [n_kv_heads][XATTN_STAGE_TOKENS][head_dim] keys waiting to be scored */
+  gint64 stage_pos0, stage_n;
 };
 
 static gboolean force_scalar = FALSE;
@@ -105,6 +107,7 @@ xattn_scorer_free (XattnScorer *s)
   g_free (s->qr);
   g_free (s->lse);
   g_free (s->kbuf);
+  g_free (s->stage);
   g_free (s);
 }
 
@@ -150,6 +153,7 @@ xattn_scorer_begin (XattnScorer *s, const SiftView *q, gint64 q_pos, gint64 n_q)
           sift_view_row_to_f32 (q, h, pos - q_pos, dst);
         }
 
+  s->stage_n = 0;
   gsize nl = (gsize) g->n_q_heads * (gsize) s->n_rows * (gsize) s->n_kb;
   s->lse = grow (s->lse, &s->lse_cap, nl);
   for (gsize i = 0; i < nl; i++)
@@ -268,6 +272,45 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
   sift_parallel_for ((gint64) g->n_q_heads * t.tiles_per_head, 1, add_range, &t);
 }
 
+static void
+stage_flush (XattnScorer *s)
+{
+  if (s->stage_n == 0)
+    return;
+  const XattnGeometry *g = &s->geo;
+  SiftView v = { s->stage, SIFT_DTYPE_F32, g->n_kv_heads, g->head_dim, s->stage_n,
+                 (gint64) XATTN_STAGE_TOKENS * g->head_dim, g->head_dim };
+  s->stage_n = 0;
+  xattn_scorer_add_keys (s, &v, s->stage_pos0, v.n_tokens);
+}
+
+void
+xattn_scorer_stage_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
+{
+  const XattnGeometry *g = &s->geo;
+  g_return_if_fail (k != NULL && k->n_heads == g->n_kv_heads && k->head_dim == g->head_dim);
+  g_return_if_fail (pos0 >= 0 && pos0 % g->stride == 0 && n > 0 && k->n_tokens >= n);
+  if (s->stage_n > 0 && (pos0 != s->stage_pos0 + s->stage_n || s->stage_n + n > XATTN_STAGE_TOKENS))
+    stage_flush (s);
+  if (n > XATTN_STAGE_TOKENS)
+    {
+      xattn_scorer_add_keys (s, k, pos0, n);
+      return;
+    }
+  if (s->stage == NULL)
+    s->stage = g_new (float, (gsize) g->n_kv_heads * XATTN_STAGE_TOKENS * (gsize) g->head_dim);
+  if (s->stage_n == 0)
+    s->stage_pos0 = pos0;
+  for (gint32 h = 0; h < g->n_kv_heads; h++)
+    for (gint64 t = 0; t < n; t++)
+      sift_view_row_to_f32 (k, h, t,
+                            s->stage + ((gsize) h * XATTN_STAGE_TOKENS + (gsize) (s->stage_n + t)) * (gsize) g->head_dim);
+  s->stage_n += n;
+  /* A partial column ends what can be scored together. */
+  if (n % g->stride != 0)
+    stage_flush (s);
+}
+
 gint64
 xattn_scorer_first_qb (const XattnScorer *s)
 {
@@ -291,6 +334,7 @@ xattn_scorer_finish (XattnScorer *s, float *scores)
 {
   const XattnGeometry *g = &s->geo;
   const gint64 n_qb = xattn_scorer_n_qb (s), qb0 = xattn_scorer_first_qb (s);
+  stage_flush (s);
   memset (scores, 0, (gsize) g->n_q_heads * (gsize) n_qb * (gsize) s->n_kb * sizeof (float));
   for (gint32 h = 0; h < g->n_q_heads; h++)
     for (gint64 i = 0; i < s->n_rows; i++)

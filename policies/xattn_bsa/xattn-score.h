@@ -52,13 +52,19 @@ void xattn_scorer_begin (XattnScorer *s, const SiftView *q, gint64 q_pos, gint64
 /* Keys at positions [pos0, pos0 + n): k [n_kv_heads][n][head_dim], f32,
  * f16 or bf16. pos0 % S == 0; n % S == 0 unless pos0 + n == q_pos + n_q. */
 void xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n);
+/* Like add_keys, but the keys are copied into a staging buffer and scored
+ * when it holds XATTN_STAGE_TOKENS contiguous tokens (or on a gap, a partial
+ * column, or finish): each pass over the chunk's reshaped queries then meets
+ * many columns, instead of one stored block's few. */
+#define XATTN_STAGE_TOKENS 1024
+void xattn_scorer_stage_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n);
 /* The chunk's query blocks are first_qb .. first_qb + n_qb - 1 (absolute,
  * B tokens each; the first and last may be partial); key blocks 0 .. n_kb - 1. */
 gint64 xattn_scorer_first_qb (const XattnScorer *s);
 gint64 xattn_scorer_n_qb (const XattnScorer *s);
 gint64 xattn_scorer_n_kb (const XattnScorer *s);
-/* Block scores f32 [n_q_heads][n_qb][n_kb]; key blocks whose keys were
- * never added score 0. */
+/* Block scores f32 [n_q_heads][n_qb][n_kb] (staged keys are scored
+ * first); key blocks whose keys were never added score 0. */
 void xattn_scorer_finish (XattnScorer *s, float *scores);
 
 /* Dot products of reshaped rows and columns: out[i * n_cols + j] =

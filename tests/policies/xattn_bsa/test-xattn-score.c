@@ -101,11 +101,12 @@ oracle_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 *n_qb_out, gin
   return out;
 }
 
-/* Runs the scorer: history [0, q_pos) in pieces of `piece` tokens (given in
- * reverse order, to show order does not matter), then the chunk. With
- * as_f16 the history goes in as f16 and token-major ([tokens][heads][d]). */
+/* Runs the scorer: history [0, q_pos) in pieces of `piece` tokens, then the
+ * chunk. With as_f16 the history goes in as f16 and token-major
+ * ([tokens][heads][d]). Pieces go in reverse order through add_keys (order
+ * does not matter), or in order through stage_keys when `staged`. */
 static float *
-scorer_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16)
+scorer_scores_ex (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16, gboolean staged)
 {
   const XattnGeometry *g = &d->geo;
   g_autoptr (XattnScorer) s = xattn_scorer_new (g);
@@ -125,11 +126,15 @@ scorer_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolea
               = sift_f32_to_f16 (k_row (d, h, t)[e]);
       k16v = sift_view_thd (k16, SIFT_DTYPE_F16, d->n_tokens, g->n_kv_heads, g->head_dim);
     }
-  for (gint64 p = (q_pos - 1) / piece * piece; p >= 0 && q_pos > 0; p -= piece)
+  gint64 n_pieces = (q_pos + piece - 1) / piece;
+  for (gint64 i = 0; i < n_pieces; i++)
     {
-      gint64 n = MIN (piece, q_pos - p);
+      gint64 p = (staged ? i : n_pieces - 1 - i) * piece, n = MIN (piece, q_pos - p);
       SiftView part = sift_view_tokens (as_f16 ? &k16v : &k, p, n);
-      xattn_scorer_add_keys (s, &part, p, n);
+      if (staged)
+        xattn_scorer_stage_keys (s, &part, p, n);
+      else
+        xattn_scorer_add_keys (s, &part, p, n);
     }
   SiftView local = sift_view_tokens (&k, q_pos, kv_end - q_pos);
   xattn_scorer_add_keys (s, &local, q_pos, kv_end - q_pos);
@@ -137,6 +142,12 @@ scorer_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolea
   float *out = g_new (float, (gsize) n);
   xattn_scorer_finish (s, out);
   return out;
+}
+
+static float *
+scorer_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16)
+{
+  return scorer_scores_ex (d, q_pos, kv_end, piece, as_f16, FALSE);
 }
 
 static const XattnGeometry small_geo = {
@@ -154,11 +165,14 @@ check_against_oracle (gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16
   xattn_dots_force_scalar (scalar);
   gint64 n_qb, n_kb;
   g_autofree double *want = oracle_scores (d, q_pos, kv_end, &n_qb, &n_kb);
-  g_autofree float *got = scorer_scores (d, q_pos, kv_end, piece, as_f16);
+  for (int staged = 0; staged < 2; staged++)
+    {
+      g_autofree float *got = scorer_scores_ex (d, q_pos, kv_end, piece, as_f16, staged);
+      for (gint64 i = 0; i < (gint64) small_geo.n_q_heads * n_qb * n_kb; i++)
+        if (fabs (got[i] - want[i]) > 1e-4 * MAX (1.0, fabs (want[i])))
+          fail_msg ("score %" G_GINT64_FORMAT " (staged %d): got %g, want %g", i, staged, (double) got[i], want[i]);
+    }
   xattn_dots_force_scalar (FALSE);
-  for (gint64 i = 0; i < (gint64) small_geo.n_q_heads * n_qb * n_kb; i++)
-    if (fabs (got[i] - want[i]) > 1e-4 * MAX (1.0, fabs (want[i])))
-      fail_msg ("score %" G_GINT64_FORMAT ": got %g, want %g", i, (double) got[i], want[i]);
   data_free (d);
 }
 
