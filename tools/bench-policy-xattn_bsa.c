@@ -36,6 +36,8 @@ typedef struct {
   gboolean density_only;
   double threshold, vote_threshold;
   char *vote, *granularity, *clock;
+  char *config;                  /* input from the synthetic source of this config */
+  SiftConfig *cfg;
   gint64 min_query_len;
   /* input */
   double sink, locality, heavy, noise;
@@ -55,6 +57,8 @@ typedef struct {
   float *k;  /* [1][n][d] */
   float *v;  /* [1][n][d] */
 } Input;
+
+static void input_free (Input *in);
 
 static double
 gauss (GRand *r)
@@ -106,6 +110,49 @@ input_new (const Options *o, gint64 n)
         }
     }
   g_rand_free (r);
+  return in;
+}
+
+/* The input from the config's synthetic source (its seed and knobs, no
+ * needle): layer 0, q heads 0..heads-1 and kv head 0, generated 4096
+ * tokens at a time. */
+static Input *
+input_from_config (const Options *o, gint64 n, GError **error)
+{
+  SiftModelShape shape = o->cfg->shape;
+  shape.n_layers = 1;
+  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, o->cfg->seed, &o->cfg->synthetic, NULL, error);
+  if (src == NULL)
+    return NULL;
+  const gint32 d = shape.head_dim, Hq = shape.n_q_heads, Hk = shape.n_kv_heads;
+  const gint64 step = 4096;
+  Input *in = g_new0 (Input, 1);
+  in->n_q = o->heads;
+  in->d = d;
+  in->n = n;
+  in->q = g_new (float, (gsize) o->heads * (gsize) n * (gsize) d);
+  in->k = g_new (float, (gsize) n * (gsize) d);
+  in->v = g_new (float, (gsize) n * (gsize) d);
+  g_autofree float *q = g_new (float, (gsize) step * (gsize) Hq * (gsize) d);
+  g_autofree float *k = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
+  g_autofree float *v = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
+  for (gint64 p0 = 0; p0 < n; p0 += step)
+    {
+      gint64 m = MIN (step, n - p0);
+      if (!sift_model_source_qkv (src, 0, p0, m, q, k, v, error))
+        {
+          input_free (in);
+          return NULL;
+        }
+      for (gint64 t = 0; t < m; t++)
+        {
+          for (gint32 h = 0; h < o->heads; h++)
+            memcpy (in->q + ((gsize) h * (gsize) n + (gsize) (p0 + t)) * (gsize) d,
+                    q + ((gsize) t * (gsize) Hq + (gsize) h) * (gsize) d, (gsize) d * sizeof (float));
+          memcpy (in->k + (gsize) (p0 + t) * (gsize) d, k + (gsize) t * (gsize) Hk * (gsize) d, (gsize) d * sizeof (float));
+          memcpy (in->v + (gsize) (p0 + t) * (gsize) d, v + (gsize) t * (gsize) Hk * (gsize) d, (gsize) d * sizeof (float));
+        }
+    }
   return in;
 }
 
@@ -376,7 +423,9 @@ static gboolean
 run_length (const Options *o, gint64 n, GError **error)
 {
   g_autoptr (GTimer) gen = g_timer_new ();
-  Input *in = input_new (o, n);
+  Input *in = o->cfg != NULL ? input_from_config (o, n, error) : input_new (o, n);
+  if (in == NULL)
+    return FALSE;
   const gint64 n_chunks = (n + o->chunk - 1) / o->chunk;
   gint64 m = o->sample <= 0 ? n_chunks : MIN (o->sample, n_chunks);
   g_autofree gint64 *idx = g_new (gint64, (gsize) m);
@@ -419,8 +468,12 @@ run_length (const Options *o, gint64 n, GError **error)
   double t_sparse = fill_total (idx, sparse, (gsize) m, n_chunks) * scale;
   double t_est = fill_total (idx, est, (gsize) m, n_chunks) * scale;
   double density = fill_total (idx, pairs, (gsize) m, n_chunks) / fill_total (idx, pairs_dense, (gsize) m, n_chunks);
-  printf ("%8" G_GINT64_FORMAT " %7.3f %9.1f %9.1f %9.1f %10.1f %8.2fx %8.2fx %8.4f  %" G_GINT64_FORMAT "/%" G_GINT64_FORMAT "\n",
-          n, density, t_dense, t_full, t_sparse, t_est, t_dense / t_sparse, t_full / t_sparse, worst_err, m, n_chunks);
+  if (o->density_only)
+    printf ("%8" G_GINT64_FORMAT " %7.3f %9s %9s %9s %10.1f %9s %9s %8s  %" G_GINT64_FORMAT "/%" G_GINT64_FORMAT "\n",
+            n, density, "-", "-", "-", t_est, "-", "-", "-", m, n_chunks);
+  else
+    printf ("%8" G_GINT64_FORMAT " %7.3f %9.1f %9.1f %9.1f %10.1f %8.2fx %8.2fx %8.4f  %" G_GINT64_FORMAT "/%" G_GINT64_FORMAT "\n",
+            n, density, t_dense, t_full, t_sparse, t_est, t_dense / t_sparse, t_full / t_sparse, worst_err, m, n_chunks);
   fflush (stdout);
   input_free (in);
   return TRUE;
@@ -454,6 +507,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
     { "min-query-len", 0, 0, G_OPTION_ARG_INT64, &o.min_query_len, "xattn_bsa min_query_len (1024)", "N" },
+    { "config", 0, 0, G_OPTION_ARG_FILENAME, &o.config, "Input from this config's synthetic source; its q_heads, kv_heads, head_dim, block_size and chunk_size replace the shape options", "FILE" },
     { "sink", 0, 0, G_OPTION_ARG_DOUBLE, &o.sink, "Input: logit of the 4 sink keys (8)", "X" },
     { "locality", 0, 0, G_OPTION_ARG_DOUBLE, &o.locality, "Input: rotary locality logit at distance 0 (4)", "X" },
     { "heavy", 0, 0, G_OPTION_ARG_DOUBLE, &o.heavy, "Input: logit of heavy-hitter keys (4)", "X" },
@@ -478,6 +532,24 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   o.granularity = granularity;
   clock_name = o.clock ? o.clock : g_strdup ("cpu");
   use_cpu_clock = g_str_equal (clock_name, "cpu");
+  g_autoptr (SiftConfig) cfg = NULL;
+  g_autofree char *config_path = o.config;
+  if (config_path != NULL)
+    {
+      cfg = sift_config_load (config_path, NULL, &error);
+      if (cfg == NULL)
+        {
+          fprintf (stderr, "sift bench policy xattn_bsa: %s\n", error->message);
+          return 2;
+        }
+      o.cfg = cfg;
+      o.q_heads = cfg->shape.n_q_heads;
+      o.kv_heads = cfg->shape.n_kv_heads;
+      o.head_dim = cfg->shape.head_dim;
+      o.kv_block = cfg->shape.block_size;
+      o.chunk = cfg->shape.chunk_size;
+      o.heads = MIN (o.heads, o.q_heads / o.kv_heads);
+    }
   if (o.heads < 1 || o.q_heads < 1 || o.kv_heads < 1 || o.q_heads % o.kv_heads != 0
       || o.heads > o.q_heads / o.kv_heads || o.head_dim < 8 || o.stride < 1 || o.block % o.stride != 0
       || o.kv_block % o.stride != 0 || o.chunk % o.kv_block != 0 || o.threshold < 0 || o.threshold > 1
@@ -500,8 +572,12 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
           o.q_heads, o.kv_heads, o.head_dim, o.heads, o.kv_block, o.chunk, o.threshold, o.stride, o.block,
           vote, granularity, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()),
           use_cpu_clock ? "CPU" : "wall");
-  printf ("# input: sink %.1f, locality %.1f, heavy %.1f x %d, noise %.2f, seed %u\n", o.sink, o.locality,
-          o.heavy, o.n_heavy, o.noise, o.seed);
+  if (cfg != NULL)
+    printf ("# input: synthetic source of %s (seed %" G_GUINT64_FORMAT ", its knobs, no needle), layer 0\n",
+            config_path, cfg->seed);
+  else
+    printf ("# input: bench generator: sink %.1f, locality %.1f, heavy %.1f x %d, noise %.2f, seed %u\n", o.sink,
+            o.locality, o.heavy, o.n_heavy, o.noise, o.seed);
   printf ("%8s %7s %9s %9s %9s %10s %9s %9s %8s  %s\n", "length", "density", "dense_s", "full_s", "xattn_s",
           "estimate_s", "vs_dense", "vs_full", "rel_err", "chunks");
   for (gsize i = 0; parts[i] != NULL; i++)
