@@ -68,16 +68,23 @@ gauss (GRand *r)
 }
 
 static Input *
-input_new (const Options *o, gint64 n)
+input_alloc (gint32 n_q, gint64 n, gint32 d)
 {
   Input *in = g_new0 (Input, 1);
-  const gint32 d = o->head_dim, R = MIN (32, (d / 2) & ~1), ch = R;
-  in->n_q = o->heads;
+  in->n_q = n_q;
   in->d = d;
   in->n = n;
-  in->q = g_new (float, (gsize) o->heads * (gsize) n * (gsize) d);
+  in->q = g_new (float, (gsize) n_q * (gsize) n * (gsize) d);
   in->k = g_new (float, (gsize) n * (gsize) d);
   in->v = g_new (float, (gsize) n * (gsize) d);
+  return in;
+}
+
+static Input *
+input_new (const Options *o, gint64 n)
+{
+  const gint32 d = o->head_dim, R = MIN (32, (d / 2) & ~1), ch = R;
+  Input *in = input_alloc (o->heads, n, d);
   GRand *r = g_rand_new_with_seed (o->seed);
   const double rd = sqrt ((double) d);
   const double amp = sqrt (o->locality * rd / (R / 2));
@@ -126,13 +133,7 @@ input_from_config (const Options *o, gint64 n, GError **error)
     return NULL;
   const gint32 d = shape.head_dim, Hq = shape.n_q_heads, Hk = shape.n_kv_heads;
   const gint64 step = 4096;
-  Input *in = g_new0 (Input, 1);
-  in->n_q = o->heads;
-  in->d = d;
-  in->n = n;
-  in->q = g_new (float, (gsize) o->heads * (gsize) n * (gsize) d);
-  in->k = g_new (float, (gsize) n * (gsize) d);
-  in->v = g_new (float, (gsize) n * (gsize) d);
+  Input *in = input_alloc (o->heads, n, d);
   g_autofree float *q = g_new (float, (gsize) step * (gsize) Hq * (gsize) d);
   g_autofree float *k = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
   g_autofree float *v = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
