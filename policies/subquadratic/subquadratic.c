@@ -1,0 +1,2 @@
+/* placeholder while the glue is written */
+#include <sift/policy.h>
