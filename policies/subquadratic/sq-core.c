@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/error.h>
 #include <sift/parallel.h>
 
@@ -251,37 +252,47 @@ sq_accumulate (SqState *st, const float *q, gint32 head_dim, float scale, const 
 
 /* ---- Landmarks ---------------------------------------------------------- */
 
+typedef struct {
+  const SiftView *k, *v;
+  gint64 block_size, n_blocks;
+  float *lk, *lv;
+} LandmarkJob;
+
+static void
+landmark_blocks (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const LandmarkJob *job = user_data;
+  const gint32 d = job->k->head_dim;
+  const gint64 seq = job->k->n_tokens;
+  for (gint64 x = begin; x < end; x++)
+    {
+      gint32 g = (gint32) (x / job->n_blocks);
+      gint64 b = x % job->n_blocks;
+      float *ko = job->lk + x * d, *vo = job->lv + x * d;
+      gint64 t0 = b * job->block_size, t1 = MIN (t0 + job->block_size, seq);
+      memset (ko, 0, (gsize) d * sizeof (float));
+      memset (vo, 0, (gsize) d * sizeof (float));
+      for (gint64 t = t0; t < t1; t++)
+        {
+          sq_add_row (ko, sift_view_row (job->k, g, t), d);
+          sq_add_row (vo, sift_view_row (job->v, g, t), d);
+        }
+      float inv = 1.0f / (float) (t1 - t0);
+      for (gint32 c = 0; c < d; c++)
+        {
+          ko[c] *= inv;
+          vo[c] *= inv;
+        }
+    }
+}
+
 void
 sq_landmarks_compute (const SiftView *k, const SiftView *v, gint64 block_size, float *lk, float *lv)
 {
   g_assert (k->dtype == SIFT_DTYPE_F32 && v->dtype == SIFT_DTYPE_F32);
-  const gint32 d = k->head_dim;
-  const gint64 seq = k->n_tokens;
-  const gint64 n_blocks = (seq + block_size - 1) / block_size;
-  for (gint32 g = 0; g < k->n_heads; g++)
-    for (gint64 b = 0; b < n_blocks; b++)
-      {
-        float *ko = lk + ((gint64) g * n_blocks + b) * d;
-        float *vo = lv + ((gint64) g * n_blocks + b) * d;
-        gint64 t0 = b * block_size, t1 = MIN (t0 + block_size, seq);
-        memset (ko, 0, (gsize) d * sizeof (float));
-        memset (vo, 0, (gsize) d * sizeof (float));
-        for (gint64 t = t0; t < t1; t++)
-          {
-            const float *kr = sift_view_row (k, g, t), *vr = sift_view_row (v, g, t);
-            for (gint32 c = 0; c < d; c++)
-              {
-                ko[c] += kr[c];
-                vo[c] += vr[c];
-              }
-          }
-        float inv = 1.0f / (float) (t1 - t0);
-        for (gint32 c = 0; c < d; c++)
-          {
-            ko[c] *= inv;
-            vo[c] *= inv;
-          }
-      }
+  LandmarkJob job = { k, v, block_size, (k->n_tokens + block_size - 1) / block_size, lk, lv };
+  sift_parallel_for (job.n_blocks * k->n_heads, 4, landmark_blocks, &job);
 }
 
 /* ---- Whole-sequence forward --------------------------------------------- */
@@ -333,6 +344,10 @@ typedef struct {
   SqStamp ts, bs;
   gint64 *tok, *blk;   /* [max candidates] */
   gint32 *idx, *lidx;  /* the same as row indices */
+  gint32 *band_idx;    /* [window + SQ_BAND_ROWS] */
+  const float **kp, **vp; /* [SQ_BAND_ROWS][max_tok + max_blk] */
+  float *ring;         /* band panels: [kv_heads][ring_n][d][16], or NULL */
+  gint64 ring_n, ring_next; /* panels [ring_next - ring_n, ring_next) are packed */
   float *acc;          /* [head_dim], or [tile][head_dim] for the tiled forward */
   float *m, *l;        /* tiled: [tile] */
   gint32 *rows, *pos;  /* tiled: (row, key) pairs grouped by KV tile */
@@ -356,7 +371,7 @@ static void
 worker_alloc (Worker *w, const Forward *f, gboolean tiled)
 {
   const gint32 d = f->q->head_dim;
-  gsize rows = tiled ? (gsize) f->tile : 1;
+  gsize rows = tiled ? (gsize) f->tile : SQ_BAND_ROWS;
   sq_stamp_init (&w->ts);
   sq_stamp_init (&w->bs);
   w->tok = g_new (gint64, f->max_tok * rows);
@@ -364,6 +379,15 @@ worker_alloc (Worker *w, const Forward *f, gboolean tiled)
   w->idx = g_new (gint32, f->max_tok * rows);
   w->lidx = g_new (gint32, f->max_blk * rows + 1);
   w->acc = g_new (float, (gsize) d * rows);
+  w->band_idx = g_new (gint32, f->c->window + SQ_BAND_ROWS + 1);
+  w->kp = g_new (const float *, SQ_BAND_ROWS * (f->max_tok + f->max_blk));
+  w->vp = g_new (const float *, SQ_BAND_ROWS * (f->max_tok + f->max_blk));
+  if (!tiled && f->c->causal && sq_simd_band (d) != NULL)
+    {
+      w->ring_n = f->c->window / 16 + SQ_BAND_ROWS / 16 + 3;
+      w->ring = g_aligned_alloc ((gsize) w->ring_n * 16 * (gsize) d * (gsize) f->k->n_heads, sizeof (float), 64);
+    }
+  w->row_start = g_new (gsize, 2 * (rows + 1));
   if (tiled)
     {
       w->m = g_new (float, rows);
@@ -371,7 +395,6 @@ worker_alloc (Worker *w, const Forward *f, gboolean tiled)
       w->rows = g_new (gint32, f->max_tok * rows);
       w->pos = g_new (gint32, f->max_tok * rows);
       w->tile_start = g_new (gint64, f->n_tiles + 1);
-      w->row_start = g_new (gsize, 2 * (rows + 1));
     }
 }
 
@@ -385,6 +408,10 @@ worker_free (Worker *w)
   g_free (w->idx);
   g_free (w->lidx);
   g_free (w->acc);
+  g_free (w->band_idx);
+  g_free (w->kp);
+  g_free (w->vp);
+  g_aligned_free (w->ring);
   g_free (w->m);
   g_free (w->l);
   g_free (w->rows);
@@ -408,6 +435,88 @@ row_candidates (const Forward *f, Worker *w, gint64 i, gsize tok_at, gsize blk_a
     w->lidx[blk_at + x] = (gint32) w->blk[blk_at + x];
 }
 
+void
+sq_attend_tile (const SqTile *t)
+{
+  const gint32 d = t->q.head_dim, group = t->q.n_heads / t->k.n_heads;
+  const gint64 n = t->q.n_tokens;
+  const SqBandFunc band = t->panels != NULL ? sq_simd_band (d) : NULL;
+  const SqRowsFunc rows = t->kp != NULL ? sq_simd_rows (d) : NULL;
+  SqState st[SQ_BAND_ROWS];
+  g_assert (n <= SQ_BAND_ROWS);
+  for (gint64 r = 0; r < n; r++)
+    st[r].acc = t->acc + r * d;
+  for (gint32 h = 0; h < t->q.n_heads; h++)
+    {
+      gint32 g = h / group;
+      const float *kb = sift_view_row (&t->k, g, 0), *vb = sift_view_row (&t->v, g, 0);
+      if (band != NULL)
+        {
+          SqBand b = {
+            .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
+            .scale = t->scale, .panels = t->panels + g * t->panel_stride, .ring = t->ring,
+            .v = vb, .v_stride = t->v.token_stride, .lo = t->lo, .hi = t->hi,
+          };
+          band (&b, st);
+        }
+      else
+        for (gint64 r = 0; r < n; r++)
+          {
+            gint64 a = MAX (t->lo + r, 0), nb = 0;
+            for (gint64 j = a; j <= t->hi + r; j++)
+              t->band_idx[nb++] = (gint32) j;
+            sq_state_reset (&st[r], d);
+            sq_accumulate (&st[r], sift_view_row (&t->q, h, r), d, t->scale, kb, vb, t->k.token_stride,
+                           t->band_idx, (gsize) nb);
+          }
+      if (rows != NULL)
+        {
+          /* Every row's other keys, then its landmarks, side by side. */
+          gsize cnt[SQ_BAND_ROWS];
+          const float *lkb = t->lk + (gint64) g * t->l_n * d, *lvb = t->lv + (gint64) g * t->l_n * d;
+          for (gint64 r = 0; r < n; r++)
+            {
+              gsize c = 0;
+              const float **kp = t->kp + r * t->ptr_max, **vp = t->vp + r * t->ptr_max;
+              for (gsize x = t->idx_start[r]; x < t->idx_start[r + 1]; x++, c++)
+                {
+                  kp[c] = kb + t->idx[x] * t->k.token_stride;
+                  vp[c] = vb + t->idx[x] * t->v.token_stride;
+                }
+              for (gsize x = t->lidx_start[r]; x < t->lidx_start[r + 1]; x++, c++)
+                {
+                  kp[c] = lkb + (gint64) t->lidx[x] * d;
+                  vp[c] = lvb + (gint64) t->lidx[x] * d;
+                }
+              cnt[r] = c;
+            }
+          SqRows b = {
+            .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
+            .scale = t->scale, .k = t->kp, .v = t->vp, .n = cnt, .max = t->ptr_max,
+          };
+          rows (&b, st);
+          for (gint64 r = 0; r < n; r++)
+            sq_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
+                             t->lse ? &t->lse[h * t->lse_stride + r] : NULL);
+          continue;
+        }
+      for (gint64 r = 0; r < n; r++)
+        {
+          const float *q = sift_view_row (&t->q, h, r);
+          gsize nt = t->idx_start[r + 1] - t->idx_start[r];
+          gsize nb = t->lidx_start[r + 1] - t->lidx_start[r];
+          if (nt > 0)
+            sq_accumulate (&st[r], q, d, t->scale, kb, vb, t->k.token_stride, t->idx + t->idx_start[r], nt);
+          if (nb > 0)
+            sq_accumulate (&st[r], q, d, t->scale, t->lk + (gint64) g * t->l_n * d,
+                           t->lv + (gint64) g * t->l_n * d, d, t->lidx + t->lidx_start[r], nb);
+          sq_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
+                           t->lse ? &t->lse[h * t->lse_stride + r] : NULL);
+        }
+    }
+}
+
+/* Rows in band tiles of SQ_BAND_ROWS (causal), or one row at a time. */
 static void
 forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
@@ -415,26 +524,78 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
   Worker *w = &f->workers[worker];
   const gint32 d = f->q->head_dim;
   const gint32 group = f->q->n_heads / f->k->n_heads;
-  SqState st = { .acc = w->acc };
 
-  for (gint64 i = begin; i < end; i++)
+  if (!f->c->causal)
     {
-      gsize n_tok, n_blk;
-      row_candidates (f, w, i, 0, 0, &n_tok, &n_blk);
-      for (gint32 h = 0; h < f->q->n_heads; h++)
+      SqState st = { .acc = w->acc };
+      for (gint64 i = begin; i < end; i++)
         {
-          gint32 g = h / group;
-          const float *q = sift_view_row (f->q, h, i);
-          sq_state_reset (&st, d);
-          /* Tokens first, then landmarks, through one running softmax. */
-          sq_accumulate (&st, q, d, f->scale, sift_view_row (f->k, g, 0), sift_view_row (f->v, g, 0),
-                         f->k->token_stride, w->idx, n_tok);
-          if (n_blk > 0)
-            sq_accumulate (&st, q, d, f->scale, f->lk + (gint64) g * f->n_blocks * d,
-                           f->lv + (gint64) g * f->n_blocks * d, d, w->lidx, n_blk);
-          sq_state_finish (&st, d, sift_view_row (f->out, h, i),
-                           f->lse ? &f->lse[(gint64) h * f->seq + i] : NULL);
+          gsize n_tok, n_blk;
+          row_candidates (f, w, i, 0, 0, &n_tok, &n_blk);
+          for (gint32 h = 0; h < f->q->n_heads; h++)
+            {
+              gint32 g = h / group;
+              const float *q = sift_view_row (f->q, h, i);
+              sq_state_reset (&st, d);
+              /* Tokens first, then landmarks, through one running softmax. */
+              sq_accumulate (&st, q, d, f->scale, sift_view_row (f->k, g, 0), sift_view_row (f->v, g, 0),
+                             f->k->token_stride, w->idx, n_tok);
+              if (n_blk > 0)
+                sq_accumulate (&st, q, d, f->scale, f->lk + (gint64) g * f->n_blocks * d,
+                               f->lv + (gint64) g * f->n_blocks * d, d, w->lidx, n_blk);
+              sq_state_finish (&st, d, sift_view_row (f->out, h, i),
+                               f->lse ? &f->lse[(gint64) h * f->seq + i] : NULL);
+            }
         }
+      return;
+    }
+
+  for (gint64 t0 = begin * SQ_BAND_ROWS; t0 < MIN (end * SQ_BAND_ROWS, f->seq); t0 += SQ_BAND_ROWS)
+    {
+      gint64 nr = MIN (SQ_BAND_ROWS, f->seq - t0);
+      gsize *tok_start = w->row_start, *blk_start = w->row_start + SQ_BAND_ROWS + 1;
+      tok_start[0] = blk_start[0] = 0;
+      for (gint64 r = 0; r < nr; r++)
+        {
+          gsize n_tok, n_blk, kept = 0;
+          gint64 i = t0 + r;
+          row_candidates (f, w, i, tok_start[r], blk_start[r], &n_tok, &n_blk);
+          /* The window [i - window, i] is the band's; keep the rest. */
+          for (gsize x = 0; x < n_tok; x++)
+            if (w->idx[tok_start[r] + x] < i - f->c->window)
+              w->idx[tok_start[r] + kept++] = w->idx[tok_start[r] + x];
+          tok_start[r + 1] = tok_start[r] + kept;
+          blk_start[r + 1] = blk_start[r] + n_blk;
+        }
+      /* Panels of this tile's windows not yet in the ring, every kv head. */
+      gint64 p_lo = MAX (0, t0 - f->c->window) / 16, p_hi = (t0 + nr - 1) / 16;
+      if (w->ring != NULL)
+        {
+          if (p_lo >= w->ring_next || p_lo < w->ring_next - w->ring_n)
+            w->ring_next = p_lo;
+          for (; w->ring_next <= p_hi; w->ring_next++)
+            for (gint32 g = 0; g < f->k->n_heads; g++)
+              {
+                gint64 j0 = w->ring_next * 16;
+                sq_pack_panels (sift_view_row (f->k, g, j0), f->k->token_stride, MIN (16, f->seq - j0), d,
+                                w->ring + (g * w->ring_n + w->ring_next % w->ring_n) * 16 * d);
+              }
+        }
+      SqTile t = {
+        .q = sift_view_tokens (f->q, t0, nr),
+        .out = sift_view_tokens (f->out, t0, nr),
+        .k = *f->k, .v = *f->v,
+        .lo = t0 - f->c->window, .hi = t0,
+        .panels = w->ring, .panel_stride = w->ring_n * 16 * d, .ring = w->ring_n,
+        .scale = f->scale,
+        .idx = w->idx, .idx_start = tok_start,
+        .lk = f->lk, .lv = f->lv, .l_n = f->n_blocks,
+        .lidx = w->lidx, .lidx_start = blk_start,
+        .lse = f->lse ? f->lse + t0 : NULL, .lse_stride = f->seq,
+        .acc = w->acc, .band_idx = w->band_idx,
+        .kp = w->kp, .vp = w->vp, .ptr_max = f->max_tok + f->max_blk,
+      };
+      sq_attend_tile (&t);
     }
 }
 
@@ -554,7 +715,8 @@ forward_run (const SqConfig *c, gint64 tile, const SiftView *q, const SiftView *
   if (tile > 0)
     sift_parallel_for ((seq + tile - 1) / tile, 1, forward_tile, &f);
   else
-    sift_parallel_for (seq, 32, forward_rows, &f);
+    sift_parallel_for (c->causal ? (seq + SQ_BAND_ROWS - 1) / SQ_BAND_ROWS : seq, c->causal ? 1 : 32,
+                       forward_rows, &f);
   for (gint w = 0; w < n_workers; w++)
     worker_free (&f.workers[w]);
   g_free (f.workers);

@@ -86,6 +86,44 @@ void sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float s
                            const float *base_k, const float *base_v, gint64 stride, const gint32 *idx,
                            gsize n);
 
+/* Rows of one band tile. Consecutive rows share most of their windows, so
+ * the tile's windows go through the band kernel, which reads each key once
+ * for all the tile's rows; what is left of each row (globals and strides
+ * outside its window: `idx`) and then its landmarks continue the same
+ * online softmax one row at a time. */
+#define SQ_BAND_ROWS 8
+
+typedef struct {
+  SiftView q, out;            /* the tile's rows: f32 [q_heads][n_rows <= SQ_BAND_ROWS][d] */
+  SiftView k, v;              /* f32 [kv_heads][n][d]: every key row the tile reads */
+  gint64 lo, hi;              /* row r's window: key rows [lo + r, hi + r] (clipped at 0) */
+  const float *panels;        /* k packed by sq_pack_panels, per kv head at g * panel_stride; or NULL */
+  gint64 panel_stride;
+  gint64 ring;                /* panels form a ring of this many (0: panel p is the p-th) */
+  float scale;
+  const gint32 *idx;          /* other key rows: row r's at [idx_start[r], idx_start[r + 1]) */
+  const gsize *idx_start;
+  const float *lk, *lv;       /* landmarks f32 [kv_heads][l_n][d] */
+  gint64 l_n;
+  const gint32 *lidx;         /* row r's landmark rows at [lidx_start[r], lidx_start[r + 1]) */
+  const gsize *lidx_start;
+  float *lse;                 /* out: lse of (h, r) at lse[h * lse_stride + r], or NULL */
+  gint64 lse_stride;
+  float *acc;                 /* scratch [SQ_BAND_ROWS][d] */
+  gint32 *band_idx;           /* scratch [hi - lo + 1] (rows path) */
+  const float **kp, **vp;     /* scratch [SQ_BAND_ROWS][ptr_max]: >= most idx + lidx of a row */
+  gsize ptr_max;
+} SqTile;
+
+void sq_attend_tile (const SqTile *t);
+
+/* Floats sq_pack_panels writes for n keys of one head. */
+static inline gsize
+sq_panel_floats (gint64 n, gint32 d)
+{
+  return (gsize) ((n + 15) / 16) * 16 * (gsize) d;
+}
+
 /* Block means of f32 k, v [kv_heads][seq][d] into lk, lv f32
  * [kv_heads][n_blocks][d], n_blocks = ceil(seq / block_size); a last partial
  * block averages its valid tokens. */

@@ -355,7 +355,7 @@ static void
 test_paths_agree (void **state)
 {
   (void) state;
-  static const gint32 dims[] = { 64, 48, 128, 20 };
+  static const gint32 dims[] = { 64, 48, 128, 32, 20 };
   for (gsize x = 0; x < G_N_ELEMENTS (dims); x++)
     {
       Case t;
