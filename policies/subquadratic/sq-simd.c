@@ -339,15 +339,16 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
     }
 }
 
-#define SQ_DEFINE_BAND(d, nv)                                                                \
-  static AVX512 void band_avx512_##d (const SqBand *b, SqState *st)                         \
+/* Entry points with a constant vector count, as SQ_DEFINE_ACC. */
+#define SQ_DEFINE_TILE(kernel, Args, d, nv)                                                 \
+  static AVX512 void kernel##_##d (const Args *b, SqState *st)                              \
   {                                                                                         \
-    band_avx512 (b, st, nv);                                                                \
+    kernel (b, st, nv);                                                                     \
   }
 
-SQ_DEFINE_BAND (32, 2)
-SQ_DEFINE_BAND (64, 4)
-SQ_DEFINE_BAND (128, 8)
+SQ_DEFINE_TILE (band_avx512, SqBand, 32, 2)
+SQ_DEFINE_TILE (band_avx512, SqBand, 64, 4)
+SQ_DEFINE_TILE (band_avx512, SqBand, 128, 8)
 
 
 /* ---- Rows kernel (AVX-512) ------------------------------------------------ */
@@ -450,15 +451,9 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
     }
 }
 
-#define SQ_DEFINE_ROWS(d, nv)                                                                \
-  static AVX512 void rows_avx512_##d (const SqRows *b, SqState *st)                         \
-  {                                                                                         \
-    rows_avx512 (b, st, nv);                                                                \
-  }
-
-SQ_DEFINE_ROWS (32, 2)
-SQ_DEFINE_ROWS (64, 4)
-SQ_DEFINE_ROWS (128, 8)
+SQ_DEFINE_TILE (rows_avx512, SqRows, 32, 2)
+SQ_DEFINE_TILE (rows_avx512, SqRows, 64, 4)
+SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
 
 static AVX512 void
 pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
