@@ -105,6 +105,19 @@ typedef struct {
  * their params validated against the plugins' declarations (loading only
  * the modules named); with NULL they are only checked syntactically. */
 SiftConfig *sift_config_load (const char *path, SiftRegistry *registry, GError **error);
+/* Parses YAML text; `name` stands for the file in error messages. */
+SiftConfig *sift_config_load_string (const char *name, const char *text, SiftRegistry *registry,
+                                     GError **error);
+/* The defaults alone (one setup: full in both phases). */
+SiftConfig *sift_config_new_default (SiftRegistry *registry, GError **error);
+/* Reads another file over a config: its keys replace earlier values, its
+ * `policy`/`policies` setups are appended (labels must stay distinct). */
+gboolean sift_config_merge_file (SiftConfig *config, const char *path, SiftRegistry *registry, GError **error);
+/* Applies several assignments, then checks the combination once (so
+ * "kv.block_size=100" and "kv.chunk_size=500" may be given together).
+ * After an error the config may be partly changed: free it. */
+gboolean sift_config_apply (SiftConfig *config, const char *const *assignments, SiftRegistry *registry,
+                            GError **error);
 /* Applies "section.key=value" (e.g. "kv.block_size=128",
  * "policy.decode.params.token_budget=1024"), checked like the file. */
 gboolean sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *registry, GError **error);

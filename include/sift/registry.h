@@ -2,7 +2,8 @@
  *
  * Search path: the directories given to sift_registry_new (the command's
  * --policy-path options), then SIFT_POLICY_PATH (G_SEARCHPATH_SEPARATOR
- * separated), then the installed policy directory. Files are filtered by
+ * separated), then the installed policy directory (replaced by
+ * SIFT_POLICY_SYSTEM_PATH when that is set; empty: none). Files are filtered by
  * G_MODULE_SUFFIX; when two directories hold a file of one basename, the
  * first wins. A module is opened (g_module_open_full, made resident,
  * reference-counted) only when a config names one of its policies, or when

@@ -1,0 +1,136 @@
+/* The policy ABI's layout, pinned on x86-64: a change here breaks every
+ * plugin built before it, so it must come with an ABI major bump (or, for
+ * appended methods, a minor bump and a larger SiftPolicyOps). The numbers
+ * are worked out by hand from the C layout rules, not read from the
+ * compiler. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <sift/policy.h>
+
+#define PIN_SIZE(type, n) assert_int_equal (sizeof (type), n)
+#define PIN_OFF(type, field, n) assert_int_equal (offsetof (type, field), n)
+
+static void
+test_versions (void **state)
+{
+  (void) state;
+  assert_int_equal (SIFT_POLICY_ABI_MAJOR, 1);
+  assert_int_equal (SIFT_POLICY_ABI_MINOR, 0);
+  assert_string_equal (SIFT_PLUGIN_ENTRY_SYMBOL, "sift_plugin_policies");
+  assert_int_equal (SIFT_POLICY_SUPPORTS_PREFILL, 1);
+  assert_int_equal (SIFT_POLICY_SUPPORTS_DECODE, 2);
+  assert_int_equal (SIFT_POLICY_REQUIRES_BLOCK_SELECTION, 4);
+  assert_int_equal (SIFT_PHASE_PREFILL, 1);
+  assert_int_equal (SIFT_PHASE_DECODE, 2);
+  assert_int_equal (SIFT_PARAM_INT, 0);
+  assert_int_equal (SIFT_PARAM_INT_LIST, 4);
+}
+
+static void
+test_ops (void **state)
+{
+  (void) state;
+  PIN_OFF (SiftPolicyOps, abi_major, 0);
+  PIN_OFF (SiftPolicyOps, abi_minor, 4);
+  PIN_OFF (SiftPolicyOps, struct_size, 8);
+  PIN_OFF (SiftPolicyOps, name, 16);
+  PIN_OFF (SiftPolicyOps, version, 24);
+  PIN_OFF (SiftPolicyOps, description, 32);
+  PIN_OFF (SiftPolicyOps, flags, 40);
+  PIN_OFF (SiftPolicyOps, params, 48);
+  PIN_OFF (SiftPolicyOps, instance_size, 56);
+  PIN_OFF (SiftPolicyOps, init, 64);
+  PIN_OFF (SiftPolicyOps, finalize, 72);
+  PIN_OFF (SiftPolicyOps, reset, 80);
+  PIN_OFF (SiftPolicyOps, select_blocks, 88);
+  PIN_OFF (SiftPolicyOps, compute_chunked_prefill, 96);
+  PIN_OFF (SiftPolicyOps, compute_chunked_decode, 104);
+  PIN_OFF (SiftPolicyOps, on_prefill_offload, 112);
+  PIN_OFF (SiftPolicyOps, on_decode_offload, 120);
+  PIN_SIZE (SiftPolicyOps, 128);
+  PIN_OFF (SiftPolicy, ops, 0);
+  PIN_OFF (SiftPolicy, shape, 8);
+  PIN_OFF (SiftPolicy, host_data, 16);
+  PIN_SIZE (SiftPolicy, 24);
+}
+
+static void
+test_context (void **state)
+{
+  (void) state;
+  PIN_OFF (SiftView, data, 0);
+  PIN_OFF (SiftView, dtype, 8);
+  PIN_OFF (SiftView, n_heads, 12);
+  PIN_OFF (SiftView, head_dim, 16);
+  PIN_OFF (SiftView, n_tokens, 24);
+  PIN_OFF (SiftView, head_stride, 32);
+  PIN_OFF (SiftView, token_stride, 40);
+  PIN_SIZE (SiftView, 48);
+
+  PIN_OFF (SiftPolicyContext, phase, 0);
+  PIN_OFF (SiftPolicyContext, layer, 4);
+  PIN_OFF (SiftPolicyContext, chunk_index, 8);
+  PIN_OFF (SiftPolicyContext, n_chunks, 16);
+  PIN_OFF (SiftPolicyContext, block_size, 24);
+  PIN_OFF (SiftPolicyContext, kv_len, 32);
+  PIN_OFF (SiftPolicyContext, q_pos, 40);
+  PIN_OFF (SiftPolicyContext, n_q, 48);
+  PIN_OFF (SiftPolicyContext, q, 56);
+  PIN_OFF (SiftPolicyContext, shape, 104);
+  PIN_OFF (SiftPolicyContext, blocks, 112);
+  PIN_OFF (SiftPolicyContext, n_blocks, 120);
+  PIN_OFF (SiftPolicyContext, engine, 128);
+  PIN_SIZE (SiftPolicyContext, 136);
+
+  PIN_OFF (SiftBlockInfo, block_id, 0);
+  PIN_OFF (SiftBlockInfo, meta, 8);
+  PIN_OFF (SiftBlockInfo, k, 16);
+  PIN_OFF (SiftBlockInfo, v, 64);
+  PIN_SIZE (SiftBlockInfo, 112);
+
+  PIN_OFF (SiftBlockMeta, first_token, 0);
+  PIN_OFF (SiftBlockMeta, n_valid, 8);
+  PIN_OFF (SiftBlockMeta, phase, 12);
+  PIN_SIZE (SiftBlockMeta, 16);
+}
+
+static void
+test_shape_and_params (void **state)
+{
+  (void) state;
+  PIN_OFF (SiftModelShape, n_layers, 0);
+  PIN_OFF (SiftModelShape, n_q_heads, 4);
+  PIN_OFF (SiftModelShape, n_kv_heads, 8);
+  PIN_OFF (SiftModelShape, head_dim, 12);
+  PIN_OFF (SiftModelShape, block_size, 16);
+  PIN_OFF (SiftModelShape, chunk_size, 20);
+  PIN_OFF (SiftModelShape, scale, 24);
+  PIN_SIZE (SiftModelShape, 28);
+
+  PIN_OFF (SiftParamSpec, name, 0);
+  PIN_OFF (SiftParamSpec, type, 8);
+  PIN_OFF (SiftParamSpec, default_value, 16);
+  PIN_OFF (SiftParamSpec, min, 24);
+  PIN_OFF (SiftParamSpec, max, 32);
+  PIN_OFF (SiftParamSpec, choices, 40);
+  PIN_OFF (SiftParamSpec, doc, 48);
+  PIN_SIZE (SiftParamSpec, 56);
+}
+
+int
+main (void)
+{
+#if !defined(__x86_64__) || !defined(__LP64__)
+  return 77; /* the pinned numbers are the x86-64 SysV layout */
+#endif
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_versions),
+    cmocka_unit_test (test_ops),
+    cmocka_unit_test (test_context),
+    cmocka_unit_test (test_shape_and_params),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
