@@ -455,14 +455,14 @@ sq_attend_tile (const SqTile *t)
           SqBand b = {
             .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
             .scale = t->scale, .panels = t->panels + g * t->panel_stride, .ring = t->ring,
-            .v = vb, .v_stride = t->v.token_stride, .lo = t->lo, .hi = t->hi,
+            .v = vb, .v_stride = t->v.token_stride, .lo = t->lo, .hi = t->hi, .floor = t->floor,
           };
           band (&b, st);
         }
       else
         for (gint64 r = 0; r < n; r++)
           {
-            gint64 a = MAX (t->lo + r, 0), nb = 0;
+            gint64 a = MAX (t->lo + r, t->floor), nb = 0;
             for (gint64 j = a; j <= t->hi + r; j++)
               t->band_idx[nb++] = (gint32) j;
             sq_state_reset (&st[r], d);

@@ -96,7 +96,8 @@ void sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float s
 typedef struct {
   SiftView q, out;            /* the tile's rows: f32 [q_heads][n_rows <= SQ_BAND_ROWS][d] */
   SiftView k, v;              /* f32 [kv_heads][n][d]: every key row the tile reads */
-  gint64 lo, hi;              /* row r's window: key rows [lo + r, hi + r] (clipped at 0) */
+  gint64 lo, hi;              /* row r's window: key rows [lo + r, hi + r] ... */
+  gint64 floor;               /* ... clipped at this row */
   const float *panels;        /* k packed by sq_pack_panels, per kv head at g * panel_stride; or NULL */
   gint64 panel_stride;
   gint64 ring;                /* panels form a ring of this many (0: panel p is the p-th) */

@@ -14,6 +14,7 @@
 #include <sift/parallel.h>
 
 #include "sq-plugin.h"
+#include "sq-simd.h"
 
 #define GROW(ptr, type, cap, need)                                             \
   do                                                                           \
@@ -113,7 +114,9 @@ sq_policy_clear (SqPolicy *self)
   g_clear_pointer (&self->tmp_k, g_free);
   g_clear_pointer (&self->tmp_v, g_free);
   g_clear_pointer (&self->idx, g_free);
+  g_clear_pointer (&self->ptrs, g_free);
   g_clear_pointer (&self->acc, g_free);
+  g_clear_pointer (&self->panels, g_aligned_free);
 }
 
 void
@@ -256,6 +259,8 @@ typedef struct {
   float *lse;
   gint64 r_lo, n_scat, n_ws, n_lws;
   gsize max_tok, max_blk;
+  gsize idx_stride;        /* gint32 per worker in self->idx */
+  const float *panels;     /* workspace keys for the band kernel, or NULL */
 } Call;
 
 /* Workspace row of position p. */
@@ -376,37 +381,60 @@ fill_landmark (Call *c, SqLandmarks *L, gint64 b, gint64 x)
     }
 }
 
+/* Rows [begin, end) of the call in tiles of SQ_BAND_ROWS: the window band
+ * over the workspace's contiguous range, the rest (strides and globals
+ * outside the window, landmarks) row by row. */
 static void
-attend_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
+attend_tiles (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
   const Call *c = user_data;
   SqPolicy *self = c->self;
-  const gint32 d = self->head_dim, group = self->q_heads / self->kv_heads;
-  gint32 *idx = self->idx + (gsize) worker * (c->max_tok + c->max_blk);
-  gint32 *lidx = idx + c->max_tok;
-  SqState st = { .acc = self->acc + (gsize) worker * d };
-  for (gint64 r = begin; r < end; r++)
+  const gint32 d = self->head_dim;
+  const gint64 window = self->config.window, per_ptr = (gint64) (c->max_tok + c->max_blk);
+  gint32 *idx = self->idx + (gsize) worker * c->idx_stride;
+  gint32 *lidx = idx + SQ_BAND_ROWS * c->max_tok;
+  gint32 *band_idx = lidx + SQ_BAND_ROWS * c->max_blk;
+  const float **kp = self->ptrs + (gsize) worker * 2 * SQ_BAND_ROWS * per_ptr;
+  const float **vp = kp + SQ_BAND_ROWS * per_ptr;
+  gsize idx_start[SQ_BAND_ROWS + 1], lidx_start[SQ_BAND_ROWS + 1];
+  for (gint64 t0 = begin * SQ_BAND_ROWS; t0 < MIN (end * SQ_BAND_ROWS, c->ctx->n_q); t0 += SQ_BAND_ROWS)
     {
-      const gint64 *cand = self->cand + (gsize) r * c->max_tok;
-      const gint64 *lcand = self->lcand + (gsize) r * c->max_blk;
-      gsize nt = self->n_cand[r], nb = self->n_lcand[r];
-      for (gsize x = 0; x < nt; x++)
-        idx[x] = ws_row (c, cand[x]);
-      for (gsize x = 0; x < nb; x++)
-        lidx[x] = self->blk_map[lcand[x]];
-      for (gint32 h = 0; h < self->q_heads; h++)
+      gint64 nr = MIN (SQ_BAND_ROWS, c->ctx->n_q - t0);
+      idx_start[0] = lidx_start[0] = 0;
+      for (gint64 r = 0; r < nr; r++)
         {
-          gint32 g = h / group;
-          const float *q = sift_view_row (&c->ctx->q, h, r);
-          sq_state_reset (&st, d);
-          /* Tokens, then landmarks, through one running softmax. */
-          sq_accumulate (&st, q, d, self->scale, self->ws_k + (gsize) g * c->n_ws * d,
-                         self->ws_v + (gsize) g * c->n_ws * d, d, idx, nt);
-          if (nb > 0)
-            sq_accumulate (&st, q, d, self->scale, self->lws_k + (gsize) g * c->n_lws * d,
-                           self->lws_v + (gsize) g * c->n_lws * d, d, lidx, nb);
-          sq_state_finish (&st, d, sift_view_row (c->out, h, r), &c->lse[h * c->ctx->n_q + r]);
+          gint64 i = c->ctx->q_pos + t0 + r;
+          const gint64 *cand = self->cand + (gsize) (t0 + r) * c->max_tok;
+          const gint64 *lcand = self->lcand + (gsize) (t0 + r) * c->max_blk;
+          gsize n = idx_start[r];
+          for (gsize x = 0; x < self->n_cand[t0 + r]; x++)
+            if (cand[x] < i - window)
+              idx[n++] = ws_row (c, cand[x]);
+          idx_start[r + 1] = n;
+          n = lidx_start[r];
+          for (gsize x = 0; x < self->n_lcand[t0 + r]; x++)
+            lidx[n++] = self->blk_map[lcand[x]];
+          lidx_start[r + 1] = n;
         }
+      gint64 i0 = c->ctx->q_pos + t0;
+      SqTile t = {
+        .q = sift_view_tokens (&c->ctx->q, t0, nr),
+        .out = sift_view_tokens (c->out, t0, nr),
+        .k = sift_view_htd (self->ws_k, SIFT_DTYPE_F32, self->kv_heads, c->n_ws, d),
+        .v = sift_view_htd (self->ws_v, SIFT_DTYPE_F32, self->kv_heads, c->n_ws, d),
+        .lo = c->n_scat + (i0 - window - c->r_lo), .hi = c->n_scat + (i0 - c->r_lo),
+        .floor = c->n_scat,
+        .panels = c->panels, .panel_stride = (gint64) sq_panel_floats (c->n_ws, d),
+        .scale = self->scale,
+        .idx = idx, .idx_start = idx_start,
+        .lk = self->lws_k, .lv = self->lws_v, .l_n = c->n_lws,
+        .lidx = lidx, .lidx_start = lidx_start,
+        .lse = c->lse + t0, .lse_stride = c->ctx->n_q,
+        .acc = self->acc + (gsize) worker * SQ_BAND_ROWS * d,
+        .band_idx = band_idx,
+        .kp = kp, .vp = vp, .ptr_max = (gsize) per_ptr,
+      };
+      sq_attend_tile (&t);
     }
 }
 
@@ -553,9 +581,25 @@ sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
       fill_landmark (&c, L, self->blocks_needed[x], x);
     }
 
+  /* A band needs rows to share it: prefill chunks, not single decode rows. */
+  if (n_q >= SQ_BAND_ROWS && sq_simd_band (d) != NULL)
+    {
+      gsize per_head = sq_panel_floats (c.n_ws, d);
+      if (per_head * kvh > self->panels_cap)
+        {
+          self->panels_cap = per_head * kvh;
+          g_aligned_free (self->panels);
+          self->panels = g_aligned_alloc (self->panels_cap, sizeof (float), 64);
+        }
+      for (gint32 g = 0; g < kvh; g++)
+        sq_pack_panels (self->ws_k + (gsize) g * c.n_ws * d, d, c.n_ws, d, self->panels + g * per_head);
+      c.panels = self->panels;
+    }
   gint n_workers = sift_parallel_n_threads ();
-  GROW (self->idx, gint32, self->idx_cap, (gsize) n_workers * (c.max_tok + c.max_blk));
-  self->acc = g_renew (float, self->acc, (gsize) n_workers * d);
-  sift_parallel_for (n_q, 8, attend_rows, &c);
+  c.idx_stride = SQ_BAND_ROWS * (c.max_tok + c.max_blk) + (gsize) cfg->window + SQ_BAND_ROWS + 1;
+  GROW (self->idx, gint32, self->idx_cap, (gsize) n_workers * c.idx_stride);
+  GROW (self->ptrs, const float *, self->ptrs_cap, (gsize) n_workers * 2 * SQ_BAND_ROWS * (c.max_tok + c.max_blk));
+  GROW (self->acc, float, self->acc_cap, (gsize) n_workers * SQ_BAND_ROWS * d);
+  sift_parallel_for ((n_q + SQ_BAND_ROWS - 1) / SQ_BAND_ROWS, 1, attend_tiles, &c);
   return TRUE;
 }

@@ -50,9 +50,15 @@ typedef struct {
   gsize lws_cap;
   float *tmp_k, *tmp_v;     /* gather / catch-up staging */
   gsize tmp_cap;
-  gint32 *idx;              /* [workers][max_tok + max_blk] */
-  float *acc;               /* [workers][head_dim] */
+  /* Per worker, one tile of SQ_BAND_ROWS rows: */
+  gint32 *idx;              /* [workers][SQ_BAND_ROWS * (max_tok + max_blk) + window + SQ_BAND_ROWS] */
   gsize idx_cap;
+  const float **ptrs;       /* [workers][2 * SQ_BAND_ROWS * (max_tok + max_blk)] */
+  gsize ptrs_cap;
+  float *acc;               /* [workers][SQ_BAND_ROWS * head_dim] */
+  gsize acc_cap;
+  float *panels;            /* workspace keys packed for the band: [kv_heads][sq_panel_floats (n_ws)] */
+  gsize panels_cap;
 } SqPolicy;
 
 /* After the base fields are set (parent.shape): copies config (and its

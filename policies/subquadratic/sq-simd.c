@@ -256,7 +256,7 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
       m[r] = -INFINITY;
       l[r] = _mm512_setzero_ps ();
     }
-  const gint64 j_lo = MAX (b->lo, 0), j_hi = b->hi + n_rows - 1; /* keys any row sees */
+  const gint64 j_lo = MAX (b->lo, b->floor), j_hi = b->hi + n_rows - 1; /* keys any row sees */
   for (gint64 p = j_lo / L; p * L <= j_hi; p++)
     {
       const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
@@ -277,7 +277,7 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
       for (int r = 0; r < n_rows; r++)
         {
           /* Row r sees keys [lo + r, hi + r]. */
-          gint64 a = CLAMP (b->lo + r - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
+          gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
           __mmask16 k = (__mmask16) (a < z ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
           rf[r] = 1.0f;
           if (k == 0)

@@ -11,7 +11,7 @@ typedef void (*SqAccumulateFunc) (SqState *st, const float *q, gint32 head_dim, 
                                   const gint32 *idx, gsize n);
 
 /* The window band of one tile for one head: rows r < n_rows (<= 8), q row
- * r at q + r * q_stride, attend keys j in [lo + r, hi + r] (j >= 0), keys
+ * r at q + r * q_stride, attend keys j in [lo + r, hi + r] (j >= floor), keys
  * read from panels of 16 (sq_pack_panels: dimension-major; a ring of
  * `ring` panels when ring > 0) and values at v + j * v_stride. st[r]
  * starts afresh. */
@@ -25,6 +25,7 @@ typedef struct {
   const float *v;
   gint64 v_stride;
   gint64 lo, hi;
+  gint64 floor;               /* no key below this one */
 } SqBand;
 
 typedef void (*SqBandFunc) (const SqBand *band, SqState *st);
