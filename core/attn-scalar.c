@@ -69,8 +69,16 @@ gather_scalar (const SiftAttnArgs *a)
       row_attend (a, h, i, a->rows, (gint64) a->n_rows);
 }
 
+static void
+exp2v_scalar (const float *x, float *y, gsize n)
+{
+  for (gsize i = 0; i < n; i++)
+    y[i] = exp2f (x[i]);
+}
+
 const SiftAttnKernels sift_attn_kernels_scalar = {
   .dense = dense_scalar,
   .decode = dense_scalar,
   .gather = gather_scalar,
+  .exp2v = exp2v_scalar,
 };

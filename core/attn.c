@@ -1,5 +1,6 @@
 /* Attention: argument checks, ISA dispatch, LSE merge. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <sift/error.h>
@@ -90,10 +91,12 @@ sift_isa_name (SiftIsa isa)
   return "invalid";
 }
 
-static const SiftAttnKernels *
-kernels (void)
+const SiftAttnKernels *
+sift_attn_kernels_get (SiftIsa isa)
 {
-  switch (sift_isa_active ())
+  if (isa > sift_isa_detect ())
+    return NULL;
+  switch (isa)
     {
 #ifdef SIFT_HAVE_AVX512
     case SIFT_ISA_AVX512: return &sift_attn_kernels_avx512;
@@ -101,8 +104,52 @@ kernels (void)
 #ifdef SIFT_HAVE_AVX2
     case SIFT_ISA_AVX2: return &sift_attn_kernels_avx2;
 #endif
-    default: return &sift_attn_kernels_scalar;
+    case SIFT_ISA_SCALAR: return &sift_attn_kernels_scalar;
+    default: return NULL;
     }
+}
+
+static const SiftAttnKernels *
+kernels (void)
+{
+  return sift_attn_kernels_get (sift_isa_active ());
+}
+
+typedef struct {
+  float *data[SIFT_ATTN_SCRATCH_N];
+  gsize size[SIFT_ATTN_SCRATCH_N]; /* floats */
+} Scratch;
+
+static void
+scratch_free (gpointer p)
+{
+  Scratch *s = p;
+  for (int i = 0; i < SIFT_ATTN_SCRATCH_N; i++)
+    free (s->data[i]);
+  g_free (s);
+}
+
+static GPrivate scratch_key = G_PRIVATE_INIT (scratch_free);
+
+float *
+sift_attn_scratch (int slot, gsize n_floats)
+{
+  g_assert (slot >= 0 && slot < SIFT_ATTN_SCRATCH_N);
+  Scratch *s = g_private_get (&scratch_key);
+  if (s == NULL)
+    {
+      s = g_new0 (Scratch, 1);
+      g_private_set (&scratch_key, s);
+    }
+  if (s->size[slot] < n_floats)
+    {
+      free (s->data[slot]);
+      gsize n = MAX (n_floats, s->size[slot] * 3 / 2);
+      s->data[slot] = aligned_alloc (64, (n * sizeof (float) + 63) / 64 * 64);
+      g_assert (s->data[slot] != NULL);
+      s->size[slot] = n;
+    }
+  return s->data[slot];
 }
 
 static gboolean
@@ -148,6 +195,9 @@ prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *
                         "k [%d heads][%" G_GINT64_FORMAT " tokens] and v [%d heads][%" G_GINT64_FORMAT
                         " tokens] differ",
                         k->n_heads, k->n_tokens, v->n_heads, v->n_tokens);
+  if (k->n_tokens > G_MAXINT32)
+    return shape_error (error, "%" G_GINT64_FORMAT " keys: kernels take at most %d", k->n_tokens,
+                        G_MAXINT32);
   if (q->n_heads % k->n_heads != 0)
     return shape_error (error, "%d query heads are not a multiple of %d kv heads", q->n_heads,
                         k->n_heads);

@@ -1,13 +1,534 @@
-/* sift bench offload — not written yet (work in progress on another branch). */
+/* sift bench offload — the OffloadEngine's copy worker and pipelines.
+ *
+ * 1. Store throughput: the copy worker loading every block of a layer
+ *    through the ring (no compute) from the host store against memcpy of the
+ *    same bytes, and from the file store against a plain sequential read()
+ *    of the same file, measured in the same run (page cache dropped before
+ *    each file pass unless --warm).
+ * 2. Pipeline efficiency = wall / max(load time, compute time) for prefill
+ *    and decode at --tokens, loads overlapping compute through the ring (or
+ *    the cross-layer pipeline for decode).
+ * 3. What the engine adds: dense prefill and decode through the engine
+ *    against the dense kernels on contiguous memory.
+ * Figures are indicative; see docs/benchmarks.md. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include <sift/sift.h>
+
+#include "cli.h"
 #include "commands.h"
+
+typedef struct {
+  gint layers, q_heads, kv_heads, head_dim, block, chunk, slots;
+  gint64 tokens;
+  char *stored, *compute, *pipeline, *path, *stores;
+  gboolean direct, warm, quick, decode_only;
+  gint store_block, store_kv_heads, store_head_dim, store_blocks;
+  gint prefill_budget, decode_budget, steps;
+  gint overhead_tokens;
+} Opts;
+
+/* ---- A cheap deterministic source (the benchmark measures the engine) --- */
+
+static gboolean
+pattern_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v, GError **error)
+{
+  (void) error;
+  const SiftModelShape *s = &src->shape;
+  const gint64 nq = (gint64) s->n_q_heads * s->head_dim, nk = (gint64) s->n_kv_heads * s->head_dim;
+  for (gint64 t = 0; t < n; t++)
+    {
+      guint32 h = (guint32) ((pos0 + t) * 2654435761u) ^ (guint32) (layer * 40503);
+      for (gint64 i = 0; i < nq; i++)
+        q[t * nq + i] = (float) ((h + (guint32) i * 2246822519u) >> 22) / 512.0f - 1.0f;
+      for (gint64 i = 0; i < nk; i++)
+        {
+          k[t * nk + i] = (float) ((h + (guint32) i * 3266489917u) >> 22) / 512.0f - 1.0f;
+          v[t * nk + i] = (float) ((h + (guint32) i * 668265263u) >> 22) / 512.0f - 1.0f;
+        }
+    }
+  return TRUE;
+}
+
+static const SiftModelSourceClass pattern_class = { "pattern", pattern_qkv, NULL };
+
+static SiftModelSource *
+pattern_new (const SiftModelShape *shape)
+{
+  SiftModelSource *s = g_new0 (SiftModelSource, 1);
+  s->klass = &pattern_class;
+  s->shape = *shape;
+  return s;
+}
+
+/* ---- Bench policies ------------------------------------------------------ */
+
+/* Prefill that only stores (to fill a store fast). */
+static gboolean
+no_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse, GError **error)
+{
+  (void) self, (void) error;
+  for (gint32 h = 0; h < out->n_heads; h++)
+    for (gint64 t = 0; t < out->n_tokens; t++)
+      {
+        memset (sift_view_row (out, h, t), 0, sizeof (float) * (gsize) out->head_dim);
+        lse[h * ctx->n_q + t] = -INFINITY;
+      }
+  return TRUE;
+}
+
+static const SiftPolicyOps store_only_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "bench-store-only",
+  .version = "1",
+  .description = "stores without attention",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL,
+  .instance_size = sizeof (SiftPolicy),
+  .compute_chunked_prefill = no_compute,
+};
+
+/* Block 0 and the last `budget` blocks (all when budget <= 0). */
+typedef struct {
+  SiftPolicy parent;
+  gint budget;
+} WindowPolicy;
+
+static gboolean
+window_select (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *avail, gsize n, SiftSelection *sel,
+               GError **error)
+{
+  (void) ctx, (void) error;
+  gint budget = ((WindowPolicy *) self)->budget;
+  for (gsize i = 0; i < n; i++)
+    if (budget <= 0 || i == 0 || i + (gsize) budget >= n)
+      sift_selection_add (sel, avail[i]);
+  return TRUE;
+}
+
+static const SiftPolicyOps window_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "bench-window",
+  .version = "1",
+  .description = "sink block and the last blocks",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
+  .instance_size = sizeof (WindowPolicy),
+  .select_blocks = window_select,
+};
+
+/* Wall time of the attention pipelines: from the call's validated
+ * selection (or the previous layer's attention) to its attention. */
+typedef struct {
+  gint64 mark;
+  gint64 wall_us;
+} Wall;
+
+static void
+on_selection (gpointer data, const SiftPolicyContext *ctx, const SiftSelection *sel)
+{
+  (void) ctx, (void) sel;
+  ((Wall *) data)->mark = g_get_monotonic_time ();
+}
+
+static void
+on_attention (gpointer data, const SiftPolicyContext *ctx, const SiftView *out, const float *lse)
+{
+  (void) ctx, (void) out, (void) lse;
+  Wall *w = data;
+  gint64 now = g_get_monotonic_time ();
+  w->wall_us += now - w->mark;
+  w->mark = now;
+}
+
+static const SiftRunnerObserver wall_observer = { on_attention, on_selection };
+
+/* ---- Helpers ------------------------------------------------------------- */
+
+static double
+now_s (void)
+{
+  return (double) g_get_monotonic_time () / G_USEC_PER_SEC;
+}
+
+static void
+drop_cache (const char *path)
+{
+  int fd = open (path, O_RDONLY);
+  if (fd < 0)
+    return;
+  fdatasync (fd);
+  posix_fadvise (fd, 0, 0, POSIX_FADV_DONTNEED);
+  close (fd);
+}
+
+/* Loads every stored block of layer 0 through the ring, n_slots in flight. */
+static gboolean
+ring_all (SiftEngine *e, gint64 n_blocks, double *secs, GError **error)
+{
+  const gint32 ns = sift_engine_n_slots (e);
+  double t0 = now_s ();
+  gint64 queued = 0;
+  for (; queued < MIN (ns, n_blocks); queued++)
+    if (!sift_engine_load_block (e, 0, queued, (gint32) queued, SIFT_LOAD_KV, error))
+      return FALSE;
+  for (gint64 done = 0; done < n_blocks; done++)
+    {
+      gint32 slot = (gint32) (done % ns);
+      if (!sift_engine_wait_slot (e, slot, error))
+        return FALSE;
+      sift_engine_slot_done (e, slot);
+      if (queued < n_blocks && !sift_engine_load_block (e, 0, queued++, slot, SIFT_LOAD_KV, error))
+        return FALSE;
+    }
+  *secs = now_s () - t0;
+  return TRUE;
+}
+
+/* ---- 1. Store throughput ------------------------------------------------- */
+
+static int
+bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
+{
+  SiftModelShape shape = { 1, o->store_kv_heads, o->store_kv_heads, o->store_head_dim, o->store_block,
+                           o->store_block, 0 };
+  const gint64 n_blocks = o->store_blocks;
+  SiftStoreConfig sc = { stored, shape.n_kv_heads, shape.block_size, shape.head_dim, 0, o->path, FALSE, o->direct };
+  g_autoptr (SiftStore) probe = sift_store_host_new (&sc, NULL);
+  const gsize bb = sift_store_block_bytes (probe);
+  const double mib = (double) bb * (double) n_blocks / (1024.0 * 1024.0);
+  printf ("Store throughput: %" G_GINT64_FORMAT " blocks of %.2f MiB (%s stored, %s compute), %d slots\n", n_blocks,
+          (double) bb / (1024.0 * 1024.0), sift_dtype_name (stored), sift_dtype_name (compute), o->slots);
+
+  /* memcpy of the same bytes: one source buffer per block, into one slot. */
+  guint8 **src = g_new (guint8 *, n_blocks);
+  for (gint64 i = 0; i < n_blocks; i++)
+    {
+      src[i] = g_malloc (bb);
+      memset (src[i], (int) i, bb);
+    }
+  g_autofree guint8 *dst = g_malloc (bb);
+  double best_memcpy = 1e30;
+  for (int rep = 0; rep < 3; rep++)
+    {
+      double t0 = now_s ();
+      for (gint64 i = 0; i < n_blocks; i++)
+        memcpy (dst, src[i], bb);
+      best_memcpy = MIN (best_memcpy, now_s () - t0);
+    }
+  for (gint64 i = 0; i < n_blocks; i++)
+    g_free (src[i]);
+  g_free (src);
+  double memcpy_gbs = mib / 1024.0 / best_memcpy;
+  printf ("  %-34s %8.2f GiB/s\n", "memcpy", memcpy_gbs);
+
+  int status = SIFT_EXIT_OK;
+  g_auto (GStrv) which = g_strsplit (o->stores, ",", -1);
+  for (char **w = which; *w != NULL; w++)
+    {
+      gboolean file = strcmp (*w, "file") == 0;
+      if (!file && strcmp (*w, "host") != 0)
+        {
+          fprintf (stderr, "sift bench offload: --stores: unknown store '%s' (host, file)\n", *w);
+          return SIFT_EXIT_USAGE;
+        }
+      g_autoptr (GError) error = NULL;
+      g_autoptr (SiftStore) store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
+      if (store == NULL)
+        return sift_cli_fail ("bench offload", error);
+      SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0 };
+      g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+      if (engine == NULL)
+        return sift_cli_fail ("bench offload", error);
+      g_autoptr (SiftModelSource) source = pattern_new (&shape);
+      g_autoptr (SiftPolicy) fill = sift_policy_new (&store_only_ops, NULL, &shape, &error);
+      SiftPolicy *pre[1] = { fill };
+      g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, pre, NULL, &error);
+      if (runner == NULL || !sift_runner_prefill (runner, n_blocks * shape.block_size, &error))
+        return sift_cli_fail ("bench offload", error);
+
+      double seq_gbs = 0;
+      if (file)
+        {
+          /* The plain sequential read of the same bytes. */
+          double best = 1e30;
+          gsize stride = o->direct ? (bb + 4095) / 4096 * 4096 : bb;
+          void *buf = NULL;
+          if (posix_memalign (&buf, 4096, stride) != 0)
+            return SIFT_EXIT_FAILED;
+          for (int rep = 0; rep < 2; rep++)
+            {
+              if (!o->warm)
+                drop_cache (o->path);
+              int fd = open (o->path, O_RDONLY | (o->direct ? O_DIRECT : 0));
+              if (fd < 0)
+                {
+                  free (buf);
+                  fprintf (stderr, "sift bench offload: %s: %s\n", o->path, g_strerror (errno));
+                  return SIFT_EXIT_FAILED;
+                }
+              double t0 = now_s ();
+              for (gint64 i = 0; i < n_blocks; i++)
+                if (read (fd, buf, stride) != (gssize) stride)
+                  break;
+              best = MIN (best, now_s () - t0);
+              close (fd);
+            }
+          free (buf);
+          seq_gbs = mib / 1024.0 / best;
+          printf ("  %-34s %8.2f GiB/s\n", o->direct ? "sequential read (O_DIRECT)" : "sequential read", seq_gbs);
+        }
+      double best = 1e30;
+      for (int rep = 0; rep < (file ? 2 : 3); rep++)
+        {
+          if (file && !o->warm)
+            drop_cache (o->path);
+          double secs;
+          if (!ring_all (engine, n_blocks, &secs, &error))
+            return sift_cli_fail ("bench offload", error);
+          best = MIN (best, secs);
+        }
+      double gbs = mib / 1024.0 / best;
+      double ref = file ? seq_gbs : memcpy_gbs;
+      g_autofree char *label = g_strdup_printf ("%s store, copy worker%s", *w,
+                                                file ? (g_strcmp0 (g_getenv ("SIFT_STORE_IO"), "pread") == 0
+                                                          ? " (pread)" : " (uring)")
+                                                     : "");
+      printf ("  %-34s %8.2f GiB/s  %5.0f%% of %s (target >= 80%%)\n", label, gbs, 100.0 * gbs / ref,
+              file ? "sequential read" : "memcpy");
+    }
+  if (!o->warm)
+    printf ("  (file passes start with the page cache dropped: --warm keeps it)\n");
+  return status;
+}
+
+/* ---- 2. Pipeline efficiency ---------------------------------------------- */
+
+typedef struct {
+  double wall, load, compute, stalled;
+} Phase;
+
+static void
+phase_of (SiftEngine *e, SiftPhase ph, const Wall *w, Phase *out)
+{
+  SiftCounters c;
+  sift_engine_counters (e, -1, ph, &c);
+  out->wall = (double) w->wall_us / G_USEC_PER_SEC;
+  out->load = c.seconds_load;
+  out->compute = c.seconds_compute;
+  out->stalled = c.seconds_stalled;
+}
+
+static void
+print_phase (const char *what, const Phase *p)
+{
+  double eff = p->wall / MAX (MAX (p->load, p->compute), 1e-9);
+  printf ("  %-8s wall %8.3f s  load %8.3f s  compute %8.3f s  stalled %7.3f s  efficiency %.3f%s\n", what, p->wall,
+          p->load, p->compute, p->stalled, eff,
+          p->load < p->compute ? " (target <= 1.15: loads faster than compute)" : " (loads slower than compute)");
+}
+
+static int
+bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
+{
+  SiftModelShape shape = { o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
+  SiftPipeline pipe = strcmp (o->pipeline, "cross-layer") == 0 ? SIFT_PIPELINE_CROSS_LAYER : SIFT_PIPELINE_RING;
+  printf ("\nPipeline efficiency at %" G_GINT64_FORMAT " tokens: %d layers, %d/%d heads x %d, block %d, chunk %d, "
+          "%d slots, %s store, %s decode pipeline\n",
+          o->tokens, o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, o->slots,
+          sift_store_name (store), o->pipeline);
+  printf ("  prefill selects the first and the last %d blocks (--prefill-budget), decode %s (--decode-budget)\n",
+          o->prefill_budget, o->decode_budget > 0 ? "the first and last blocks" : "every block");
+  g_autoptr (GError) error = NULL;
+  SiftEngineConfig ec = { shape, compute, o->slots, pipe, 0 };
+  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+  if (engine == NULL)
+    return sift_cli_fail ("bench offload", error);
+  g_autoptr (SiftModelSource) source = pattern_new (&shape);
+  g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &store_only_ops : &window_ops, NULL, &shape, &error);
+  g_autoptr (SiftPolicy) dp = sift_policy_new (&window_ops, NULL, &shape, &error);
+  if (!o->decode_only)
+    ((WindowPolicy *) pp)->budget = o->prefill_budget;
+  ((WindowPolicy *) dp)->budget = o->decode_budget;
+  SiftPolicy **pre = g_new (SiftPolicy *, o->layers), **dec = g_new (SiftPolicy *, o->layers);
+  for (gint l = 0; l < o->layers; l++)
+    pre[l] = pp, dec[l] = dp;
+  g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, pre, dec, &error);
+  g_free (pre);
+  g_free (dec);
+  if (runner == NULL)
+    return sift_cli_fail ("bench offload", error);
+  Wall wp = { 0, 0 }, wd = { 0, 0 };
+  sift_runner_set_observer (runner, &wall_observer, &wp);
+  if (!sift_runner_prefill (runner, o->tokens, &error))
+    return sift_cli_fail ("bench offload", error);
+  sift_runner_set_observer (runner, &wall_observer, &wd);
+  for (gint i = 0; i < o->steps; i++)
+    if (!sift_runner_decode (runner, 1, &error))
+      return sift_cli_fail ("bench offload", error);
+  Phase p, d;
+  phase_of (engine, SIFT_PHASE_PREFILL, &wp, &p);
+  phase_of (engine, SIFT_PHASE_DECODE, &wd, &d);
+  if (o->decode_only)
+    printf ("  prefill  (--decode-only: stored without attention)\n");
+  else
+    print_phase ("prefill", &p);
+  print_phase ("decode", &d);
+  SiftCounters c;
+  sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &c);
+  printf ("  decode moved %.1f MiB in %d steps (%.2f GiB/s while loading)\n", (double) c.bytes_loaded / 1048576.0,
+          o->steps, c.seconds_load > 0 ? (double) c.bytes_loaded / c.seconds_load / 1073741824.0 : 0.0);
+  return SIFT_EXIT_OK;
+}
+
+/* ---- 3. What the engine adds over the dense kernels ---------------------- */
+
+static int
+bench_overhead (const Opts *o, SiftStore *store, SiftDType compute)
+{
+  SiftModelShape shape = { 1, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
+  const gint64 n = o->overhead_tokens;
+  printf ("\nEngine overhead, dense (no policy), 1 layer, against the kernels on contiguous memory:\n");
+  g_autoptr (GError) error = NULL;
+  SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0 };
+  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+  if (engine == NULL)
+    return sift_cli_fail ("bench offload", error);
+  g_autoptr (SiftModelSource) source = pattern_new (&shape);
+  g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, NULL, NULL, &error);
+  if (runner == NULL)
+    return sift_cli_fail ("bench offload", error);
+  if (!sift_runner_prefill (runner, n, &error))
+    return sift_cli_fail ("bench offload", error);
+  SiftCounters pc;
+  sift_engine_counters (engine, 0, SIFT_PHASE_PREFILL, &pc);
+  double engine_prefill = pc.seconds_compute + pc.seconds_stalled;
+  const gint steps = MAX (o->steps / 4, 4);
+  for (gint i = 0; i < steps; i++)
+    if (!sift_runner_decode (runner, 1, &error))
+      return sift_cli_fail ("bench offload", error);
+  SiftCounters dc;
+  sift_engine_counters (engine, 0, SIFT_PHASE_DECODE, &dc);
+  double engine_decode = (dc.seconds_compute + dc.seconds_stalled) / steps;
+
+  /* The same attention on contiguous f32 memory. */
+  const gint64 total = n + 1;
+  float *q = g_new (float, (gsize) (total * shape.n_q_heads * shape.head_dim));
+  float *k = g_new (float, (gsize) (total * shape.n_kv_heads * shape.head_dim));
+  float *v = g_new (float, (gsize) (total * shape.n_kv_heads * shape.head_dim));
+  float *out = g_new (float, (gsize) (total * shape.n_q_heads * shape.head_dim));
+  float *lse = g_new (float, (gsize) (total * shape.n_q_heads));
+  pattern_qkv (source, 0, 0, total, q, k, v, NULL);
+  SiftView qv = sift_view_thd (q, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
+  SiftView kv = sift_view_thd (k, SIFT_DTYPE_F32, n, shape.n_kv_heads, shape.head_dim);
+  SiftView vv = sift_view_thd (v, SIFT_DTYPE_F32, n, shape.n_kv_heads, shape.head_dim);
+  SiftView ov = sift_view_thd (out, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
+  SiftAttnOpts causal = { .causal = TRUE };
+  double t0 = now_s ();
+  sift_attn_dense (&qv, &kv, &vv, &causal, &ov, lse, NULL);
+  double kernel_prefill = now_s () - t0;
+  SiftView q1 = sift_view_thd (q + n * shape.n_q_heads * shape.head_dim, SIFT_DTYPE_F32, 1, shape.n_q_heads,
+                               shape.head_dim);
+  SiftView k1 = sift_view_thd (k, SIFT_DTYPE_F32, total, shape.n_kv_heads, shape.head_dim);
+  SiftView v1 = sift_view_thd (v, SIFT_DTYPE_F32, total, shape.n_kv_heads, shape.head_dim);
+  SiftView o1 = sift_view_thd (out, SIFT_DTYPE_F32, 1, shape.n_q_heads, shape.head_dim);
+  double best = 1e30;
+  for (gint i = 0; i < steps; i++)
+    {
+      t0 = now_s ();
+      sift_attn_decode (&q1, &k1, &v1, NULL, &o1, lse, NULL);
+      best = MIN (best, now_s () - t0);
+    }
+  double kernel_decode = best;
+  g_free (q), g_free (k), g_free (v), g_free (out), g_free (lse);
+  printf ("  prefill %6" G_GINT64_FORMAT " tokens: engine %8.3f s, kernel %8.3f s: %+5.1f%% (target <= +10%%)\n", n,
+          engine_prefill, kernel_prefill, 100.0 * (engine_prefill / kernel_prefill - 1.0));
+  printf ("  decode at %6" G_GINT64_FORMAT ":    engine %8.3f ms, kernel %8.3f ms: %+5.1f%% (target <= +10%%)\n", n,
+          engine_decode * 1e3, kernel_decode * 1e3, 100.0 * (engine_decode / kernel_decode - 1.0));
+  return SIFT_EXIT_OK;
+}
 
 int
 sift_bench_offload (int argc, char **argv)
 {
-  (void) argc;
-  (void) argv;
-  fprintf (stderr, "sift: 'sift bench offload' is not available in this build yet\n");
-  return 2;
+  Opts o = {
+    .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 256, .chunk = 256, .slots = 4,
+    .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
+    .prefill_budget = 2, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048,
+  };
+  GOptionEntry entries[] = {
+    { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
+    { "path", 0, 0, G_OPTION_ARG_FILENAME, &o.path, "File store path (default: a temporary file, removed)", "FILE" },
+    { "direct", 0, 0, G_OPTION_ARG_NONE, &o.direct, "File store and sequential read with O_DIRECT", NULL },
+    { "warm", 0, 0, G_OPTION_ARG_NONE, &o.warm, "Keep the page cache between file passes", NULL },
+    { "dtype", 0, 0, G_OPTION_ARG_STRING, &o.stored, "Stored dtype: f32 (default), f16, bf16, q8_0", "T" },
+    { "compute", 0, 0, G_OPTION_ARG_STRING, &o.compute, "Compute dtype: f32 (default), f16, bf16", "T" },
+    { "slots", 0, 0, G_OPTION_ARG_INT, &o.slots, "Ring slots (default 4)", "N" },
+    { "store-blocks", 0, 0, G_OPTION_ARG_INT, &o.store_blocks, "Blocks in the throughput test (default 256)", "N" },
+    { "store-block", 0, 0, G_OPTION_ARG_INT, &o.store_block, "Tokens per block in the throughput test (256)", "N" },
+    { "tokens", 0, 0, G_OPTION_ARG_INT64, &o.tokens, "Context of the pipeline test (default 32768)", "N" },
+    { "layers", 0, 0, G_OPTION_ARG_INT, &o.layers, "Layers of the pipeline test (default 2)", "N" },
+    { "q-heads", 0, 0, G_OPTION_ARG_INT, &o.q_heads, "Query heads (default 4)", "N" },
+    { "kv-heads", 0, 0, G_OPTION_ARG_INT, &o.kv_heads, "KV heads (default 1)", "N" },
+    { "head-dim", 0, 0, G_OPTION_ARG_INT, &o.head_dim, "Head dimension (default 64)", "N" },
+    { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "Tokens per block (default 256)", "N" },
+    { "chunk", 0, 0, G_OPTION_ARG_INT, &o.chunk, "Prefill chunk (default 256)", "N" },
+    { "pipeline", 0, 0, G_OPTION_ARG_STRING, &o.pipeline, "Decode pipeline: ring (default), cross-layer", "P" },
+    { "prefill-budget", 0, 0, G_OPTION_ARG_INT, &o.prefill_budget, "Prefill: last blocks selected (0: all; default 2)", "N" },
+    { "decode-budget", 0, 0, G_OPTION_ARG_INT, &o.decode_budget, "Decode: last blocks selected (0: all, default)", "N" },
+    { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
+    { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
+    { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
+    { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
+    G_OPTION_ENTRY_NULL,
+  };
+  if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
+    return SIFT_EXIT_USAGE;
+  if (o.quick)
+    {
+      o.tokens = 4096, o.store_blocks = 32, o.steps = 8, o.overhead_tokens = 512;
+    }
+  SiftDType stored = SIFT_DTYPE_F32, compute = SIFT_DTYPE_F32;
+  if ((o.stored != NULL && !sift_dtype_from_name (o.stored, &stored))
+      || (o.compute != NULL && (!sift_dtype_from_name (o.compute, &compute) || compute == SIFT_DTYPE_Q8_0)))
+    {
+      fprintf (stderr, "sift bench offload: --dtype takes f32, f16, bf16 or q8_0 and --compute f32, f16 or bf16\n");
+      return SIFT_EXIT_USAGE;
+    }
+  if (o.pipeline == NULL)
+    o.pipeline = g_strdup ("ring");
+  if (strcmp (o.pipeline, "ring") != 0 && strcmp (o.pipeline, "cross-layer") != 0)
+    {
+      fprintf (stderr, "sift bench offload: --pipeline takes ring or cross-layer, not '%s'\n", o.pipeline);
+      return SIFT_EXIT_USAGE;
+    }
+  if (o.stores == NULL)
+    o.stores = g_strdup ("host,file");
+  if (o.path == NULL)
+    o.path = g_strdup_printf ("%s/sift-bench-offload-%d.kv", g_get_tmp_dir (), (int) getpid ());
+  if (o.tokens <= 0 || o.steps < 0 || o.store_blocks <= 0 || o.overhead_tokens <= 0)
+    {
+      fprintf (stderr, "sift bench offload: sizes must be positive\n");
+      return SIFT_EXIT_USAGE;
+    }
+
+  int status = bench_stores (&o, stored, compute);
+  if (status == SIFT_EXIT_OK)
+    {
+      g_autoptr (GError) error = NULL;
+      SiftStoreConfig sc = { stored, o.kv_heads, o.block, o.head_dim, 0, o.path, FALSE, o.direct };
+      g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+      if (store == NULL)
+        status = sift_cli_fail ("bench offload", error);
+      if (status == SIFT_EXIT_OK)
+        status = bench_pipeline (&o, store, compute);
+      if (status == SIFT_EXIT_OK)
+        status = bench_overhead (&o, store, compute);
+    }
+  g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores);
+  return status;
 }

@@ -35,8 +35,9 @@ gboolean sift_engine_load_block (SiftEngine *engine, gint32 layer, gint64 block_
                                  SiftLoadWhat what, GError **error);
 /* Waits until the slot's load finished; reports the load's error if it failed. */
 gboolean sift_engine_wait_slot (SiftEngine *engine, gint32 slot, GError **error);
-/* Views of a loaded slot: [n_kv_heads][block_size][head_dim]; n_valid_out (may be NULL)
- * gets the block's valid tokens. Only after wait_slot succeeded. */
+/* Views of a loaded slot: [n_kv_heads][n_valid][head_dim] (the block's valid
+ * tokens; head stride block_size * head_dim); n_valid_out (may be NULL) gets
+ * n_valid. Only after wait_slot succeeded. After a K-only load, v is undefined. */
 void sift_engine_slot_kv (SiftEngine *engine, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out);
 /* Compute on the slot is finished: it may be loaded again. */
 void sift_engine_slot_done (SiftEngine *engine, gint32 slot);
@@ -58,6 +59,11 @@ gboolean sift_engine_gather_rows (SiftEngine *engine, gint32 layer, const gint64
 gboolean sift_engine_attend_default (SiftEngine *engine, const SiftPolicyContext *ctx,
                                      const SiftSelection *selection, SiftView *out, float *lse,
                                      GError **error);
+
+/* A policy that computes attention its own way reports the KV tokens it
+ * attended (summed over query rows and query heads) for the density
+ * counters; sift_engine_attend_default counts its own. */
+void sift_engine_count_attended (SiftEngine *engine, const SiftPolicyContext *ctx, guint64 tokens);
 
 /* Cross-layer decode pipeline: start loads layer 0's selected blocks into
  * one half of the double buffer; get returns layer `layer`'s blocks (waiting

@@ -1,0 +1,92 @@
+/* AVX2 attention kernels: the vector operations of attn-simd.h on 8-lane
+ * __m256 (built with -mavx2 -mfma -mf16c, called only when the CPU has them).
+ * attn-simd.h needs: VL, vf, vload, vstore, vset1, vzero, vfma, vmul, vadd,
+ * vsub, vmax, vhsum (sum of the lanes), vcvt_f16, vcvt_bf16 (VL elements to f32), vmask_ge,
+ * vzero_where_neg_inf, vexp2 and the microkernel's block MR x NR (MR must
+ * divide BK and VL). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "attn-private.h"
+
+#define VL 8
+#define MR 4
+#define DOT_KEYS 2 /* keys per dot-product block (must divide MR) */
+#define NR 2  /* 8 of the 16 registers accumulate */
+
+typedef __m256 vf;
+
+static inline vf vload (const float *p) { return _mm256_loadu_ps (p); }
+static inline void vstore (float *p, vf x) { _mm256_storeu_ps (p, x); }
+static inline vf vset1 (float x) { return _mm256_set1_ps (x); }
+static inline vf vzero (void) { return _mm256_setzero_ps (); }
+static inline vf vfma (vf a, vf b, vf c) { return _mm256_fmadd_ps (a, b, c); }
+static inline vf vmul (vf a, vf b) { return _mm256_mul_ps (a, b); }
+static inline vf vadd (vf a, vf b) { return _mm256_add_ps (a, b); }
+static inline vf vsub (vf a, vf b) { return _mm256_sub_ps (a, b); }
+static inline vf vmax (vf a, vf b) { return _mm256_max_ps (a, b); }
+
+static inline float
+vhsum (vf x)
+{
+  __m128 s = _mm_add_ps (_mm256_castps256_ps128 (x), _mm256_extractf128_ps (x, 1));
+  s = _mm_add_ps (s, _mm_movehl_ps (s, s));
+  s = _mm_add_ss (s, _mm_movehdup_ps (s));
+  return _mm_cvtss_f32 (s);
+}
+
+static inline vf
+vcvt_f16 (const guint16 *p)
+{
+  return _mm256_cvtph_ps (_mm_loadu_si128 ((const __m128i *) p));
+}
+
+static inline vf
+vcvt_bf16 (const guint16 *p)
+{
+  __m256i w = _mm256_cvtepu16_epi32 (_mm_loadu_si128 ((const __m128i *) p));
+  return _mm256_castsi256_ps (_mm256_slli_epi32 (w, 16));
+}
+
+static inline vf
+vmask_ge (vf s, gint32 pos, const gint32 *lim)
+{
+  __m256i visible = _mm256_cmpgt_epi32 (_mm256_loadu_si256 ((const __m256i *) lim),
+                                        _mm256_set1_epi32 (pos));
+  return _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), s, _mm256_castsi256_ps (visible));
+}
+
+static inline vf
+vzero_where_neg_inf (vf m)
+{
+  vf k = _mm256_cmp_ps (m, _mm256_set1_ps (-INFINITY), _CMP_EQ_OQ);
+  return _mm256_blendv_ps (m, _mm256_setzero_ps (), k);
+}
+
+/* 2^x as in attn-avx512.c; 2^n is built in the exponent field, and the
+ * clamp to -127 makes that field 0, so -inf and x < -126.5 give exactly 0. */
+static inline vf
+vexp2 (vf x)
+{
+  x = _mm256_max_ps (_mm256_min_ps (x, _mm256_set1_ps (127.0f)), _mm256_set1_ps (-127.0f));
+  vf n = _mm256_round_ps (x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm256_sub_ps (x, n);
+  vf p = _mm256_set1_ps (SIFT_EXP2_P0);
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P1));
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P2));
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P3));
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P4));
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P5));
+  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (1.0f));
+  __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (n), _mm256_set1_epi32 (127)), 23);
+  return _mm256_mul_ps (p, _mm256_castsi256_ps (e));
+}
+
+#include "attn-simd.h"
+
+const SiftAttnKernels sift_attn_kernels_avx2 = {
+  .dense = dense_simd,
+  .decode = dense_simd,
+  .gather = gather_simd,
+  .exp2v = expv_simd,
+};

@@ -1,0 +1,84 @@
+/* AVX-512 attention kernels: the vector operations of attn-simd.h on
+ * 16-lane __m512 (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+ * -mfma -mf16c, called only when the CPU has them). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "attn-private.h"
+
+#define VL 16
+#define MR 4  /* broadcast rows of the microkernel */
+#define DOT_KEYS 4 /* keys per dot-product block (MR x 4 accumulators) */
+#define NR 4  /* vectors per row: MR x NR = 16 of the 32 registers accumulate */
+
+typedef __m512 vf;
+
+static inline vf vload (const float *p) { return _mm512_loadu_ps (p); }
+static inline void vstore (float *p, vf x) { _mm512_storeu_ps (p, x); }
+static inline vf vset1 (float x) { return _mm512_set1_ps (x); }
+static inline vf vzero (void) { return _mm512_setzero_ps (); }
+static inline vf vfma (vf a, vf b, vf c) { return _mm512_fmadd_ps (a, b, c); }
+static inline vf vmul (vf a, vf b) { return _mm512_mul_ps (a, b); }
+static inline vf vadd (vf a, vf b) { return _mm512_add_ps (a, b); }
+static inline vf vsub (vf a, vf b) { return _mm512_sub_ps (a, b); }
+static inline vf vmax (vf a, vf b) { return _mm512_max_ps (a, b); }
+
+static inline float vhsum (vf x) { return _mm512_reduce_add_ps (x); }
+
+static inline vf
+vcvt_f16 (const guint16 *p)
+{
+  return _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) p));
+}
+
+static inline vf
+vcvt_bf16 (const guint16 *p)
+{
+  __m512i w = _mm512_cvtepu16_epi32 (_mm256_loadu_si256 ((const __m256i *) p));
+  return _mm512_castsi512_ps (_mm512_slli_epi32 (w, 16));
+}
+
+/* -inf in the lanes whose row limit is <= pos (the key is not visible). */
+static inline vf
+vmask_ge (vf s, gint32 pos, const gint32 *lim)
+{
+  __mmask16 hidden = _mm512_cmpge_epi32_mask (_mm512_set1_epi32 (pos),
+                                               _mm512_loadu_si512 ((const void *) lim));
+  return _mm512_mask_mov_ps (s, hidden, _mm512_set1_ps (-INFINITY));
+}
+
+static inline vf
+vzero_where_neg_inf (vf m)
+{
+  __mmask16 k = _mm512_cmp_ps_mask (m, _mm512_set1_ps (-INFINITY), _CMP_EQ_OQ);
+  return _mm512_mask_mov_ps (m, k, _mm512_setzero_ps ());
+}
+
+/* 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by a degree-6
+ * polynomial (relative error < 2e-7); 2^n by scalef. Inputs below -126,
+ * -inf included, give exactly 0 so masked keys add nothing. */
+static inline vf
+vexp2 (vf x)
+{
+  __mmask16 live = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-126.0f), _CMP_GE_OQ);
+  x = _mm512_min_ps (x, _mm512_set1_ps (127.0f));
+  vf n = _mm512_roundscale_ps (x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm512_sub_ps (x, n);
+  vf p = _mm512_set1_ps (SIFT_EXP2_P0);
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P1));
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P2));
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P3));
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P4));
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P5));
+  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (1.0f));
+  return _mm512_maskz_scalef_ps (live, p, n);
+}
+
+#include "attn-simd.h"
+
+const SiftAttnKernels sift_attn_kernels_avx512 = {
+  .dense = dense_simd,
+  .decode = dense_simd,
+  .gather = gather_simd,
+  .exp2v = expv_simd,
+};

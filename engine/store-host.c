@@ -1,0 +1,82 @@
+/* The host store: blocks in RAM, each 64-byte aligned. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <sift/error.h>
+
+#include "store-private.h"
+
+typedef struct {
+  SiftStore parent;
+  GPtrArray *blocks;  /* void * [reserved], block_bytes each; guarded by parent.lock */
+} HostStore;
+
+static void *
+block_at (HostStore *self, gint64 id)
+{
+  pthread_mutex_lock (&self->parent.lock);
+  void *p = g_ptr_array_index (self->blocks, (guint) id);
+  pthread_mutex_unlock (&self->parent.lock);
+  return p;
+}
+
+static gboolean
+host_write (SiftStore *store, gint64 id, const void *src, GError **error)
+{
+  (void) error;
+  memcpy (block_at ((HostStore *) store, id), src, store->block_bytes);
+  return TRUE;
+}
+
+static gboolean
+host_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n, GError **error)
+{
+  (void) error;
+  memcpy (dst, (const char *) block_at ((HostStore *) store, id) + offset, n);
+  return TRUE;
+}
+
+/* Called with parent.lock held (by the allocator). */
+static gboolean
+host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
+{
+  HostStore *self = (HostStore *) store;
+  while ((gint64) self->blocks->len < n_blocks)
+    {
+      void *p = NULL;
+      if (posix_memalign (&p, 64, store->block_bytes) != 0)
+        {
+          g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
+                       "host store: out of memory reserving block %u (%" G_GSIZE_FORMAT " bytes)",
+                       self->blocks->len, store->block_bytes);
+          return FALSE;
+        }
+      memset (p, 0, store->block_bytes);
+      g_ptr_array_add (self->blocks, p);
+    }
+  return TRUE;
+}
+
+static void
+host_finalize (SiftStore *store)
+{
+  g_ptr_array_unref (((HostStore *) store)->blocks);
+}
+
+static const SiftStoreClass host_class = {
+  .name = "host",
+  .write = host_write,
+  .read = host_read,
+  .reserve = host_reserve,
+  .finalize = host_finalize,
+};
+
+SiftStore *
+sift_store_host_new (const SiftStoreConfig *config, GError **error)
+{
+  HostStore *self = (HostStore *) sift_store_construct (sizeof (HostStore), &host_class, config, error);
+  if (self == NULL)
+    return NULL;
+  self->blocks = g_ptr_array_new_with_free_func (free);
+  return &self->parent;
+}

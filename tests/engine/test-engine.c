@@ -1,0 +1,495 @@
+/* The OffloadEngine through the runner with dense ("full") attention:
+ * every attention call equals a naive double-precision reference within
+ * 1e-5 relative, across slots, block and chunk sizes, stores, stored and
+ * compute dtypes, MHA / GQA and both decode pipelines; reset leaves no
+ * trace; several sequences share one store. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "helpers.h"
+
+/* The Full policy as a test sees it: both phases, every method NULL. */
+static const SiftPolicyOps full_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "test-full",
+  .version = "1",
+  .description = "dense, all methods NULL",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE,
+  .instance_size = sizeof (SiftPolicy),
+};
+
+/* Selects every available block: exercises select + validate + the
+ * selection path of the default pipeline. */
+static gboolean
+select_all (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
+            SiftSelection *sel, GError **error)
+{
+  (void) self, (void) ctx, (void) error;
+  for (gsize i = 0; i < n; i++)
+    sift_selection_add (sel, available[i]);
+  return TRUE;
+}
+
+static const SiftPolicyOps select_all_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "test-select-all",
+  .version = "1",
+  .description = "selects every block",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
+  .instance_size = sizeof (SiftPolicy),
+  .select_blocks = select_all,
+};
+
+typedef enum { POL_NULL, POL_FULL, POL_SELECT_ALL } PolicyKind;
+
+typedef struct {
+  gint32 layers, q_heads, kv_heads, head_dim, block, chunk, slots;
+  gboolean file;
+  SiftDType stored, compute;
+  SiftPipeline pipeline;
+  gint64 prompt;
+  gint32 steps;        /* decode steps; every 7th has 3 rows, every 23rd 16 rows */
+  PolicyKind policy;
+} Case;
+
+static gint32
+rows_of_step (gint32 i)
+{
+  return i % 23 == 22 ? 16 : i % 7 == 6 ? 3 : 1;
+}
+
+static gint64
+case_tokens (const Case *c)
+{
+  gint64 n = c->prompt;
+  for (gint32 i = 0; i < c->steps; i++)
+    n += rows_of_step (i);
+  return n;
+}
+
+static SiftModelShape
+case_shape (const Case *c)
+{
+  SiftModelShape s = { c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block, c->chunk, 0.0f };
+  return s;
+}
+
+typedef struct {
+  SiftStore *store;
+  SiftEngine *engine;
+  SiftModelSource *src;
+  SiftPolicy *policy;
+  SiftPolicy **per_layer;
+  SiftRunner *runner;
+  TestChecker *check;
+  char *path;
+} Run;
+
+static void
+run_open (Run *r, const Case *c, guint64 seed, SiftStore *shared)
+{
+  memset (r, 0, sizeof *r);
+  SiftModelShape shape = case_shape (c);
+  SiftDType round = c->compute != SIFT_DTYPE_F32 ? c->compute : c->stored == SIFT_DTYPE_Q8_0 ? SIFT_DTYPE_F32 : c->stored;
+  g_autoptr (GError) error = NULL;
+  if (shared != NULL)
+    r->store = shared;
+  else
+    {
+      r->path = c->file ? test_tmp_path ("dense") : NULL;
+      SiftStoreConfig sc = test_store_config (&shape, c->stored, r->path);
+      r->store = c->file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
+      g_assert_no_error (error);
+    }
+  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0 };
+  r->engine = sift_engine_new (&ec, r->store, &error);
+  g_assert_no_error (error);
+  r->src = test_source_new (&shape, seed, round);
+  r->per_layer = g_new0 (SiftPolicy *, c->layers);
+  if (c->policy != POL_NULL)
+    {
+      r->policy = sift_policy_new (c->policy == POL_FULL ? &full_ops : &select_all_ops, NULL, &shape, &error);
+      g_assert_no_error (error);
+      for (gint32 l = 0; l < c->layers; l++)
+        r->per_layer[l] = r->policy;
+    }
+  r->runner = sift_runner_new (r->engine, r->src, r->per_layer, r->per_layer, &error);
+  g_assert_no_error (error);
+  r->check = test_checker_new (r->src, case_tokens (c));
+  sift_runner_set_observer (r->runner, &test_checker_observer, r->check);
+}
+
+static void
+run_sequence (Run *r, const Case *c)
+{
+  g_autoptr (GError) error = NULL;
+  g_assert_true (sift_runner_prefill (r->runner, c->prompt, &error));
+  g_assert_no_error (error);
+  for (gint32 i = 0; i < c->steps; i++)
+    {
+      g_assert_true (sift_runner_decode (r->runner, rows_of_step (i), &error));
+      g_assert_no_error (error);
+    }
+  g_assert_cmpint (sift_runner_position (r->runner), ==, case_tokens (c));
+}
+
+static void
+run_close (Run *r, gboolean own_store)
+{
+  test_checker_free (r->check);
+  sift_runner_free (r->runner);
+  sift_engine_free (r->engine);
+  sift_policy_free (r->policy);
+  g_free (r->per_layer);
+  sift_model_source_free (r->src);
+  if (own_store)
+    {
+      g_assert_cmpint (sift_store_blocks_in_use (r->store), ==, 0);
+      sift_store_free (r->store);
+      if (r->path != NULL)
+        g_assert_false (g_file_test (r->path, G_FILE_TEST_EXISTS));
+    }
+  g_free (r->path);
+}
+
+static void
+check_case (const Case *c, double tol)
+{
+  Run r;
+  run_open (&r, c, 42, NULL);
+  run_sequence (&r, c);
+  gint64 chunks = (c->prompt + c->chunk - 1) / c->chunk;
+  assert_int_equal (r.check->calls, (chunks + c->steps) * c->layers);
+  if (r.check->max_err > tol || r.check->max_lse_err > tol)
+    fail_msg ("L%d q%d kv%d d%d block %d chunk %d slots %d %s %s->%s %s prompt %" G_GINT64_FORMAT
+              ": max error %.3g, lse %.3g (tolerance %g)",
+              c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block, c->chunk, c->slots, c->file ? "file" : "host",
+              sift_dtype_name (c->stored), sift_dtype_name (c->compute),
+              c->pipeline == SIFT_PIPELINE_RING ? "ring" : "cross-layer", c->prompt, r.check->max_err,
+              r.check->max_lse_err, tol);
+  /* Every stored block was counted once per layer, and dense attends all it may. */
+  SiftCounters pc, dc;
+  sift_engine_counters (r.engine, -1, SIFT_PHASE_PREFILL, &pc);
+  sift_engine_counters (r.engine, -1, SIFT_PHASE_DECODE, &dc);
+  assert_int_equal (pc.tokens_attended, pc.tokens_available);
+  assert_int_equal (dc.tokens_attended, dc.tokens_available);
+  assert_int_equal (pc.blocks_selected, pc.blocks_available);
+  gint64 stored_blocks = (c->prompt + c->block - 1) / c->block + (case_tokens (c) - c->prompt) / c->block;
+  assert_int_equal (pc.bytes_stored + dc.bytes_stored,
+                    (guint64) (stored_blocks * c->layers) * sift_store_block_bytes (r.store));
+  /* Loads: every chunk after the first reads every earlier block once. */
+  guint64 loads = 0;
+  for (gint64 ch = 1; ch < chunks; ch++)
+    loads += (guint64) (ch * c->chunk / c->block);
+  assert_int_equal (pc.bytes_loaded, loads * (guint64) c->layers * sift_store_block_bytes (r.store));
+  run_close (&r, TRUE);
+}
+
+static const Case grid[] = {
+  /* L  q  kv  d   block chunk slots file  stored          compute          pipeline                prompt steps policy */
+  { 2, 4, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
+  { 2, 4, 4, 32, 32, 64, 3, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 300, 55, POL_FULL },
+  { 3, 8, 2, 16, 16, 16, 8, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 170, 52, POL_SELECT_ALL },
+  { 2, 4, 1, 32, 64, 128, 4, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 390, 70, POL_FULL },
+  { 2, 2, 2, 64, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, POL_SELECT_ALL },
+  { 1, 4, 2, 32, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, POL_NULL },
+  { 1, 2, 1, 16, 1024, 1024, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 2100, 52, POL_FULL },
+  { 2, 6, 3, 32, 16, 64, 7, TRUE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 131, 80, POL_SELECT_ALL },
+};
+
+static void
+test_dense_grid (void **state)
+{
+  (void) state;
+  for (gsize i = 0; i < G_N_ELEMENTS (grid); i++)
+    check_case (&grid[i], 1e-5);
+}
+
+/* q8_0 is lossy: against the unrounded reference within the quantization error. */
+static void
+test_q8_0_store (void **state)
+{
+  (void) state;
+  Case c = { 2, 4, 2, 32, 32, 64, 3, TRUE, SIFT_DTYPE_Q8_0, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 200, 50, POL_FULL };
+  Run r;
+  run_open (&r, &c, 7, NULL);
+  run_sequence (&r, &c);
+  assert_true (r.check->max_err < 5e-2);
+  assert_true (r.check->max_err > 1e-6); /* it really went through q8_0 */
+  run_close (&r, TRUE);
+}
+
+/* Sequence A, reset, sequence B equals B on a fresh engine, bit for bit. */
+static void
+test_reset_leaves_no_trace (void **state)
+{
+  (void) state;
+  for (int pipe = 0; pipe < 2; pipe++)
+    {
+      Case c = { 2, 4, 2, 32, 16, 32, 3, pipe == 1, SIFT_DTYPE_F16, SIFT_DTYPE_F32, (SiftPipeline) pipe, 150, 50, POL_FULL };
+      Run a;
+      run_open (&a, &c, 1, NULL);
+      run_sequence (&a, &c);
+      sift_runner_reset (a.runner);
+      assert_int_equal (sift_store_blocks_in_use (a.store), 0);
+      SiftCounters z;
+      sift_engine_counters (a.engine, -1, SIFT_PHASE_PREFILL, &z);
+      assert_int_equal (z.bytes_stored, 0);
+      assert_int_equal (z.bytes_loaded, 0);
+      /* The same engine, a new sequence of another seed. */
+      test_checker_free (a.check);
+      sift_model_source_free (a.src);
+      SiftModelShape shape = case_shape (&c);
+      a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
+      sift_runner_free (a.runner);
+      g_autoptr (GError) error = NULL;
+      a.runner = sift_runner_new (a.engine, a.src, a.per_layer, a.per_layer, &error);
+      g_assert_no_error (error);
+      a.check = test_checker_new (a.src, case_tokens (&c));
+      sift_runner_set_observer (a.runner, &test_checker_observer, a.check);
+      run_sequence (&a, &c);
+
+      Run b;
+      run_open (&b, &c, 2, NULL);
+      run_sequence (&b, &c);
+      assert_int_equal (a.check->outputs->len, b.check->outputs->len);
+      assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
+      assert_true (a.check->max_err < 1e-5);
+      run_close (&a, TRUE);
+      run_close (&b, TRUE);
+    }
+}
+
+/* Two sequences interleaved on one shared store: ids never collide, each
+ * equals its reference, and freeing both returns every block. */
+static void
+test_multi_sequence (void **state)
+{
+  (void) state;
+  Case c = { 2, 4, 2, 32, 16, 64, 2, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 250, 50, POL_FULL };
+  SiftModelShape shape = case_shape (&c);
+  g_autofree char *path = test_tmp_path ("shared");
+  SiftStoreConfig sc = test_store_config (&shape, c.stored, path);
+  g_autoptr (GError) error = NULL;
+  SiftStore *store = sift_store_file_new (&sc, &error);
+  g_assert_no_error (error);
+  Run a, b;
+  run_open (&a, &c, 11, store);
+  Case cb = c;
+  cb.prompt = 190;
+  cb.pipeline = SIFT_PIPELINE_CROSS_LAYER;
+  run_open (&b, &cb, 12, store);
+  assert_true (sift_runner_prefill (a.runner, c.prompt, &error));
+  assert_true (sift_runner_prefill (b.runner, cb.prompt, &error));
+  for (gint32 i = 0; i < c.steps; i++)
+    {
+      assert_true (sift_runner_decode (a.runner, rows_of_step (i), &error));
+      assert_true (sift_runner_decode (b.runner, rows_of_step (i), &error));
+    }
+  g_assert_no_error (error);
+  /* Store ids of the two engines are disjoint. */
+  GHashTable *seen = g_hash_table_new (g_int64_hash, g_int64_equal);
+  gint64 total = 0, of_b = 0;
+  for (int w = 0; w < 2; w++)
+    {
+      SiftEngine *e = w == 0 ? a.engine : b.engine;
+      for (gint32 l = 0; l < c.layers; l++)
+        for (guint i = 0; i < e->store_ids[l]->len; i++)
+          {
+            gint64 *id = &g_array_index (e->store_ids[l], gint64, i);
+            assert_false (g_hash_table_contains (seen, id));
+            g_hash_table_add (seen, id);
+            total++;
+            of_b += w;
+          }
+    }
+  g_hash_table_unref (seen);
+  assert_int_equal (sift_store_blocks_in_use (store), total);
+  assert_true (a.check->max_err < 1e-5);
+  assert_true (b.check->max_err < 1e-5);
+  run_close (&a, FALSE);
+  assert_int_equal (sift_store_blocks_in_use (store), of_b);
+  run_close (&b, FALSE);
+  assert_int_equal (sift_store_blocks_in_use (store), 0);
+  sift_store_free (store);
+}
+
+/* gather_rows returns the source's k, v for stored and local positions. */
+static void
+test_gather_rows (void **state)
+{
+  (void) state;
+  Case c = { 2, 4, 2, 32, 16, 32, 2, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 100, 5, POL_FULL };
+  Run r;
+  run_open (&r, &c, 3, NULL);
+  run_sequence (&r, &c);
+  const gint64 pos[] = { 104, 0, 57, 99, 15, 16, 100, 31 };
+  const gsize n = G_N_ELEMENTS (pos);
+  g_autofree float *kb = g_new (float, n * 2 * 32), *vb = g_new (float, n * 2 * 32);
+  SiftView k = sift_view_htd (kb, SIFT_DTYPE_F32, 2, (gint64) n, 32), v = sift_view_htd (vb, SIFT_DTYPE_F32, 2, (gint64) n, 32);
+  g_autoptr (GError) error = NULL;
+  SiftCounters before, after;
+  sift_engine_counters (r.engine, 1, SIFT_PHASE_DECODE, &before);
+  assert_true (sift_engine_gather_rows (r.engine, 1, pos, n, &k, &v, &error));
+  g_assert_no_error (error);
+  sift_engine_counters (r.engine, 1, SIFT_PHASE_DECODE, &after);
+  for (gsize i = 0; i < n; i++)
+    for (gint32 h = 0; h < 2; h++)
+      {
+        assert_memory_equal (sift_view_row (&k, h, (gint64) i), r.check->k[1] + (pos[i] * 2 + h) * 32, 32 * sizeof (float));
+        assert_memory_equal (sift_view_row (&v, h, (gint64) i), r.check->v[1] + (pos[i] * 2 + h) * 32, 32 * sizeof (float));
+      }
+  /* 100 and 104 are in the decode buffer; the other 6 were read from the store (bf16 rows). */
+  assert_int_equal (after.bytes_loaded - before.bytes_loaded, 6 * 2 * 2 * 32 * 2);
+  const gint64 bad = 105;
+  assert_false (sift_engine_gather_rows (r.engine, 1, &bad, 1, &k, &v, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
+  run_close (&r, TRUE);
+}
+
+/* A policy-style K-only load: the slot's K equals the stored keys. */
+static void
+test_k_only_load (void **state)
+{
+  (void) state;
+  Case c = { 1, 2, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 40, 0, POL_NULL };
+  Run r;
+  run_open (&r, &c, 5, NULL);
+  run_sequence (&r, &c);
+  g_autoptr (GError) error = NULL;
+  SiftCounters before, after;
+  sift_engine_counters (r.engine, 0, SIFT_PHASE_PREFILL, &before);
+  assert_true (sift_engine_load_block (r.engine, 0, 2, 1, SIFT_LOAD_K, &error));
+  /* A busy slot cannot be loaded again. */
+  assert_false (sift_engine_load_block (r.engine, 0, 1, 1, SIFT_LOAD_K, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
+  g_clear_error (&error);
+  assert_true (sift_engine_wait_slot (r.engine, 1, &error));
+  SiftView k;
+  gint32 nv = 0;
+  sift_engine_slot_kv (r.engine, 1, &k, NULL, &nv);
+  assert_int_equal (nv, 8); /* tokens 32..39 */
+  assert_int_equal (k.n_tokens, 8);
+  for (gint32 t = 0; t < nv; t++)
+    for (gint32 h = 0; h < 2; h++)
+      assert_memory_equal (sift_view_row (&k, h, t), r.check->k[0] + ((32 + t) * 2 + h) * 32, 32 * sizeof (float));
+  sift_engine_slot_done (r.engine, 1);
+  sift_engine_counters (r.engine, 0, SIFT_PHASE_PREFILL, &after);
+  assert_int_equal (after.bytes_loaded - before.bytes_loaded, sift_store_block_bytes (r.store) / 2);
+  /* Out-of-range block and slot are errors, not reads. */
+  assert_false (sift_engine_load_block (r.engine, 0, 3, 0, SIFT_LOAD_KV, &error));
+  g_clear_error (&error);
+  assert_false (sift_engine_load_block (r.engine, 0, 0, 2, SIFT_LOAD_KV, &error));
+  g_clear_error (&error);
+  run_close (&r, TRUE);
+}
+
+static void
+test_config_errors (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 64, 96, 0 };
+  SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0 };
+  assert_null (sift_engine_new (&ec, store, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
+  assert_non_null (strstr (error->message, "chunk_size 96 is not a multiple of block_size 64"));
+  g_clear_error (&error);
+  ec.shape.chunk_size = 128;
+  ec.n_slots = 1;
+  assert_null (sift_engine_new (&ec, store, &error));
+  assert_non_null (strstr (error->message, "at least 2 slots"));
+  g_clear_error (&error);
+  ec.n_slots = 2;
+  ec.shape.head_dim = 64;
+  assert_null (sift_engine_new (&ec, store, &error));
+  assert_non_null (strstr (error->message, "store holds blocks"));
+  g_clear_error (&error);
+  sc.dtype = SIFT_DTYPE_Q8_0;
+  sc.head_dim = 48;
+  assert_null (sift_store_host_new (&sc, &error));
+  assert_int_equal (error->code, SIFT_STORE_ERROR_INVALID);
+}
+
+/* Capacity of the block table. */
+static void
+test_max_tokens (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 16, 32, 0 };
+  SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64 };
+  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 1);
+  g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
+  assert_false (sift_runner_decode (runner, 1, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
+  g_clear_error (&error);
+  assert_true (sift_runner_prefill (runner, 60, &error));
+  assert_false (sift_runner_prefill (runner, 60, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
+  g_clear_error (&error);
+  gboolean ok = TRUE;
+  for (int i = 0; i < 40 && ok; i++)
+    ok = sift_runner_decode (runner, 1, &error);
+  assert_false (ok);
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_CAPACITY);
+  g_clear_error (&error);
+  /* The run stopped. */
+  assert_false (sift_runner_decode (runner, 1, &error));
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
+}
+
+/* The random source is a function of (seed, layer, position). */
+static void
+test_random_source (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 2, 4, 2, 16, 16, 16, 0 };
+  g_autoptr (SiftModelSource) a = sift_model_random_new (&shape, 9), b = sift_model_random_new (&shape, 9);
+  g_autoptr (SiftModelSource) c = sift_model_random_new (&shape, 10);
+  float q1[20 * 64], k1[20 * 32], v1[20 * 32], q2[5 * 64], k2[5 * 32], v2[5 * 32];
+  assert_true (sift_model_source_qkv (a, 1, 100, 20, q1, k1, v1, NULL));
+  assert_true (sift_model_source_qkv (b, 0, 7, 5, q2, k2, v2, NULL));
+  assert_true (sift_model_source_qkv (b, 1, 113, 5, q2, k2, v2, NULL));
+  assert_memory_equal (q1 + 13 * 64, q2, sizeof q2);
+  assert_memory_equal (k1 + 13 * 32, k2, sizeof k2);
+  assert_memory_equal (v1 + 13 * 32, v2, sizeof v2);
+  assert_true (sift_model_source_qkv (c, 1, 113, 5, q2, k2, v2, NULL));
+  assert_memory_not_equal (q1 + 13 * 64, q2, sizeof q2);
+  double sum = 0, sq = 0;
+  for (gsize i = 0; i < G_N_ELEMENTS (q1); i++)
+    sum += q1[i], sq += (double) q1[i] * q1[i];
+  assert_true (fabs (sum / G_N_ELEMENTS (q1)) < 0.1);
+  assert_true (fabs (sq / G_N_ELEMENTS (q1) - 1.0) < 0.1);
+  g_autoptr (GError) error = NULL;
+  assert_false (sift_model_source_qkv (a, 2, 0, 1, q2, k2, v2, &error));
+  assert_int_equal (error->code, SIFT_MODEL_ERROR_INVALID);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_dense_grid),
+    cmocka_unit_test (test_q8_0_store),
+    cmocka_unit_test (test_reset_leaves_no_trace),
+    cmocka_unit_test (test_multi_sequence),
+    cmocka_unit_test (test_gather_rows),
+    cmocka_unit_test (test_k_only_load),
+    cmocka_unit_test (test_config_errors),
+    cmocka_unit_test (test_max_tokens),
+    cmocka_unit_test (test_random_source),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
