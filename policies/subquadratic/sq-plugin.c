@@ -601,5 +601,12 @@ sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
   GROW (self->ptrs, const float *, self->ptrs_cap, (gsize) n_workers * 2 * SQ_BAND_ROWS * (c.max_tok + c.max_blk));
   GROW (self->acc, float, self->acc_cap, (gsize) n_workers * SQ_BAND_ROWS * d);
   sift_parallel_for ((n_q + SQ_BAND_ROWS - 1) / SQ_BAND_ROWS, 1, attend_tiles, &c);
+
+  /* Density: every row attends its token candidates and its landmarks
+   * (a landmark counts as one row of KV), for every query head. */
+  guint64 attended = 0;
+  for (gint64 r = 0; r < n_q; r++)
+    attended += self->n_cand[r] + self->n_lcand[r];
+  sift_engine_count_attended (ctx->engine, ctx, attended * (guint64) self->q_heads);
   return TRUE;
 }

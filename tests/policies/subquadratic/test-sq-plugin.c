@@ -27,7 +27,15 @@ struct _SiftEngine {
   gint32 slot_valid[N_SLOTS];
   gboolean slot_busy[N_SLOTS];
   gint64 rows_gathered, blocks_loaded;
+  guint64 attended;
 };
+
+void
+sift_engine_count_attended (SiftEngine *e, const SiftPolicyContext *ctx, guint64 tokens)
+{
+  (void) ctx;
+  e->attended += tokens;
+}
 
 gint32
 sift_engine_n_slots (SiftEngine *e)
