@@ -204,9 +204,7 @@ sq_state_reset (SqState *st, gint32 head_dim)
 void
 sq_state_finish (const SqState *st, gint32 head_dim, float *o, float *lse)
 {
-  float inv = st->l > 0.0f ? 1.0f / st->l : 0.0f;
-  for (gint32 c = 0; c < head_dim; c++)
-    o[c] = st->acc[c] * inv;
+  sq_scale_row (o, st->acc, st->l > 0.0f ? 1.0f / st->l : 0.0f, head_dim);
   if (lse != NULL)
     *lse = st->l > 0.0f ? st->m + logf (st->l) : -INFINITY;
 }

@@ -482,7 +482,26 @@ add_avx512 (float *dst, const float *src, gint32 d)
     _mm512_storeu_ps (dst + x, _mm512_add_ps (_mm512_loadu_ps (dst + x), _mm512_loadu_ps (src + x)));
 }
 
+static AVX512 void
+scale_avx512 (float *dst, const float *src, float s, gint32 d)
+{
+  for (gint32 x = 0; x < d; x += 16)
+    _mm512_storeu_ps (dst + x, _mm512_mul_ps (_mm512_loadu_ps (src + x), _mm512_set1_ps (s)));
+}
+
 static SiftIsa plugin_isa (void);
+
+void
+sq_scale_row (float *dst, const float *src, float s, gint32 d)
+{
+  if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
+    {
+      scale_avx512 (dst, src, s, d);
+      return;
+    }
+  for (gint32 x = 0; x < d; x++)
+    dst[x] = src[x] * s;
+}
 
 void
 sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
@@ -618,6 +637,13 @@ sq_add_row (float *dst, const float *src, gint32 d)
 {
   for (gint32 x = 0; x < d; x++)
     dst[x] += src[x];
+}
+
+void
+sq_scale_row (float *dst, const float *src, float s, gint32 d)
+{
+  for (gint32 x = 0; x < d; x++)
+    dst[x] = src[x] * s;
 }
 
 SqAccumulateFunc

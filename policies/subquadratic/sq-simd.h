@@ -51,6 +51,9 @@ typedef struct {
 typedef void (*SqRowsFunc) (const SqRows *rows, SqState *st);
 SqRowsFunc sq_simd_rows (gint32 head_dim);
 
+/* dst[0, d) = src[0, d) * s. */
+void sq_scale_row (float *dst, const float *src, float s, gint32 d);
+
 /* dst[0, d) += src[0, d). */
 void sq_add_row (float *dst, const float *src, gint32 d);
 
