@@ -62,7 +62,9 @@ sq_policy_setup (SqPolicy *self, const SqConfig *config, SiftDType lm_dtype, GEr
       return FALSE;
     }
   self->config = *config;
-  self->globals = g_memdup2 (config->globals, (config->n_globals + 1) * sizeof (gint64));
+  self->globals = g_new0 (gint64, config->n_globals + 1); /* + 1: never a zero-sized block */
+  if (config->n_globals > 0)
+    memcpy (self->globals, config->globals, config->n_globals * sizeof (gint64));
   self->config.globals = self->globals;
   self->lm_dtype = lm_dtype;
   self->n_layers = shape->n_layers;
