@@ -68,11 +68,13 @@ struct _SiftEngine {
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
   GQueue jobs;                /* Job * */
-  gint32 running;             /* jobs popped and not finished (0 or 1) */
+  gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
+  gint32 running_stores;      /* of those, stores */
   gboolean quit;
   gint32 *stores_pending;     /* [n_layers] store jobs reading that layer's buffers */
   GError *store_error;        /* first failed store: sticky until reset */
   guint8 *staging;            /* worker only: one stored block, 4 KiB aligned */
+  guint8 *help_staging;       /* the compute thread's, when it runs a load itself */
 
   /* Counters [n_layers][2 phases], guarded by lock. */
   SiftCounters *counters;
@@ -94,6 +96,11 @@ void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const
 /* Batches loads: while held, queued jobs do not wake the worker; the last
  * release wakes it once. Waiting on a slot wakes it too. */
 void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
+
+/* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
+gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
+/* Views of a slot's first n_tokens tokens (<= block_size). */
+void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
 
 /* ---- Calls for the runner ---------------------------------------------- */
 

@@ -81,9 +81,19 @@ pack_half (SiftEngine *e, const guint8 *src, gint64 cap, guint8 *stored)
                   stored + h * head_stored, e->store->config.dtype, n);
 }
 
+/* Slot memory: slot i holds K then V of one block, each
+ * [n_kv_heads][block_size][head_dim], the stored layout, so a load of the
+ * stored dtype is one read (for the host store one large memcpy, which runs
+ * at full memory bandwidth where many small ones do not). */
+static guint8 *
+slot_data (SiftEngine *e, gint32 slot, int v)
+{
+  return e->slots_mem + ((gsize) slot * 2 + (gsize) v) * (gsize) e->block_elems * e->es;
+}
+
 /* Performs one load; returns the bytes read from the store. */
 static gboolean
-do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
+do_load (SiftEngine *e, const Job *j, guint8 *staging, guint64 *bytes, GError **error)
 {
   SiftStore *st = e->store;
   const gsize kb = st->k_bytes;
@@ -91,16 +101,35 @@ do_load (SiftEngine *e, const Job *j, guint64 *bytes, GError **error)
   const gsize off = want_k ? 0 : kb;
   const gsize n = (want_k && want_v) ? 2 * kb : kb;
   *bytes = n;
-  /* Same dtype and the slot's own layout (V right after K): straight in. */
-  if (st->config.dtype == e->config.compute_dtype && j->cap == e->config.shape.block_size
-      && j->v == j->k + kb)
+  /* Same dtype into a slot (V right after K, the stored layout): straight in. */
+  if (st->config.dtype == e->config.compute_dtype && j->cap == e->config.shape.block_size && j->v == j->k + kb)
     return sift_store_read (st, j->store_id, off, want_k ? j->k : j->v, n, error);
-  if (!sift_store_read (st, j->store_id, off, e->staging, n, error))
+  /* Same dtype from a store without a backing file (RAM) into the
+   * cross-layer buffer: each head's rows straight into place, one copy. A
+   * file is read whole into staging (one request) and converted or spread
+   * from there. */
+  if (st->config.dtype == e->config.compute_dtype && st->config.path == NULL)
+    {
+      const SiftModelShape *s = &e->config.shape;
+      const gsize head = (gsize) s->block_size * (gsize) s->head_dim * e->es;
+      for (int half = 0; half < 2; half++)
+        {
+          if (!(half == 0 ? want_k : want_v))
+            continue;
+          guint8 *dst = half == 0 ? j->k : j->v;
+          for (gint32 h = 0; h < s->n_kv_heads; h++)
+            if (!sift_store_read (st, j->store_id, (gsize) half * kb + (gsize) h * head,
+                                  dst + (gsize) h * (gsize) j->cap * (gsize) s->head_dim * e->es, head, error))
+              return FALSE;
+        }
+      return TRUE;
+    }
+  if (!sift_store_read (st, j->store_id, off, staging, n, error))
     return FALSE;
   if (want_k)
-    unpack_half (e, e->staging, j->k, j->cap);
+    unpack_half (e, staging, j->k, j->cap);
   if (want_v)
-    unpack_half (e, e->staging + (want_k ? kb : 0), j->v, j->cap);
+    unpack_half (e, staging + (want_k ? kb : 0), j->v, j->cap);
   return TRUE;
 }
 
@@ -124,6 +153,85 @@ wait_done_locked (SiftEngine *e)
   e->done_waiters--;
 }
 
+/* Runs a popped job (lock held on entry and exit, released meanwhile) and
+ * records its outcome: slot or half state, counters, sticky store error. */
+static void
+run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
+{
+  e->running++;
+  if (j->kind == JOB_STORE)
+    e->running_stores++;
+  /* A failed store stops later stores (nothing after it is written), so a
+   * run that failed never leaves a half-updated cache behind. */
+  gboolean skip = j->kind == JOB_STORE && e->store_error != NULL;
+  pthread_mutex_unlock (&e->lock);
+
+  GError *err = NULL;
+  guint64 bytes = 0;
+  gint64 t0 = g_get_monotonic_time ();
+  gboolean ok = TRUE;
+  if (!skip)
+    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, &err);
+  gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
+
+  pthread_mutex_lock (&e->lock);
+  SiftCounters *c = sift_engine_counters_at (e, j->layer, j->phase);
+  if (j->kind == JOB_LOAD)
+    {
+      if (ok)
+        {
+          c->bytes_loaded += bytes;
+          c->seconds_load += secs;
+        }
+      if (j->slot >= 0)
+        {
+          Slot *s = &e->slots[j->slot];
+          s->state = ok ? SLOT_READY : SLOT_FAILED;
+          s->error = err;
+        }
+      else
+        {
+          XlHalf *x = &e->xl[j->half];
+          x->pending--;
+          if (err != NULL && x->error == NULL)
+            x->error = err;
+          else
+            g_clear_error (&err);
+        }
+    }
+  else
+    {
+      if (ok && !skip)
+        c->bytes_stored += e->store->block_bytes;
+      if (err != NULL && e->store_error == NULL)
+        e->store_error = err;
+      else
+        g_clear_error (&err);
+      e->stores_pending[j->layer]--;
+      e->running_stores--;
+    }
+  e->running--;
+  g_free (j);
+  if (e->done_waiters > 0)
+    pthread_cond_broadcast (&e->done_cond);
+}
+
+/* The compute side, about to wait for a load, runs the next queued job
+ * itself when it is a load and no store is running (a load never overtakes
+ * a store that precedes it): a loaded machine may take long to schedule the
+ * worker, and the data is wanted now. Returns FALSE when there was nothing
+ * to take (then wait). Lock held. */
+static gboolean
+help_locked (SiftEngine *e)
+{
+  Job *head = g_queue_peek_head (&e->jobs);
+  if (head == NULL || head->kind != JOB_LOAD || e->running_stores > 0)
+    return FALSE;
+  g_queue_pop_head (&e->jobs);
+  run_job_locked (e, head, e->help_staging);
+  return TRUE;
+}
+
 static gpointer
 worker_main (gpointer data)
 {
@@ -132,63 +240,14 @@ worker_main (gpointer data)
   for (;;)
     {
       while (g_queue_is_empty (&e->jobs) && !e->quit)
-        { e->worker_idle = TRUE; pthread_cond_wait (&e->work_cond, &e->lock); e->worker_idle = FALSE; }
+        {
+          e->worker_idle = TRUE;
+          pthread_cond_wait (&e->work_cond, &e->lock);
+          e->worker_idle = FALSE;
+        }
       if (g_queue_is_empty (&e->jobs))
         break;
-      Job *j = g_queue_pop_head (&e->jobs);
-      e->running++;
-      /* A failed store stops later stores (nothing after it is written),
-       * so a run that failed never leaves a half-updated cache behind. */
-      gboolean skip = j->kind == JOB_STORE && e->store_error != NULL;
-      pthread_mutex_unlock (&e->lock);
-
-      GError *err = NULL;
-      guint64 bytes = 0;
-      gint64 t0 = g_get_monotonic_time ();
-      gboolean ok = TRUE;
-      if (!skip)
-        ok = j->kind == JOB_LOAD ? do_load (e, j, &bytes, &err) : do_store (e, j, &err);
-      gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
-
-      pthread_mutex_lock (&e->lock);
-      SiftCounters *c = sift_engine_counters_at (e, j->layer, j->phase);
-      if (j->kind == JOB_LOAD)
-        {
-          if (ok)
-            {
-              c->bytes_loaded += bytes;
-              c->seconds_load += secs;
-            }
-          if (j->slot >= 0)
-            {
-              Slot *s = &e->slots[j->slot];
-              s->state = ok ? SLOT_READY : SLOT_FAILED;
-              s->error = err;
-            }
-          else
-            {
-              XlHalf *x = &e->xl[j->half];
-              x->pending--;
-              if (err != NULL && x->error == NULL)
-                x->error = err;
-              else
-                g_clear_error (&err);
-            }
-        }
-      else
-        {
-          if (ok && !skip)
-            c->bytes_stored += e->store->block_bytes;
-          if (err != NULL && e->store_error == NULL)
-            e->store_error = err;
-          else
-            g_clear_error (&err);
-          e->stores_pending[j->layer]--;
-        }
-      e->running--;
-      g_free (j);
-      if (e->done_waiters > 0)
-        pthread_cond_broadcast (&e->done_cond);
+      run_job_locked (e, g_queue_pop_head (&e->jobs), e->staging);
     }
   pthread_mutex_unlock (&e->lock);
   return NULL;
@@ -220,12 +279,18 @@ sift_engine_hold_wake (SiftEngine *e, gboolean hold)
   pthread_mutex_unlock (&e->lock);
 }
 
-/* Waits (lock held) until the layer's buffers are no longer read by stores. */
+/* Waits (lock held) until the layer's buffers are no longer read by
+ * stores; the wait counts as stalled time of the current phase. */
 static void
 wait_layer_stores_locked (SiftEngine *e, gint32 layer)
 {
+  if (e->stores_pending[layer] == 0)
+    return;
+  gint64 t0 = g_get_monotonic_time ();
   while (e->stores_pending[layer] > 0)
     wait_done_locked (e);
+  sift_engine_counters_at (e, layer, e->phase)->seconds_stalled
+    += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 }
 
 static void
@@ -362,6 +427,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
 
   e->stores_pending = g_new0 (gint32, L);
   e->staging = aligned_new0 ((store->block_bytes + 4095) / 4096 * 4096);
+  e->help_staging = aligned_new0 ((store->block_bytes + 4095) / 4096 * 4096);
   e->counters = g_new0 (SiftCounters, (gsize) L * 2);
   e->max_q = MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS);
   e->part_out = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q * (gsize) s->head_dim);
@@ -433,6 +499,7 @@ sift_engine_free (SiftEngine *e)
   g_free (e->decode_len);
   g_free (e->stores_pending);
   free (e->staging);
+  free (e->help_staging);
   g_free (e->counters);
   g_free (e->part_out);
   g_free (e->part_lse);
@@ -794,10 +861,9 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   const SiftBlockMeta *m = &g_array_index (e->meta, SiftBlockMeta, block_id);
   e->slots[slot].n_valid = m->n_valid;
   e->slots[slot].layer = layer;
-  guint8 *base = e->slots_mem + (gsize) slot * 2 * (gsize) e->block_elems * e->es;
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
-               .what = what, .k = base, .v = base + (gsize) e->block_elems * e->es,
+               .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
                .cap = e->config.shape.block_size, .slot = slot, .half = -1 };
   j->phase = e->phase; /* counted under the current call's phase, not the block's */
   queue_job (e, j);
@@ -814,7 +880,8 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
   while (s->state == SLOT_LOADING)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   gboolean ok = TRUE;
   if (s->state == SLOT_FAILED)
     {
@@ -837,25 +904,38 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
 }
 
 void
-sift_engine_slot_kv (SiftEngine *e, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out)
+sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v)
 {
-  g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
   const SiftModelShape *s = &e->config.shape;
-  pthread_mutex_lock (&e->lock);
-  gboolean ready = e->slots[slot].state == SLOT_READY;
-  pthread_mutex_unlock (&e->lock);
-  g_return_if_fail (ready);
-  guint8 *base = e->slots_mem + (gsize) slot * 2 * (gsize) e->block_elems * e->es;
-  gint32 nv = e->slots[slot].n_valid;
-  SiftView kv = { base, e->config.compute_dtype, s->n_kv_heads, s->head_dim, nv,
+  SiftView kv = { slot_data (e, slot, 0), e->config.compute_dtype, s->n_kv_heads, s->head_dim, n_tokens,
                   (gint64) s->block_size * s->head_dim, s->head_dim };
   if (k != NULL)
     *k = kv;
   if (v != NULL)
     {
       *v = kv;
-      v->data = base + (gsize) e->block_elems * e->es;
+      v->data = slot_data (e, slot, 1);
     }
+}
+
+gboolean
+sift_engine_slot_ready (SiftEngine *e, gint32 slot, gint32 *n_valid_out)
+{
+  pthread_mutex_lock (&e->lock);
+  gboolean ready = e->slots[slot].state == SLOT_READY;
+  pthread_mutex_unlock (&e->lock);
+  if (n_valid_out != NULL)
+    *n_valid_out = e->slots[slot].n_valid;
+  return ready;
+}
+
+void
+sift_engine_slot_kv (SiftEngine *e, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out)
+{
+  g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
+  gint32 nv = 0;
+  g_return_if_fail (sift_engine_slot_ready (e, slot, &nv));
+  sift_engine_slots_kv (e, slot, nv, k, v);
   if (n_valid_out != NULL)
     *n_valid_out = nv;
 }
@@ -1097,7 +1177,8 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
   gint64 t0 = g_get_monotonic_time ();
   pthread_mutex_lock (&e->lock);
   while (x->pending > 0)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   GError *failed = x->error;
   x->error = NULL;
   pthread_mutex_unlock (&e->lock);

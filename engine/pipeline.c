@@ -183,11 +183,14 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
   gint64 compute_us = 0;
   clear_out (out, lse, ctx->n_q);
 
-  /* The ring: block i goes to slot i mod n_slots. Free slots are refilled
-   * in batches (when half of them are free, or none is loading) so the copy
-   * worker is woken once per batch, not once per block. */
+  /* The ring: block i goes to slot i mod n_slots. Blocks are taken in
+   * groups of G = n_slots / 2 (a group never wraps around the ring): wait
+   * for the group's slots, attend each block, free the group, refill every
+   * free slot at once, so the copy worker is woken once per group while the
+   * next group loads. Each block is one kernel call and one merge, in block
+   * order whatever the load timing: results are reproducible bit for bit. */
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
-  const gint64 low = MAX (1, n_slots / 2);
+  const gint64 G = MAX (1, n_slots / 2);
   gint64 queued = 0, done = 0;
   gboolean ok = TRUE;
   sift_engine_hold_wake (e, TRUE);
@@ -195,27 +198,39 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
     if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots), SIFT_LOAD_KV, error)))
       queued++;
   sift_engine_hold_wake (e, FALSE);
-  for (; done < queued && ok; done++)
+  while (done < queued && ok)
     {
-      gint32 slot = (gint32) (done % n_slots);
-      if (!sift_engine_wait_slot (e, slot, error))
+      gint64 end = MIN (queued, (done / G + 1) * G);
+      end = MIN (end, done + (n_slots - done % n_slots)); /* no wrap */
+      gint64 waited = done;
+      for (; waited < end; waited++)
+        if (!sift_engine_wait_slot (e, (gint32) (waited % n_slots), error))
+          break;
+      if (waited < end)
         {
           ok = FALSE;
+          for (; done < waited; done++)
+            sift_engine_slot_done (e, (gint32) (done % n_slots));
           done++; /* the failed slot is free again */
           break;
         }
-      SiftView k, v;
-      sift_engine_slot_kv (e, slot, &k, &v, NULL);
-      gint64 t0 = g_get_monotonic_time ();
-      ok = attend_part (e, ctx, &k, &v, block_heads (e, selection, BLOCK_AT (done), flags), FALSE, 0, out, lse,
-                        &attended, error);
-      compute_us += g_get_monotonic_time () - t0;
-      sift_engine_slot_done (e, slot);
-      const gint64 free_slots = n_slots - (queued - done - 1);
-      if (ok && queued < m && (free_slots >= low || queued == done + 1))
+      for (gint64 i = done; i < end && ok; i++)
+        {
+          SiftView k, v;
+          gint32 nv = 0;
+          sift_engine_slot_ready (e, (gint32) (i % n_slots), &nv);
+          sift_engine_slots_kv (e, (gint32) (i % n_slots), nv, &k, &v);
+          gint64 t0 = g_get_monotonic_time ();
+          ok = attend_part (e, ctx, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags), FALSE, 0, out, lse,
+                            &attended, error);
+          compute_us += g_get_monotonic_time () - t0;
+        }
+      for (; done < end; done++)
+        sift_engine_slot_done (e, (gint32) (done % n_slots));
+      if (ok && queued < m)
         {
           sift_engine_hold_wake (e, TRUE);
-          for (gint64 f = 0; f < free_slots && queued < m && ok; f++)
+          while (queued < m && queued - done < n_slots && ok)
             if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots),
                                               SIFT_LOAD_KV, error)))
               queued++;

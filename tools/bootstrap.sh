@@ -18,7 +18,7 @@ meson compile -C build
 mode=${1:-run}
 [ $# -gt 0 ] && shift
 case "$mode" in
-  run)  exec ./build/tools/sift bench attention "$@" ;;
+  run)  exec ./build/tools/sift needle "$@" ;;
   test) exec meson test -C build --print-errorlogs "$@" ;;
   *)    echo "usage: $0 [run|test]" >&2; exit 2 ;;
 esac

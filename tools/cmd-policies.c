@@ -1,4 +1,5 @@
-/* sift policies [list | info NAME]: what the search path provides. */
+/* sift policies [list | info NAME]: what the search path provides;
+ * `sift policies new` is in cmd-policies-new.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -112,12 +113,14 @@ info (SiftRegistry *registry, const char *name)
 int
 sift_cmd_policies (int argc, char **argv)
 {
+  if (argc >= 2 && strcmp (argv[1], "new") == 0)
+    return sift_cmd_policies_new (argc - 1, argv + 1);
   SiftCliOptions opts = { 0 };
   GOptionEntry entries[] = {
     SIFT_CLI_POLICY_PATH_ENTRY (&opts),
     G_OPTION_ENTRY_NULL,
   };
-  if (!sift_cli_parse ("policies", "[list | info NAME] - the policies on the search path", entries, &argc, &argv))
+  if (!sift_cli_parse ("policies", "[list | info NAME | new NAME [DIR]] - the policies on the search path", entries, &argc, &argv))
     return SIFT_EXIT_USAGE;
   g_autoptr (SiftRegistry) registry = sift_cli_registry (&opts);
   sift_cli_options_clear (&opts);
@@ -125,6 +128,6 @@ sift_cmd_policies (int argc, char **argv)
     return list (registry);
   if (strcmp (argv[1], "info") == 0 && argc == 3)
     return info (registry, argv[2]);
-  fprintf (stderr, "Usage: sift policies [list | info NAME] [--policy-path DIR]...\n");
+  fprintf (stderr, "Usage: sift policies [list | info NAME] [--policy-path DIR]...\n       sift policies new NAME [DIR]\n");
   return SIFT_EXIT_USAGE;
 }

@@ -4,6 +4,7 @@
 
 int sift_cmd_version (int argc, char **argv);
 int sift_cmd_policies (int argc, char **argv);
+int sift_cmd_policies_new (int argc, char **argv);
 int sift_cmd_config (int argc, char **argv);
 int sift_cmd_needle (int argc, char **argv);
 int sift_cmd_bench (int argc, char **argv);

@@ -35,8 +35,8 @@ gboolean sift_engine_load_block (SiftEngine *engine, gint32 layer, gint64 block_
                                  SiftLoadWhat what, GError **error);
 /* Waits until the slot's load finished; reports the load's error if it failed. */
 gboolean sift_engine_wait_slot (SiftEngine *engine, gint32 slot, GError **error);
-/* Views of a loaded slot: [n_kv_heads][n_valid][head_dim] (the block's valid
- * tokens; head stride block_size * head_dim); n_valid_out (may be NULL) gets
+/* Views of a loaded slot: [n_kv_heads][n_valid][head_dim], the block's valid
+ * tokens (strided: use the view's strides); n_valid_out (may be NULL) gets
  * n_valid. Only after wait_slot succeeded. After a K-only load, v is undefined. */
 void sift_engine_slot_kv (SiftEngine *engine, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out);
 /* Compute on the slot is finished: it may be loaded again. */

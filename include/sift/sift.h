@@ -15,3 +15,4 @@
 #include <sift/runner.h>
 #include <sift/config.h>
 #include <sift/registry.h>
+#include <sift/synth.h>

@@ -34,9 +34,9 @@ streaming_init (SiftPolicy *self, const SiftParams *params, GError **error)
   return TRUE;
 }
 
-/* A block is kept when it holds a sink token or reaches into the window
- * [q_pos - window_tokens, q_pos). The policy keeps no per-sequence state,
- * so it needs no reset. */
+/* A block is kept, for every head, when it holds a sink token or reaches
+ * into the window [q_pos - window_tokens, q_pos) before the call's first
+ * query row. The policy keeps no per-sequence state, so it needs no reset. */
 static gboolean
 streaming_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available,
                          gsize n_available, SiftSelection *selected, GError **error)

@@ -271,15 +271,15 @@ static gboolean
 fault_write (SiftStore *store, gint64 id, const void *src, GError **error)
 {
   FaultStore *f = (FaultStore *) store;
-  if (++f->writes == f->fail_write_at)
+  if (g_atomic_int_add (&f->writes, 1) + 1 == f->fail_write_at)
     {
       g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_IO, "injected: write %d of block %" G_GINT64_FORMAT " failed",
-                   f->writes, id);
+                   f->fail_write_at, id);
       return FALSE;
     }
   if (!f->inner->klass->write (f->inner, id, src, error))
     return FALSE;
-  g_hash_table_insert (f->written, g_memdup2 (&id, sizeof id), g_memdup2 (src, store->block_bytes));
+  g_hash_table_insert (f->written, g_memdup2 (&id, sizeof id), g_memdup2 (src, store->block_bytes)); /* writes: worker only */
   return TRUE;
 }
 
@@ -287,10 +287,11 @@ static gboolean
 fault_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n, GError **error)
 {
   FaultStore *f = (FaultStore *) store;
-  if (++f->reads == f->fail_read_at)
+  gint nth = g_atomic_int_add (&f->reads, 1) + 1; /* the worker and a helping compute thread both read */
+  if (nth == f->fail_read_at)
     {
       g_set_error (error, SIFT_STORE_ERROR, f->short_read ? SIFT_STORE_ERROR_SHORT_READ : SIFT_STORE_ERROR_IO,
-                   "injected: %s read %d of block %" G_GINT64_FORMAT, f->short_read ? "short" : "failed", f->reads, id);
+                   "injected: %s read %d of block %" G_GINT64_FORMAT, f->short_read ? "short" : "failed", nth, id);
       return FALSE;
     }
   return f->inner->klass->read (f->inner, id, offset, dst, n, error);
@@ -366,8 +367,8 @@ assert_stopped_then_recovers (FaultRun *r)
   assert_false (sift_runner_decode (r->runner, 1, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
   g_clear_error (&error);
+  sift_runner_reset (r->runner); /* waits for the copy worker */
   r->store->fail_read_at = r->store->fail_write_at = 0;
-  sift_runner_reset (r->runner);
   assert_int_equal (sift_store_blocks_in_use (&r->store->parent), 0);
   r->check->max_err = 0;
   assert_true (sift_runner_prefill (r->runner, 200, &error));

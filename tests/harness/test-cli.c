@@ -1,0 +1,227 @@
+/* `sift needle` end to end: table, records, PNG and SVG heatmaps, resume,
+ * and the exit statuses (0 pass, 1 below min_accuracy, 2 config error). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <glib/gstdio.h>
+#include <sift/sift.h>
+
+typedef struct {
+  char *out;   /* stdout */
+  char *err;   /* stderr */
+  int status;
+} Result;
+
+static Result
+sift (const char *const *args)
+{
+  GPtrArray *argv = g_ptr_array_new ();
+  g_ptr_array_add (argv, (gpointer) SIFT_EXE);
+  g_ptr_array_add (argv, (gpointer) "needle");
+  g_ptr_array_add (argv, (gpointer) "--policy-path");
+  g_ptr_array_add (argv, (gpointer) SINKWINDOW_DIR);
+  for (; *args != NULL; args++)
+    g_ptr_array_add (argv, (gpointer) *args);
+  g_ptr_array_add (argv, NULL);
+  Result r = { 0 };
+  int wait = 0;
+  g_autoptr (GError) error = NULL;
+  if (!g_spawn_sync (NULL, (char **) argv->pdata, NULL, G_SPAWN_DEFAULT, NULL, NULL, &r.out, &r.err, &wait, &error))
+    fail_msg ("%s", error->message);
+  r.status = WIFEXITED (wait) ? WEXITSTATUS (wait) : -1;
+  g_ptr_array_free (argv, TRUE);
+  return r;
+}
+
+static void
+result_clear (Result *r)
+{
+  g_free (r->out);
+  g_free (r->err);
+}
+
+static int
+count_lines (const char *path)
+{
+  g_autofree char *text = NULL;
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return -1;
+  int n = 0;
+  for (const char *p = text; *p; p++)
+    n += *p == '\n';
+  return n;
+}
+
+static void
+remove_tree (const char *dir)
+{
+  GDir *d = g_dir_open (dir, 0, NULL);
+  const char *name;
+  while (d != NULL && (name = g_dir_read_name (d)) != NULL)
+    {
+      g_autofree char *p = g_build_filename (dir, name, NULL);
+      g_remove (p);
+    }
+  if (d != NULL)
+    g_dir_close (d);
+  g_rmdir (dir);
+}
+
+static void
+test_run_records_heatmaps_resume (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, NULL };
+  Result r = sift (args);
+  if (r.status != 0)
+    fail_msg ("exit %d: %s", r.status, r.err);
+  /* The table names both setups; full is the speedup baseline. */
+  assert_non_null (strstr (r.out, "full"));
+  assert_non_null (strstr (r.out, "sinkwindow"));
+  assert_non_null (strstr (r.out, "1.00x"));
+  g_autofree char *records = g_build_filename (out, "records.jsonl", NULL);
+  assert_int_equal (count_lines (records), 2 * 2 * 3);
+  const char *files[] = { "heatmap-full.png", "heatmap-full.svg", "heatmap-sinkwindow.png", "heatmap-sinkwindow.svg" };
+  for (gsize i = 0; i < G_N_ELEMENTS (files); i++)
+    {
+      g_autofree char *p = g_build_filename (out, files[i], NULL);
+      assert_true (g_file_test (p, G_FILE_TEST_IS_REGULAR));
+      assert_non_null (strstr (r.err, p)); /* says where the heatmaps went */
+    }
+  g_autofree char *first_table = g_steal_pointer (&r.out);
+  result_clear (&r);
+
+  /* Again: every cell comes from the records, none is appended, and the
+   * table read back from them is the same to the last digit. */
+  r = sift (args);
+  assert_int_equal (r.status, 0);
+  assert_non_null (strstr (r.err, "resumed 12 of 12"));
+  assert_int_equal (count_lines (records), 12);
+  assert_string_equal (r.out, first_table);
+  result_clear (&r);
+
+  /* A changed setting is a new cell; the others are resumed. */
+  const char *more[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256, 320]", NULL };
+  r = sift (more);
+  assert_int_equal (r.status, 0);
+  assert_int_equal (count_lines (records), 12 + 2 * 3);
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_below_min_accuracy_exits_1 (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.min_accuracy=1.0",
+                         "--set", "harness.lengths=[384]", NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 1);
+  assert_non_null (strstr (r.err, "'sinkwindow' passes"));
+  assert_null (strstr (r.err, "'full' passes"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_progress_line (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                         "--set", "harness.depths=[1.0]", NULL };
+  /* stderr is a pipe here: no progress line unless asked. */
+  Result r = sift (args);
+  assert_int_equal (r.status, 0);
+  assert_null (strstr (r.err, "\r"));
+  result_clear (&r);
+  const char *forced[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                           "--set", "harness.depths=[0.0]", "--progress", NULL };
+  r = sift (forced);
+  assert_int_equal (r.status, 0);
+  assert_non_null (strstr (r.err, "\r\033[K[1/2] sinkwindow  length 256  depth 0%"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_full_failing_warns (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "harness.lengths=[256]",
+                         "--set", "harness.depths=[0.5]", "--set", "model.synthetic.needle_strength=0", NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 0); /* min_accuracy 0 */
+  assert_non_null (strstr (r.err, "warning: full attention ('full') fails 100% of cells"));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_bad_records_exit_2 (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  g_autofree char *records = g_build_filename (out, "records.jsonl", NULL);
+  assert_true (g_file_set_contents (records, "{\"settings\":\"x\",\"length\":1}\nnot json\n", -1, NULL));
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 2);
+  g_autofree char *where = g_strdup_printf ("%s:2:", records);
+  assert_non_null (strstr (r.err, where));
+  result_clear (&r);
+  remove_tree (out);
+}
+
+static void
+test_config_error_exits_2 (void **state)
+{
+  (void) state;
+  const char *args[] = { "--config", SOURCE_DIR "/bad.yaml", NULL };
+  Result r = sift (args);
+  assert_int_equal (r.status, 2);
+  /* file:line:col of the offending value. */
+  assert_non_null (strstr (r.err, "bad.yaml:5:15"));
+  result_clear (&r);
+
+  const char *tiny[] = { "--config", SOURCE_DIR "/tiny.yaml", "--set", "harness.lengths=[8]", NULL };
+  r = sift (tiny);
+  assert_int_equal (r.status, 2);
+  assert_non_null (strstr (r.err, "haystack"));
+  result_clear (&r);
+
+  /* A cell that cannot run (its file store cannot be created) is exit 3. */
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *store[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "offload.store=file",
+                          "--set", "offload.path=/nonexistent/dir/kv.store", NULL };
+  r = sift (store);
+  assert_int_equal (r.status, 3);
+  assert_non_null (strstr (r.err, "setup 'full', length 256, depth 0"));
+  result_clear (&r);
+  remove_tree (out);
+
+  const char *usage[] = { "--no-such-option", NULL };
+  r = sift (usage);
+  assert_int_equal (r.status, 2);
+  result_clear (&r);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_run_records_heatmaps_resume),
+    cmocka_unit_test (test_below_min_accuracy_exits_1),
+    cmocka_unit_test (test_progress_line),
+    cmocka_unit_test (test_full_failing_warns),
+    cmocka_unit_test (test_bad_records_exit_2),
+    cmocka_unit_test (test_config_error_exits_2),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

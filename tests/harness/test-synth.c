@@ -1,0 +1,396 @@
+/* The synthetic model: each property its knob promises, shown by dense
+ * attention (sift_attn_dense for the whole row, sift_attn_gather for the
+ * mass on a key subset: mass = exp(lse_subset - lse_all)). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <sift/sift.h>
+
+#include "synth-private.h"
+
+
+#define N 1024
+#define D 64
+#define HQ 8
+#define HKV 2
+
+static const SiftModelShape shape = {
+  .n_layers = 2, .n_q_heads = HQ, .n_kv_heads = HKV, .head_dim = D,
+  .block_size = 64, .chunk_size = 256, .scale = 0,
+};
+
+typedef struct {
+  float *q; /* [N][HQ][D] */
+  float *k; /* [N][HKV][D] */
+  float *v; /* [N][HKV][D] */
+} Seq;
+
+static Seq
+generate (SiftModelSource *src, gint32 layer)
+{
+  Seq s = { g_new (float, (gsize) N * HQ * D), g_new (float, (gsize) N * HKV * D),
+            g_new (float, (gsize) N * HKV * D) };
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_model_source_qkv (src, layer, 0, N, s.q, s.k, s.v, &error));
+  return s;
+}
+
+static void
+seq_clear (Seq *s)
+{
+  g_free (s->q);
+  g_free (s->k);
+  g_free (s->v);
+}
+
+static SiftModelSource *
+synth (const SiftSyntheticConfig *knobs, const SiftNeedlePlan *plan)
+{
+  g_autoptr (GError) error = NULL;
+  SiftModelSource *src = sift_model_synthetic_new (&shape, 42, knobs, plan, &error);
+  assert_non_null (src);
+  return src;
+}
+
+/* Attention mass of query row p (one head) on the keys in rows[0..n). */
+static double
+mass (const Seq *s, gint32 head, gint64 p, const gint64 *rows, gsize n)
+{
+  SiftView q = sift_view_thd (s->q + (gsize) p * HQ * D, SIFT_DTYPE_F32, 1, HQ, D);
+  q = sift_view_heads (&q, head, 1);
+  SiftView k = sift_view_thd (s->k, SIFT_DTYPE_F32, p + 1, HKV, D);
+  SiftView v = sift_view_thd (s->v, SIFT_DTYPE_F32, p + 1, HKV, D);
+  gint32 g = head / (HQ / HKV);
+  k = sift_view_heads (&k, g, 1);
+  v = sift_view_heads (&v, g, 1);
+  float o[D], lse_all, lse_sub;
+  SiftView out = sift_view_htd (o, SIFT_DTYPE_F32, 1, 1, D);
+  SiftAttnOpts opts = { .scale = 0, .causal = FALSE };
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_attn_dense (&q, &k, &v, &opts, &out, &lse_all, &error));
+  g_autofree gint64 *kept = g_new (gint64, MAX (n, 1));
+  gsize m = 0;
+  for (gsize i = 0; i < n; i++)
+    if (rows[i] <= p)
+      kept[m++] = rows[i];
+  if (m == 0)
+    return 0.0;
+  assert_true (sift_attn_gather (&q, &k, &v, kept, m, &opts, &out, &lse_sub, &error));
+  return exp ((double) lse_sub - (double) lse_all);
+}
+
+/* Mean mass over every head and the query rows [p0, p1). */
+static double
+mean_mass (const Seq *s, gint64 p0, gint64 p1, const gint64 *rows, gsize n)
+{
+  double sum = 0;
+  for (gint64 p = p0; p < p1; p++)
+    for (gint32 h = 0; h < HQ; h++)
+      sum += mass (s, h, p, rows, n);
+  return sum / (double) ((p1 - p0) * HQ);
+}
+
+static void
+test_deterministic_any_range (void **state)
+{
+  (void) state;
+  g_autoptr (SiftModelSource) src = synth (NULL, NULL);
+  g_autoptr (SiftModelSource) other = synth (NULL, NULL);
+  Seq whole = generate (src, 1);
+  float q[7 * HQ * D], k[7 * HKV * D], v[7 * HKV * D];
+  /* A later range asked first, from another instance, gives the same rows. */
+  assert_true (sift_model_source_qkv (other, 1, 500, 7, q, k, v, NULL));
+  assert_memory_equal (q, whole.q + (gsize) 500 * HQ * D, sizeof q);
+  assert_memory_equal (k, whole.k + (gsize) 500 * HKV * D, sizeof k);
+  assert_memory_equal (v, whole.v + (gsize) 500 * HKV * D, sizeof v);
+  /* Another seed gives other values. */
+  g_autoptr (SiftModelSource) reseeded = sift_model_synthetic_new (&shape, 43, NULL, NULL, NULL);
+  assert_true (sift_model_source_qkv (reseeded, 1, 500, 7, q, k, v, NULL));
+  assert_memory_not_equal (k, whole.k + (gsize) 500 * HKV * D, sizeof k);
+  seq_clear (&whole);
+}
+
+static void
+test_sinks (void **state)
+{
+  (void) state;
+  const gint64 sinks[] = { 0, 1, 2, 3 };
+  SiftSyntheticConfig on, off;
+  sift_synthetic_config_defaults (&on);
+  off = on;
+  off.sink_tokens = 0;
+  g_autoptr (SiftModelSource) a = synth (&on, NULL);
+  g_autoptr (SiftModelSource) b = synth (&off, NULL);
+  Seq sa = generate (a, 0), sb = generate (b, 0);
+  double m_on = mean_mass (&sa, 768, 1024, sinks, 4);
+  double m_off = mean_mass (&sb, 768, 1024, sinks, 4);
+  /* 4 of ~1000 keys: uniform share 0.004. */
+  assert_true (m_on > 0.05);
+  assert_true (m_off < 0.01);
+  seq_clear (&sa);
+  seq_clear (&sb);
+}
+
+/* Mean per-token mass on keys at distance [d0, d1) behind each query row. */
+static double
+mass_per_token_at (const Seq *s, gint64 d0, gint64 d1)
+{
+  g_autofree gint64 *rows = g_new (gint64, d1 - d0);
+  double sum = 0;
+  int n = 0;
+  for (gint64 p = 960; p < N; p += 4)
+    {
+      for (gint64 d = d0; d < d1; d++)
+        rows[d - d0] = p - d;
+      for (gint32 h = 0; h < HQ; h++, n++)
+        sum += mass (s, h, p, rows, (gsize) (d1 - d0));
+    }
+  return sum / n / (double) (d1 - d0);
+}
+
+static void
+test_locality (void **state)
+{
+  (void) state;
+  SiftSyntheticConfig on, off;
+  sift_synthetic_config_defaults (&on);
+  on.locality = 2.0;
+  off = on;
+  off.locality = 0.0;
+  g_autoptr (SiftModelSource) a = synth (&on, NULL);
+  g_autoptr (SiftModelSource) b = synth (&off, NULL);
+  Seq sa = generate (a, 0), sb = generate (b, 0);
+  double near_on = mass_per_token_at (&sa, 0, 64), far_on = mass_per_token_at (&sa, 512, 896);
+  double near_off = mass_per_token_at (&sb, 0, 64), far_off = mass_per_token_at (&sb, 512, 896);
+  /* Recent keys attract more than far ones with locality, about as much without. */
+  assert_true (near_on > 2.5 * far_on);
+  assert_true (near_off < 1.5 * far_off && far_off < 1.5 * near_off);
+  assert_true (near_on > 2.0 * near_off);
+  seq_clear (&sa);
+  seq_clear (&sb);
+}
+
+static SiftHarnessConfig
+harness_defaults (SiftNeedleKind kind)
+{
+  return (SiftHarnessConfig) {
+    .needle = kind, .n_distractors = 3, .n_values = 3, .n_queries = 2, .question_tokens = 4,
+    .decode_steps = 8, .seed = 1,
+  };
+}
+
+static void
+test_heavy_hitters (void **state)
+{
+  (void) state;
+  SiftSyntheticConfig on, off;
+  sift_synthetic_config_defaults (&on);
+  off = on;
+  off.heavy_hitters = 0;
+  /* Heavy hitters spread over the planned prompt. */
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.5, 4, 1, NULL);
+  g_autoptr (SiftModelSource) a = synth (&on, plan);
+  g_autoptr (SiftModelSource) b = synth (&off, plan);
+  gsize n_heavy = 0, n_none = 0;
+  const gint64 *heavy = sift_model_synthetic_heavy_hitters (a, &n_heavy);
+  sift_model_synthetic_heavy_hitters (b, &n_none);
+  assert_int_equal (n_heavy, 8);
+  assert_int_equal (n_none, 0);
+  /* Only columns already in every query's past. */
+  gint64 past[8];
+  gsize n_past = 0;
+  for (gsize i = 0; i < n_heavy; i++)
+    if (heavy[i] < 768)
+      past[n_past++] = heavy[i];
+  assert_true (n_past >= 2);
+  Seq sa = generate (a, 1), sb = generate (b, 1);
+  double m_on = mean_mass (&sa, 768, 1024, past, n_past);
+  double m_off = mean_mass (&sb, 768, 1024, past, n_past);
+  /* Strength 2: each column e^2 ~ 7x its share, the same for every query. */
+  assert_true (m_on > 4.0 * m_off);
+  seq_clear (&sa);
+  seq_clear (&sb);
+}
+
+static double
+dot (const float *a, const float *b)
+{
+  double s = 0;
+  for (int i = 0; i < D; i++)
+    s += (double) a[i] * b[i];
+  return s;
+}
+
+static void
+test_rope_relative_position (void **state)
+{
+  (void) state;
+  g_autoptr (SiftModelSource) a = synth (NULL, NULL);
+  g_autoptr (SiftModelSource) b = synth (NULL, NULL);
+  sift_model_synthetic_set_rope_offset (b, 5000);
+  Seq sa = generate (a, 0), sb = generate (b, 0);
+  /* The vectors move with the rotation... */
+  double moved = 0;
+  for (gsize i = 0; i < (gsize) N * HKV * D; i++)
+    moved = MAX (moved, fabs (sa.k[i] - sb.k[i]));
+  assert_true (moved > 0.5);
+  /* ...yet every q . k is unchanged: it depends on i - j only. */
+  for (gint64 i = 0; i < N; i += 37)
+    for (gint64 j = 0; j <= i; j += 11)
+      for (gint32 h = 0; h < HQ; h++)
+        {
+          gint32 g = h / (HQ / HKV);
+          double x = dot (sa.q + ((gsize) i * HQ + h) * D, sa.k + ((gsize) j * HKV + g) * D);
+          double y = dot (sb.q + ((gsize) i * HQ + h) * D, sb.k + ((gsize) j * HKV + g) * D);
+          assert_true (fabs (x - y) <= 1e-3 * (1.0 + fabs (x)));
+        }
+  seq_clear (&sa);
+  seq_clear (&sb);
+}
+
+static void
+test_retrieval_heads (void **state)
+{
+  (void) state;
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.4, 4, 1, NULL);
+  assert_non_null (plan);
+  assert_int_equal (plan->n_needles, 1);
+  gint64 needle = plan->needles[0].position;
+  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  Seq s = generate (src, 1);
+  int n_retrieval = 0;
+  for (gint32 head = 0; head < HQ; head++)
+    {
+      gboolean r = sift_model_synthetic_is_retrieval_head (src, 1, head);
+      n_retrieval += r;
+      double m = 0;
+      for (gint64 p = plan->question_start; p < N; p++)
+        m += mass (&s, head, p, &needle, 1) / (double) plan->question_tokens;
+      if (g_getenv ("SIFT_TEST_VERBOSE"))
+        g_printerr ("head %d retrieval %d mass %g\n", head, r, m);
+      if (r)
+        assert_true (m > 0.15); /* one key of ~1000 */
+      else
+        assert_true (m < 0.01);
+      /* Rows before the question do not look for it in any head. */
+      double before = 0;
+      for (gint64 p = plan->question_start - 64; p < plan->question_start; p++)
+        before += mass (&s, head, p, &needle, 1) / 64.0;
+      assert_true (before < 0.01);
+    }
+  assert_int_equal (n_retrieval, 2); /* 0.25 of 8 heads */
+  seq_clear (&s);
+
+  SiftSyntheticConfig none;
+  sift_synthetic_config_defaults (&none);
+  none.retrieval_heads = 0.0;
+  g_autoptr (SiftModelSource) off = synth (&none, plan);
+  for (gint32 head = 0; head < HQ; head++)
+    assert_false (sift_model_synthetic_is_retrieval_head (off, 0, head));
+}
+
+static void
+test_multikey_distractors (void **state)
+{
+  (void) state;
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIKEY);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.6, 4, 1, NULL);
+  assert_int_equal (plan->n_needles, 4);
+  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  Seq s = generate (src, 0);
+  gint64 needle = -1;
+  for (gsize i = 0; i < plan->n_needles; i++)
+    if (plan->needles[i].distractor < 0)
+      needle = plan->needles[i].position;
+  for (gint32 head = 0; head < HQ; head++)
+    {
+      if (!sift_model_synthetic_is_retrieval_head (src, 0, head))
+        continue;
+      gint64 p = N - 1;
+      double m_needle = mass (&s, head, p, &needle, 1);
+      for (gsize i = 0; i < plan->n_needles; i++)
+        {
+          if (plan->needles[i].distractor < 0)
+            continue;
+          double m_d = mass (&s, head, p, &plan->needles[i].position, 1);
+          if (g_getenv ("SIFT_TEST_VERBOSE"))
+            g_printerr ("head %d needle %g distractor %g\n", head, m_needle, m_d);
+          /* Near-identical keys: far above an ordinary key, below the needle. */
+          assert_true (m_d > 20.0 / N);
+          assert_true (m_needle > 2.0 * m_d);
+        }
+    }
+  seq_clear (&s);
+}
+
+static void
+test_plan_placement (void **state)
+{
+  (void) state;
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIQUERY);
+  g_autoptr (SiftNeedlePlan) first = sift_needle_plan_new (&h, 2048, 0.0, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) last = sift_needle_plan_new (&h, 2048, 1.0, 4, 1, NULL);
+  assert_int_equal (first->needles[0].position, 4);
+  assert_int_equal (last->needles[1].position, 2048 - 4 - 1);
+  assert_int_equal (last->question_start, 2044);
+  assert_int_equal (sift_needle_plan_key_at (last, 2044), 0);
+  assert_int_equal (sift_needle_plan_key_at (last, 2045), 1);
+  assert_int_equal (sift_needle_plan_key_at (last, 2049), 1); /* decode rows ask again */
+  gint64 t[4];
+  assert_int_equal (sift_needle_plan_targets (last, 1, t, 4), 1);
+  assert_int_equal (t[0], 2047 - 4);
+
+  SiftHarnessConfig mv = harness_defaults (SIFT_NEEDLE_MULTIVALUE);
+  g_autoptr (SiftNeedlePlan) values = sift_needle_plan_new (&mv, 2048, 0.5, 4, 1, NULL);
+  assert_int_equal (sift_needle_plan_targets (values, 0, t, 4), 3);
+
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftNeedlePlan) tiny = sift_needle_plan_new (&h, 8, 0.5, 4, 1, &error);
+  assert_null (tiny);
+  assert_true (g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID));
+}
+
+static void
+test_bad_knobs (void **state)
+{
+  (void) state;
+  SiftSyntheticConfig k;
+  sift_synthetic_config_defaults (&k);
+  k.rope_dims = 31;
+  g_autoptr (GError) error = NULL;
+  assert_null (sift_model_synthetic_new (&shape, 1, &k, NULL, &error));
+  assert_true (g_error_matches (error, SIFT_MODEL_ERROR, SIFT_MODEL_ERROR_INVALID));
+  assert_non_null (strstr (error->message, "rope_dims = 31"));
+  g_clear_error (&error);
+  k.rope_dims = 62; /* 2 content dims cannot hold sinks, heavy hitters and a needle key */
+  assert_null (sift_model_synthetic_new (&shape, 1, &k, NULL, &error));
+  assert_non_null (strstr (error->message, "content dims"));
+  g_clear_error (&error);
+  sift_synthetic_config_defaults (&k);
+  k.noise = -1;
+  assert_null (sift_model_synthetic_new (&shape, 1, &k, NULL, &error));
+  assert_non_null (strstr (error->message, "noise"));
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_deterministic_any_range),
+    cmocka_unit_test (test_sinks),
+    cmocka_unit_test (test_locality),
+    cmocka_unit_test (test_heavy_hitters),
+    cmocka_unit_test (test_rope_relative_position),
+    cmocka_unit_test (test_retrieval_heads),
+    cmocka_unit_test (test_multikey_distractors),
+    cmocka_unit_test (test_plan_placement),
+    cmocka_unit_test (test_bad_knobs),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

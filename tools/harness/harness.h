@@ -1,0 +1,145 @@
+/* The needle harness (docs/needle.md): a grid of context lengths x needle
+ * depths per policy setup; each cell plants needles in the synthetic model,
+ * runs prefill and decode through the engine, and scores retrieval, needle
+ * recall, error vs dense, density, bytes and time. Shared by `sift needle`
+ * and the tests; errors are SIFT_HARNESS_ERROR unless they come from below. */
+#pragma once
+
+#include <stdio.h>
+
+#include <glib.h>
+#include <sift/sift.h>
+
+G_BEGIN_DECLS
+
+/* ---- Grid (grid.c) -------------------------------------------------------- */
+
+typedef struct {
+  gint64 *lengths;  /* [n_lengths] ascending, distinct */
+  gsize n_lengths;
+  double *depths;   /* [n_depths] within [0, 1] ascending, distinct */
+  gsize n_depths;
+} HarnessGrid;
+
+/* Expands the lists or the linear / sigmoid spacings of `h`. */
+gboolean harness_grid_expand (const SiftHarnessConfig *h, HarnessGrid *grid, GError **error);
+void harness_grid_clear (HarnessGrid *grid);
+/* n values over [0, 1]: linear, or logistic (denser near both ends, as the
+ * classic needle plots space depths), ends exactly 0 and 1. */
+void harness_spacing (SiftSpacing spacing, gsize n, double *out);
+
+/* ---- One cell (cell.c, score.c, reference.c) ---------------------------- */
+
+typedef struct {
+  gint64 length;
+  double depth;
+  /* Retrieval: fraction of (layer, retrieval head, question row) whose
+   * output's nearest value code is the needle's; a phase passes above 1/2. */
+  double prefill_retrieval, decode_retrieval;
+  gboolean prefill_pass, decode_pass, pass;
+  double chance;             /* probability one row hits by luck: targets / candidate codes */
+  /* Needle recall: fraction of (call, layer, head, needle token) whose
+   * block the selection held; NAN where nothing can be known. */
+  double prefill_recall, decode_recall;
+  char *recall_note;         /* how recall was known (owned) */
+  double *recall_by_layer;   /* [2][n_layers] prefill then decode, NAN where unknown (owned; NULL when resumed) */
+  gint32 n_layers;
+  double prefill_rel_error, decode_rel_error;  /* ||o - o_dense|| / ||o_dense|| at the question rows */
+  double prefill_density, decode_density;      /* tokens attended / tokens available */
+  double prefill_seconds, decode_seconds;
+  gint64 decode_steps;
+  SiftCounters prefill_counters, decode_counters;
+  gint64 *needle_positions;  /* [n_needle_positions] (owned) needles, then distractors */
+  gsize n_needle_positions;
+  gboolean resumed;          /* read back from records, not run now */
+} HarnessCell;
+
+void harness_cell_clear (HarnessCell *cell);
+
+/* Runs one cell of `setup` (policies resolved: config loaded with a registry). */
+gboolean harness_run_cell (const SiftConfig *config, const SiftPolicySetup *setup, gint64 length,
+                           double depth, HarnessCell *cell, GError **error);
+
+/* Dense reference: for every layer the attention output of rows
+ * [row0, row0 + n_rows) over keys [0, position], streamed from the source
+ * in chunks and merged by LSE. ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
+gboolean harness_dense_reference (SiftModelSource *src, gint64 row0, gint64 n_rows, float *ref,
+                                  GError **error);
+
+/* Retrieval scoring of captured outputs (score.c). out: f32
+ * [n_layers][n_q_heads][n_rows][head_dim] for rows [row0, row0 + n_rows).
+ * For every row: hits[r] counts the (layer, retrieval head) pairs whose
+ * output is nearer (cosine) to the asked needle's value code than to any
+ * other code of the context [0, row] (multivalue: every needle value nearer
+ * than any other code); chance[r] the probability of that by luck.
+ * Returns the (layer, retrieval head) pairs scored per row. */
+gsize harness_score_retrieval (SiftModelSource *src, const SiftNeedlePlan *plan, const float *out,
+                               gint64 row0, gint64 n_rows, gsize *hits, double *chance);
+
+/* ---- Records (records.c, json.c) ------------------------------------------ */
+
+/* What identifies a cell's results: every setting that changes them. */
+char *harness_settings_key (const SiftConfig *config, const SiftPolicySetup *setup, gint64 length,
+                            double depth);
+/* One JSON line for a cell (no newline). */
+char *harness_record_json (const SiftConfig *config, const SiftPolicySetup *setup, const char *settings,
+                           const HarnessCell *cell);
+
+typedef struct _HarnessRecords HarnessRecords;
+/* Reads OUT/records.jsonl if it exists (a missing file is an empty set);
+ * a line that is not a record is SIFT_HARNESS_ERROR_RECORDS with file:line. */
+HarnessRecords *harness_records_open (const char *path, GError **error);
+/* A cell recorded with these settings, or FALSE. */
+gboolean harness_records_find (HarnessRecords *records, const char *settings, HarnessCell *cell);
+/* Appends a line and flushes it. */
+gboolean harness_records_append (HarnessRecords *records, const char *line, GError **error);
+void harness_records_free (HarnessRecords *records);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (HarnessRecords, harness_records_free)
+
+/* ---- Outputs (summary.c, heatmap.c, progress.c) -------------------------- */
+
+/* One setup's grid of results. */
+typedef struct {
+  const char *config_file;
+  const char *label;
+  gboolean is_full;           /* full attention in both phases: the speedup baseline */
+  const HarnessGrid *grid;
+  HarnessCell *cells;         /* [n_depths][n_lengths] */
+} HarnessSetupResult;
+
+double harness_setup_accuracy (const HarnessSetupResult *r);
+/* The table: per setup accuracy (both, prefill, decode), mean density,
+ * bytes loaded, time, speedup over the full setup of the same config. */
+void harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n);
+
+/* Colour of a score in [0, 1] on the red-yellow-green scale. */
+void harness_heatmap_colour (double score, double rgb[3]);
+/* Writes `base`.png and `base`.svg: depth down, length across, each cell
+ * coloured by its mean retrieval score. */
+gboolean harness_heatmap_write (const HarnessSetupResult *r, const char *base, GError **error);
+
+typedef struct _HarnessProgress HarnessProgress;
+/* Draws on `to` only when it is a terminal (or `force`). */
+HarnessProgress *harness_progress_new (FILE *to, gsize total, gboolean force);
+void harness_progress_update (HarnessProgress *p, gsize done, const char *label, gint64 length,
+                              double depth, gsize passed);
+void harness_progress_free (HarnessProgress *p);
+
+/* ---- The whole run (needle.c) ----------------------------------------------- */
+
+typedef struct {
+  const char *out_dir;        /* NULL: harness.out of the config */
+  FILE *table;                /* the summary table (stdout) */
+  FILE *log;                  /* progress and where outputs went (stderr) */
+  gboolean force_progress;    /* draw the progress line on a non-terminal too */
+} HarnessOptions;
+
+/* Runs the grid for every setup of `config` (policies resolved), resuming
+ * from OUT/records.jsonl; prints the table, writes the heatmaps. *below_out
+ * says whether a setup passed fewer cells than harness.min_accuracy.
+ * SIFT_HARNESS_ERROR_INVALID: the config cannot make a grid (a usage
+ * error); anything else failed while running. */
+gboolean harness_needle_run (const SiftConfig *config, const HarnessOptions *opts, gboolean *below_out,
+                             GError **error);
+
+G_END_DECLS

@@ -1,0 +1,191 @@
+/* `sift needle`: the grid for every setup, records, table, heatmaps. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* A file name piece from a label: [a-z0-9._-], anything else '-'. */
+static char *
+slug (const char *s)
+{
+  char *r = g_ascii_strdown (s, -1);
+  for (char *p = r; *p; p++)
+    if (!g_ascii_isalnum (*p) && *p != '.' && *p != '_' && *p != '-')
+      *p = '-';
+  return r;
+}
+
+static gboolean
+is_full (const SiftPolicySetup *s)
+{
+  return g_strcmp0 (s->prefill.name, "full") == 0 && g_strcmp0 (s->decode.name, "full") == 0;
+}
+
+/* Catches what would fail in every cell before any runs. */
+static gboolean
+check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
+{
+  if (g_strcmp0 (cfg->source, "synthetic") != 0)
+    {
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
+                   "%s: model.source is '%s'; the needle harness needs the synthetic source (it plants the needles)",
+                   cfg->file, cfg->source);
+      return FALSE;
+    }
+  /* The shortest context must hold the needles. */
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g->lengths[0], 0.0,
+                                                          cfg->synthetic.sink_tokens, cfg->harness.seed, error);
+  if (plan == NULL)
+    {
+      g_prefix_error (error, "%s: ", cfg->file);
+      return FALSE;
+    }
+  /* The model must take the knobs and the plan's needle keys. */
+  g_autoptr (GError) local = NULL;
+  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, &local);
+  if (src == NULL)
+    {
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID, "%s: %s", cfg->file, local->message);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static void
+results_free (HarnessSetupResult *results, gsize n)
+{
+  for (gsize i = 0; i < n; i++)
+    {
+      gsize cells = results[i].grid->n_lengths * results[i].grid->n_depths;
+      for (gsize c = 0; c < cells; c++)
+        harness_cell_clear (&results[i].cells[c]);
+      g_free (results[i].cells);
+    }
+  g_free (results);
+}
+
+static gboolean
+run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, HarnessRecords *records,
+          HarnessSetupResult *results, GError **error)
+{
+  gsize total = cfg->setups->len * g->n_lengths * g->n_depths, done = 0, passed = 0, fresh = 0;
+  HarnessProgress *progress = harness_progress_new (o->log, total, o->force_progress);
+  gboolean ok = TRUE;
+  for (guint s = 0; ok && s < cfg->setups->len; s++)
+    {
+      const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
+      HarnessSetupResult *res = &results[s];
+      for (gsize d = 0; ok && d < g->n_depths; d++)
+        for (gsize l = 0; ok && l < g->n_lengths; l++)
+          {
+            HarnessCell *cell = &res->cells[d * g->n_lengths + l];
+            g_autofree char *key = harness_settings_key (cfg, setup, g->lengths[l], g->depths[d]);
+            harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
+            if (!harness_records_find (records, key, cell))
+              {
+                ok = harness_run_cell (cfg, setup, g->lengths[l], g->depths[d], cell, error);
+                if (!ok)
+                  {
+                    g_prefix_error (error, "setup '%s', length %" G_GINT64_FORMAT ", depth %g: ", setup->label,
+                                    g->lengths[l], g->depths[d]);
+                    break;
+                  }
+                g_autofree char *line = harness_record_json (cfg, setup, key, cell);
+                ok = harness_records_append (records, line, error);
+                fresh++;
+              }
+            passed += cell->pass;
+            done++;
+          }
+    }
+  harness_progress_free (progress);
+  if (ok && fresh < total)
+    fprintf (o->log, "resumed %zu of %zu cells from the records\n", total - fresh, total);
+  return ok;
+}
+
+static gboolean
+write_heatmaps (const HarnessOptions *o, const HarnessSetupResult *results, gsize n, const char *out_dir,
+                GError **error)
+{
+  for (gsize i = 0; i < n; i++)
+    {
+      g_autofree char *label = slug (results[i].label);
+      g_autofree char *name = g_strdup_printf ("heatmap-%s", label);
+      g_autofree char *base = g_build_filename (out_dir, name, NULL);
+      if (!harness_heatmap_write (&results[i], base, error))
+        return FALSE;
+      fprintf (o->log, "heatmap %-16s %s.png  %s.svg\n", results[i].label, base, base);
+    }
+  return TRUE;
+}
+
+gboolean
+harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *below_out, GError **error)
+{
+  *below_out = FALSE;
+  HarnessGrid grid;
+  if (!harness_grid_expand (&cfg->harness, &grid, error))
+    {
+      g_prefix_error (error, "%s: ", cfg->file);
+      return FALSE;
+    }
+  if (!check_config (cfg, &grid, error))
+    {
+      harness_grid_clear (&grid);
+      return FALSE;
+    }
+  const char *out_dir = o->out_dir != NULL ? o->out_dir : cfg->harness.out_dir;
+  g_autofree char *records_path = g_build_filename (out_dir, "records.jsonl", NULL);
+  if (g_mkdir_with_parents (out_dir, 0755) != 0)
+    {
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", out_dir,
+                   g_strerror (errno));
+      harness_grid_clear (&grid);
+      return FALSE;
+    }
+  g_autoptr (HarnessRecords) records = harness_records_open (records_path, error);
+  gsize n = cfg->setups->len;
+  HarnessSetupResult *results = g_new0 (HarnessSetupResult, n);
+  for (guint s = 0; s < n; s++)
+    {
+      const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
+      results[s] = (HarnessSetupResult) {
+        .config_file = cfg->file, .label = setup->label, .is_full = is_full (setup), .grid = &grid,
+        .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
+      };
+    }
+  /* A copy whose out_dir is the one used (the file store lives there). */
+  SiftConfig local = *cfg;
+  local.harness.out_dir = (char *) out_dir;
+  gboolean ok = records != NULL && run_grid (&local, o, &grid, records, results, error);
+  if (ok)
+    {
+      harness_summary_print (o->table, results, n);
+      fflush (o->table);
+      ok = write_heatmaps (o, results, n, out_dir, error);
+    }
+  if (ok)
+    {
+      fprintf (o->log, "records %s\n", records_path);
+      /* Dense attention is the yardstick: if it misses needles, the grid
+       * asks more than the model can answer and every column reads low. */
+      for (gsize i = 0; i < n; i++)
+        if (results[i].is_full && harness_setup_accuracy (&results[i]) < 1.0)
+          fprintf (o->log, "sift needle: warning: full attention ('%s') fails %.0f%% of cells: the needles are too"
+                   " faint for these lengths; raise model.synthetic.needle_strength (docs/synthetic-model.md)\n",
+                   results[i].label, 100.0 * (1.0 - harness_setup_accuracy (&results[i])));
+      for (gsize i = 0; i < n; i++)
+        if (harness_setup_accuracy (&results[i]) < cfg->harness.min_accuracy)
+          {
+            fprintf (o->log, "sift needle: '%s' passes %.1f%% of cells, below harness.min_accuracy %.1f%%\n",
+                     results[i].label, 100.0 * harness_setup_accuracy (&results[i]),
+                     100.0 * cfg->harness.min_accuracy);
+            *below_out = TRUE;
+          }
+    }
+  results_free (results, n);
+  harness_grid_clear (&grid);
+  return ok;
+}

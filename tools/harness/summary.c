@@ -1,0 +1,137 @@
+/* The summary table on stdout: one row per setup. */
+#include <math.h>
+
+#include "harness.h"
+
+static gsize
+n_cells (const HarnessSetupResult *r)
+{
+  return r->grid->n_lengths * r->grid->n_depths;
+}
+
+double
+harness_setup_accuracy (const HarnessSetupResult *r)
+{
+  gsize n = n_cells (r), passed = 0;
+  for (gsize i = 0; i < n; i++)
+    passed += r->cells[i].pass;
+  return n > 0 ? (double) passed / (double) n : 0.0;
+}
+
+typedef struct {
+  double acc, acc_prefill, acc_decode;
+  double density_prefill, density_decode;  /* mean over cells with a value */
+  double recall;                           /* mean of both phases where known; NAN if never */
+  double mib_loaded;                       /* mean per cell */
+  double seconds;                          /* prefill + decode, summed over cells */
+  double prefill_seconds, decode_seconds;
+  double tokens;                           /* prompt tokens summed */
+  double rel_error;                        /* mean prefill relative error */
+} Totals;
+
+static void
+mean_add (double v, double *sum, int *n)
+{
+  if (isfinite (v))
+    {
+      *sum += v;
+      (*n)++;
+    }
+}
+
+static Totals
+totals (const HarnessSetupResult *r)
+{
+  Totals t = { 0 };
+  gsize n = n_cells (r);
+  double dp = 0, dd = 0, rc = 0, re = 0;
+  int ndp = 0, ndd = 0, nrc = 0, nre = 0;
+  gsize pp = 0, pd = 0;
+  for (gsize i = 0; i < n; i++)
+    {
+      const HarnessCell *c = &r->cells[i];
+      pp += c->prefill_pass;
+      pd += c->decode_pass;
+      mean_add (c->prefill_density, &dp, &ndp);
+      mean_add (c->decode_density, &dd, &ndd);
+      mean_add (c->prefill_recall, &rc, &nrc);
+      mean_add (c->decode_recall, &rc, &nrc);
+      mean_add (c->prefill_rel_error, &re, &nre);
+      t.mib_loaded += (double) (c->prefill_counters.bytes_loaded + c->decode_counters.bytes_loaded) / (1 << 20);
+      t.prefill_seconds += c->prefill_seconds;
+      t.decode_seconds += c->decode_seconds;
+      t.tokens += (double) c->length;
+    }
+  t.acc = harness_setup_accuracy (r);
+  t.acc_prefill = n ? (double) pp / (double) n : 0;
+  t.acc_decode = n ? (double) pd / (double) n : 0;
+  t.density_prefill = ndp ? dp / ndp : NAN;
+  t.density_decode = ndd ? dd / ndd : NAN;
+  t.recall = nrc ? rc / nrc : NAN;
+  t.rel_error = nre ? re / nre : NAN;
+  t.mib_loaded = n ? t.mib_loaded / (double) n : 0;
+  t.seconds = t.prefill_seconds + t.decode_seconds;
+  return t;
+}
+
+static void
+cell_pct (FILE *to, double v)
+{
+  if (isfinite (v))
+    fprintf (to, " %6.1f%%", 100.0 * v);
+  else
+    fprintf (to, " %7s", "-");
+}
+
+void
+harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
+{
+  const char *last_config = NULL;
+  for (gsize i = 0; i < n; i++)
+    {
+      const HarnessSetupResult *r = &results[i];
+      if (last_config == NULL || g_strcmp0 (last_config, r->config_file) != 0)
+        {
+          /* Speedup is over the config's own full setup, cell for cell. */
+          const HarnessSetupResult *full = NULL;
+          for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
+            if (results[j].is_full && full == NULL)
+              full = &results[j];
+          double full_seconds = full != NULL ? totals (full).seconds : NAN;
+          fprintf (to, "\n%s: %zu lengths x %zu depths\n", r->config_file, r->grid->n_lengths, r->grid->n_depths);
+          fprintf (to, "%-24s %7s %7s %7s %8s %8s %8s %8s %9s %9s %8s %8s\n", "setup", "acc", "prefill",
+                   "decode", "recall", "dens.pf", "dens.dc", "rel.err", "MiB/cell", "prefill/s", "time s",
+                   "speedup");
+          for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
+            {
+              Totals t = totals (&results[j]);
+              fprintf (to, "%-24s", results[j].label);
+              cell_pct (to, t.acc);
+              cell_pct (to, t.acc_prefill);
+              cell_pct (to, t.acc_decode);
+              cell_pct (to, t.recall);
+              cell_pct (to, t.density_prefill);
+              cell_pct (to, t.density_decode);
+              if (isfinite (t.rel_error))
+                fprintf (to, " %8.1e", t.rel_error);
+              else
+                fprintf (to, " %8s", "-");
+              fprintf (to, " %9.2f %9.0f %8.2f", t.mib_loaded,
+                       t.prefill_seconds > 0 ? t.tokens / t.prefill_seconds : 0.0, t.seconds);
+              if (isfinite (full_seconds) && t.seconds > 0)
+                fprintf (to, " %7.2fx\n", full_seconds / t.seconds);
+              else
+                fprintf (to, " %8s\n", "-");
+            }
+          /* The chance of a hit by luck, worst cell: a pass must not be it. */
+          double chance = 0;
+          for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
+            for (gsize c = 0; c < n_cells (&results[j]); c++)
+              if (isfinite (results[j].cells[c].chance))
+                chance = MAX (chance, results[j].cells[c].chance);
+          fprintf (to, "chance of a retrieval hit by luck: at most %.2g per row (a cell passes above 50%% of rows)\n",
+                   chance);
+          last_config = r->config_file;
+        }
+    }
+}
