@@ -443,24 +443,6 @@ test_merge (void **state)
   g_rmdir (dir);
 }
 
-/* test_registry's directories and every shipped policy built here (the
- * folders beside FULL_DIR): the shipped configs name them. */
-static SiftRegistry *
-shipped_registry (void)
-{
-  g_setenv ("SIFT_POLICY_PATH", "", TRUE);
-  g_setenv ("SIFT_POLICY_SYSTEM_PATH", "", TRUE);
-  g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
-  g_ptr_array_add (dirs, g_strdup (GOOD_DIR));
-  g_ptr_array_add (dirs, g_strdup (BROKEN_DIR));
-  g_autofree char *root = g_path_get_dirname (FULL_DIR);
-  g_autoptr (GDir) dir = g_dir_open (root, 0, NULL);
-  for (const char *name; dir != NULL && (name = g_dir_read_name (dir)) != NULL;)
-    g_ptr_array_add (dirs, g_build_filename (root, name, NULL));
-  g_ptr_array_add (dirs, NULL);
-  return sift_registry_new ((const char *const *) dirs->pdata);
-}
-
 /* The resolved YAML reads back into the same config; shipped configs load. */
 static void
 test_round_trip (void **state)
