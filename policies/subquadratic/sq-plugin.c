@@ -272,6 +272,70 @@ ws_row (const Call *c, gint64 p)
   return p >= c->r_lo ? (gint32) (c->n_scat + p - c->r_lo) : c->self->pos_map[p];
 }
 
+/* ---- A bounded cache (kv.capacity_tokens, docs/eviction.md) -------------- */
+
+/* Whether the engine evicted any of the layer's tokens: then blocks may
+ * hold non-consecutive positions (read through sift_engine_block_positions)
+ * and scattered positions may be gone. */
+static gboolean
+cache_evicted (const SiftPolicyContext *ctx)
+{
+  gint64 held = 0;
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    held += ctx->blocks[b].n_valid;
+  return held < ctx->kv_len;
+}
+
+/* Whether stored position p is still held (blocks ascend by position). */
+static gboolean
+still_stored (const SiftPolicyContext *ctx, gint64 p)
+{
+  gint64 a = 0, z = ctx->n_blocks;
+  while (z - a > 1)
+    {
+      gint64 mid = (a + z) / 2;
+      if (ctx->blocks[mid].first_token <= p)
+        a = mid;
+      else
+        z = mid;
+    }
+  if (ctx->n_blocks == 0)
+    return FALSE;
+  const gint64 *pos = sift_engine_block_positions (ctx->engine, ctx->layer, a);
+  for (gint32 t = 0; pos != NULL && t < ctx->blocks[a].n_valid; t++)
+    if (pos[t] == p)
+      return TRUE;
+  return FALSE;
+}
+
+gboolean
+sq_policy_score_eviction (SqPolicy *self, const SiftPolicyContext *ctx, const SiftEvictCandidates *cand,
+                          float *scores, GError **error)
+{
+  /* Evict and append: the window the next call needs and the globals stay,
+   * the rest goes oldest first (the landmarks already hold its means). */
+  const gint64 window_from = ctx->q_pos + ctx->n_q - self->config.window;
+  gint64 evictable = 0;
+  for (gsize i = 0; i < cand->n; i++)
+    {
+      gint64 p = cand->positions[i];
+      gboolean keep = p >= window_from;
+      for (gsize g = 0; !keep && g < self->config.n_globals; g++)
+        keep = self->config.globals[g] == p;
+      scores[i] = keep ? G_MAXFLOAT : (float) p;
+      evictable += !keep;
+    }
+  if (evictable < cand->n_evict)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                   "subquadratic: layer %d must evict %" G_GINT64_FORMAT " tokens but only %" G_GINT64_FORMAT
+                   " lie outside its window of %" G_GINT64_FORMAT " and its globals: raise kv.capacity_tokens",
+                   ctx->layer, cand->n_evict, evictable, self->config.window);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 /* Window rows [r_lo, kv_len) from the stored blocks, n_slots at a time. */
 static gboolean
 load_window (Call *c, GError **error)
@@ -282,12 +346,17 @@ load_window (Call *c, GError **error)
   gint64 lo = c->r_lo, hi = ctx->kv_len;
   if (lo >= hi)
     return TRUE;
+  /* After eviction a block's rows are the positions the engine lists. */
+  const gboolean evicted = cache_evicted (ctx);
+  gint64 filled = 0;
   /* First block ending after lo (blocks are in sequence order). */
   gint64 a = 0, z = ctx->n_blocks;
   while (a < z)
     {
       gint64 mid = (a + z) / 2;
-      if (ctx->blocks[mid].first_token + ctx->blocks[mid].n_valid <= lo)
+      gint64 last = evicted ? sift_engine_block_positions (ctx->engine, ctx->layer, mid)[ctx->blocks[mid].n_valid - 1]
+                            : ctx->blocks[mid].first_token + ctx->blocks[mid].n_valid - 1;
+      if (last < lo)
         a = mid + 1;
       else
         z = mid;
@@ -325,13 +394,20 @@ load_window (Call *c, GError **error)
           gint32 n_valid;
           sift_engine_slot_kv (ctx->engine, s, &sk, &sv, &n_valid);
           gint64 first = ctx->blocks[b + s].first_token;
-          for (gint64 p = MAX (first, lo); p < MIN (first + n_valid, hi); p++)
-            for (gint32 g = 0; g < self->kv_heads; g++)
-              {
-                gsize at = ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
-                sift_view_row_to_f32 (&sk, g, p - first, self->ws_k + at);
-                sift_view_row_to_f32 (&sv, g, p - first, self->ws_v + at);
-              }
+          const gint64 *pos = evicted ? sift_engine_block_positions (ctx->engine, ctx->layer, b + s) : NULL;
+          for (gint64 t = 0; t < n_valid; t++)
+            {
+              gint64 p = pos != NULL ? pos[t] : first + t;
+              if (p < lo || p >= hi)
+                continue;
+              filled++;
+              for (gint32 g = 0; g < self->kv_heads; g++)
+                {
+                  gsize at = ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
+                  sift_view_row_to_f32 (&sk, g, t, self->ws_k + at);
+                  sift_view_row_to_f32 (&sv, g, t, self->ws_v + at);
+                }
+            }
           sift_engine_slot_done (ctx->engine, s);
         }
       if (local != NULL)
@@ -340,6 +416,14 @@ load_window (Call *c, GError **error)
           return FALSE;
         }
       b += queued;
+    }
+  if (filled < hi - lo)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                   "subquadratic: %" G_GINT64_FORMAT " tokens of layer %d's window [%" G_GINT64_FORMAT
+                   ", %" G_GINT64_FORMAT ") are no longer cached (evicted by another policy's scores?)",
+                   hi - lo - filled, ctx->layer, lo, hi);
+      return FALSE;
     }
   return TRUE;
 }
@@ -410,7 +494,7 @@ attend_tiles (gint64 begin, gint64 end, gint worker, gpointer user_data)
           const gint64 *lcand = self->lcand + (gsize) (t0 + r) * c->max_blk;
           gsize n = idx_start[r];
           for (gsize x = 0; x < self->n_cand[t0 + r]; x++)
-            if (cand[x] < i - window)
+            if (cand[x] < i - window && ws_row (c, cand[x]) >= 0) /* < 0: evicted */
               idx[n++] = ws_row (c, cand[x]);
           idx_start[r + 1] = n;
           n = lidx_start[r];
@@ -534,6 +618,30 @@ sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
       self->blk_map = g_renew (gint32, self->blk_map, self->blk_map_cap);
     }
 
+  /* A bounded cache may have evicted scattered positions: they drop out
+   * of every row (pos_map -1), their blocks' landmarks remain. */
+  guint64 dropped = 0;
+  if (c.n_scat > 0 && cache_evicted (ctx))
+    {
+      gint64 kept = 0;
+      for (gint64 s = 0; s < c.n_scat; s++)
+        {
+          gint64 p = self->scattered[s];
+          gboolean held = still_stored (ctx, p);
+          self->pos_map[p] = held ? (gint32) kept : -1;
+          if (held)
+            self->scattered[kept++] = p;
+        }
+      for (gint64 r = 0; r < n_q && kept < c.n_scat; r++)
+        for (gsize x = 0; x < self->n_cand[r]; x++)
+          {
+            gint64 p = self->cand[(gsize) r * c.max_tok + x];
+            dropped += p < c.r_lo && self->pos_map[p] < 0;
+          }
+      c.n_scat = kept;
+      c.n_ws = c.n_scat + (end - c.r_lo);
+    }
+
   /* Scattered rows through the engine's row gather. */
   if (c.n_scat > 0)
     {
@@ -609,6 +717,7 @@ sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
   guint64 attended = 0;
   for (gint64 r = 0; r < n_q; r++)
     attended += self->n_cand[r] + self->n_lcand[r];
+  attended -= dropped;
   sift_engine_count_attended (ctx->engine, ctx, attended * (guint64) self->q_heads);
   return TRUE;
 }

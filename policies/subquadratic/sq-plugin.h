@@ -76,5 +76,11 @@ gboolean sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftVi
 gboolean sq_policy_offload (SqPolicy *self, const SiftPolicyContext *ctx, const SiftBlockInfo *block,
                             GError **error);
 
+/* With a bounded cache (score_eviction, ABI 1.1): the window the next call
+ * needs and the globals stay, the other tokens go oldest first; a budget
+ * that cannot hold window and globals is an error. */
+gboolean sq_policy_score_eviction (SqPolicy *self, const SiftPolicyContext *ctx, const SiftEvictCandidates *cand,
+                                   float *scores, GError **error);
+
 /* Landmark block b of `layer`, kv head g, as f32 (tests): FALSE unless complete. */
 gboolean sq_policy_landmark (const SqPolicy *self, gint32 layer, gint64 b, gint32 g, float *k, float *v);

@@ -58,6 +58,13 @@ sq_offload (SiftPolicy *policy, const SiftPolicyContext *ctx, const SiftBlockInf
   return sq_policy_offload ((SqPolicy *) policy, ctx, block, error);
 }
 
+static gboolean
+sq_score_eviction (SiftPolicy *policy, const SiftPolicyContext *ctx, const SiftEvictCandidates *cand, float *scores,
+                   GError **error)
+{
+  return sq_policy_score_eviction ((SqPolicy *) policy, ctx, cand, scores, error);
+}
+
 static const SiftPolicyOps subquadratic_ops = {
   SIFT_POLICY_OPS_HEADER,
   .name = "subquadratic",
@@ -73,6 +80,7 @@ static const SiftPolicyOps subquadratic_ops = {
   .compute_chunked_decode = sq_compute,
   .on_prefill_offload = sq_offload,
   .on_decode_offload = sq_offload,
+  .score_eviction = sq_score_eviction,
 };
 
 SIFT_PLUGIN_DEFINE (&subquadratic_ops)

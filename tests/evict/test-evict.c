@@ -865,6 +865,80 @@ test_custom_compute_refused (void **state)
     fail_msg ("%s", error->message);
 }
 
+/* Subquadratic offers eviction (evict and append): its window and globals
+ * stay, the rest goes oldest first, its landmarks keep the means. Bounded
+ * runs keep memory flat with every window token held; a capacity covering
+ * everything is the unbounded run bit for bit; a budget below the window
+ * is refused by the policy. */
+static void
+test_subquadratic (void **state)
+{
+  (void) state;
+  Scenario sc = base;
+  sc.policy = "subquadratic";
+  sc.params[0] = "window=32";
+  sc.params[1] = "block_size=16";
+  sc.params[2] = "globals=[0, 50]";
+  sc.check = FALSE;
+  sc.capacity = 0;
+  Run *unbounded = run_new (&sc);
+  run_all (unbounded);
+  sc.capacity = sc.prompt + sc.steps;
+  Run *covering = run_new (&sc);
+  run_all (covering);
+  assert_memory_equal (unbounded->outputs->data, covering->outputs->data, sizeof (float) * unbounded->outputs->len);
+  for (int gran = 0; gran < 2; gran++)
+    {
+      sc.capacity = 96;
+      sc.gran = gran;
+      sc.steps = 400;
+      Run *r = run_new (&sc);
+      g_autoptr (GError) error = NULL;
+      if (!sift_runner_prefill (r->runner, sc.prompt, &error))
+        fail_msg ("prefill: %s", error->message);
+      for (gint64 i = 0; i < sc.steps; i++)
+        {
+          if (!sift_runner_decode (r->runner, 1, &error))
+            fail_msg ("decode step %" G_GINT64_FORMAT ": %s", i, error->message);
+          assert_true (sift_store_blocks_in_use (r->store) <= sc.layers * (sc.capacity / sc.block + 1));
+          const gint64 end = sift_runner_position (r->runner);
+          for (gint32 l = 0; l < sc.layers; l++)
+            {
+              SiftPolicyContext ctx = { 0 };
+              sift_engine_fill_context (r->engine, &ctx, l);
+              gint64 b;
+              gint32 row;
+              /* The window of the next row and the globals are held. */
+              for (gint64 t = end - 32; t < ctx.kv_len; t++)
+                assert_true (sift_engine_find_row (r->engine, l, t, &b, &row));
+              assert_true (sift_engine_find_row (r->engine, l, 0, &b, &row));
+              assert_true (sift_engine_find_row (r->engine, l, 50, &b, &row));
+            }
+        }
+      for (guint i = 0; i < r->outputs->len; i++)
+        assert_true (isfinite (g_array_index (r->outputs, float, i)));
+      SiftCounters c;
+      sift_engine_counters (r->engine, -1, SIFT_PHASE_DECODE, &c);
+      assert_true (c.tokens_evicted > 0);
+      run_free (r);
+    }
+  run_free (unbounded);
+  run_free (covering);
+  /* A budget that cannot hold the window. */
+  sc.params[0] = "window=100";
+  sc.capacity = 96;
+  sc.gran = SIFT_EVICT_TOKEN;
+  Run *r = run_new (&sc);
+  g_autoptr (GError) error = NULL;
+  gboolean ok = sift_runner_prefill (r->runner, sc.prompt, &error);
+  for (gint64 i = 0; ok && i < sc.steps; i++)
+    ok = sift_runner_decode (r->runner, 1, &error);
+  assert_false (ok);
+  if (strstr (error->message, "lie outside its window of 100 and its globals: raise kv.capacity_tokens") == NULL)
+    fail_msg ("%s", error->message);
+  run_free (r);
+}
+
 static int
 setup (void **state)
 {
@@ -898,6 +972,7 @@ main (void)
     cmocka_unit_test (test_hooks_after_compaction),
     cmocka_unit_test (test_old_abi),
     cmocka_unit_test (test_custom_compute_refused),
+    cmocka_unit_test (test_subquadratic),
   };
   return cmocka_run_group_tests (tests, setup, teardown);
 }
