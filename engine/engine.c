@@ -704,7 +704,11 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
       gboolean (*hook) (SiftPolicy *, const SiftPolicyContext *, const SiftBlockInfo *, GError **)
         = phase == SIFT_PHASE_PREFILL ? policy->ops->on_prefill_offload : policy->ops->on_decode_offload;
       GError *local = NULL;
-      if (hook != NULL && !hook (policy, ctx, &info, &local))
+      /* The block table may have moved (appended above, evicted before):
+       * the hook sees it as it is now, the new block past n_blocks. */
+      SiftPolicyContext now = *ctx;
+      sift_engine_fill_context (e, &now, layer);
+      if (hook != NULL && !hook (policy, &now, &info, &local))
         {
           g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY, "policy '%s': %s failed: %s",
                        policy->ops->name,

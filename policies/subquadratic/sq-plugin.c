@@ -129,10 +129,46 @@ sq_policy_reset (SqPolicy *self)
     {
       SqLandmarks *L = &self->layers[l];
       L->n_done = 0;
-      L->open_count = 0;
+      L->open_count = L->open_present = 0;
       memset (L->open_k, 0, row * sizeof (float));
       memset (L->open_v, 0, row * sizeof (float));
     }
+}
+
+/* ---- A bounded cache (kv.capacity_tokens, docs/eviction.md) -------------- */
+
+/* Whether the engine evicted any of the layer's tokens: then blocks may
+ * hold non-consecutive positions (read through sift_engine_block_positions)
+ * and scattered positions may be gone. */
+static gboolean
+cache_evicted (const SiftPolicyContext *ctx)
+{
+  gint64 held = 0;
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    held += ctx->blocks[b].n_valid;
+  return ctx->n_blocks > 0 && held < ctx->kv_len; /* no blocks: nothing to read either way */
+}
+
+/* Whether stored position p is still held (blocks ascend by position). */
+static gboolean
+still_stored (const SiftPolicyContext *ctx, gint64 p)
+{
+  gint64 a = 0, z = ctx->n_blocks;
+  while (z - a > 1)
+    {
+      gint64 mid = (a + z) / 2;
+      if (ctx->blocks[mid].first_token <= p)
+        a = mid;
+      else
+        z = mid;
+    }
+  if (ctx->n_blocks == 0)
+    return FALSE;
+  const gint64 *pos = sift_engine_block_positions (ctx->engine, ctx->layer, a);
+  for (gint32 t = 0; pos != NULL && t < ctx->blocks[a].n_valid; t++)
+    if (pos[t] == p)
+      return TRUE;
+  return FALSE;
 }
 
 /* ---- Landmark memory ---------------------------------------------------- */
@@ -144,16 +180,22 @@ lm_folded (const SqPolicy *self, const SqLandmarks *L)
 }
 
 /* Folds the next token (rows k, v f32 [kv_heads][head_dim]) into the open
- * block's running mean; a block whose last token arrives is stored. */
+ * block's running mean; a block whose last token arrives is stored. k and
+ * v NULL: the token was evicted before this policy saw it (the mean is over
+ * the tokens present). */
 static void
 lm_fold (SqPolicy *self, SqLandmarks *L, const float *k, const float *v)
 {
   const gsize row = (gsize) self->kv_heads * self->head_dim;
-  float inv = 1.0f / (float) ++L->open_count;
-  for (gsize x = 0; x < row; x++)
+  L->open_count++;
+  if (k != NULL)
     {
-      L->open_k[x] += (k[x] - L->open_k[x]) * inv;
-      L->open_v[x] += (v[x] - L->open_v[x]) * inv;
+      float inv = 1.0f / (float) ++L->open_present;
+      for (gsize x = 0; x < row; x++)
+        {
+          L->open_k[x] += (k[x] - L->open_k[x]) * inv;
+          L->open_v[x] += (v[x] - L->open_v[x]) * inv;
+        }
     }
   if (L->open_count < self->config.block_size)
     return;
@@ -168,38 +210,51 @@ lm_fold (SqPolicy *self, SqLandmarks *L, const float *k, const float *v)
   sift_convert (L->open_k, SIFT_DTYPE_F32, (char *) L->k + at, self->lm_dtype, row);
   sift_convert (L->open_v, SIFT_DTYPE_F32, (char *) L->v + at, self->lm_dtype, row);
   L->n_done++;
-  L->open_count = 0;
+  L->open_count = L->open_present = 0;
   memset (L->open_k, 0, row * sizeof (float));
   memset (L->open_v, 0, row * sizeof (float));
 }
 
 /* Folds stored tokens [folded, upto) that no offload hook showed this
- * policy (another policy ran then), reading them through the engine. */
+ * policy (another policy ran then), reading them through the engine; a
+ * token a bounded cache evicted meanwhile is skipped. */
 static gboolean
 lm_catch_up (SqPolicy *self, const SiftPolicyContext *ctx, SqLandmarks *L, gint64 upto, GError **error)
 {
   const gint32 d = self->head_dim, kvh = self->kv_heads;
   enum { PIECE = 256 };
   gint64 pos[PIECE];
+  gboolean held[PIECE];
   float row_k[kvh * d], row_v[kvh * d];
+  const gboolean evicted = cache_evicted (ctx);
   while (lm_folded (self, L) < upto)
     {
-      gint64 from = lm_folded (self, L), n = MIN (upto - from, PIECE);
-      for (gint64 t = 0; t < n; t++)
-        pos[t] = from + t;
-      GROW (self->tmp_k, float, self->tmp_cap, (gsize) kvh * n * d);
-      self->tmp_v = g_renew (float, self->tmp_v, self->tmp_cap);
-      SiftView gk = sift_view_htd (self->tmp_k, SIFT_DTYPE_F32, kvh, n, d);
-      SiftView gv = sift_view_htd (self->tmp_v, SIFT_DTYPE_F32, kvh, n, d);
-      if (!sift_engine_gather_rows (ctx->engine, ctx->layer, pos, (gsize) n, &gk, &gv, error))
-        return FALSE;
+      gint64 from = lm_folded (self, L), n = MIN (upto - from, PIECE), m = 0;
       for (gint64 t = 0; t < n; t++)
         {
+          held[t] = !evicted || still_stored (ctx, from + t);
+          if (held[t])
+            pos[m++] = from + t;
+        }
+      GROW (self->tmp_k, float, self->tmp_cap, (gsize) kvh * MAX (m, 1) * d);
+      self->tmp_v = g_renew (float, self->tmp_v, self->tmp_cap);
+      SiftView gk = sift_view_htd (self->tmp_k, SIFT_DTYPE_F32, kvh, m, d);
+      SiftView gv = sift_view_htd (self->tmp_v, SIFT_DTYPE_F32, kvh, m, d);
+      if (m > 0 && !sift_engine_gather_rows (ctx->engine, ctx->layer, pos, (gsize) m, &gk, &gv, error))
+        return FALSE;
+      for (gint64 t = 0, j = 0; t < n; t++)
+        {
+          if (!held[t])
+            {
+              lm_fold (self, L, NULL, NULL);
+              continue;
+            }
           for (gint32 g = 0; g < kvh; g++)
             {
-              memcpy (row_k + g * d, sift_view_row (&gk, g, t), (gsize) d * sizeof (float));
-              memcpy (row_v + g * d, sift_view_row (&gv, g, t), (gsize) d * sizeof (float));
+              memcpy (row_k + g * d, sift_view_row (&gk, g, j), (gsize) d * sizeof (float));
+              memcpy (row_v + g * d, sift_view_row (&gv, g, j), (gsize) d * sizeof (float));
             }
+          j++;
           lm_fold (self, L, row_k, row_v);
         }
     }
@@ -222,13 +277,18 @@ sq_policy_offload (SqPolicy *self, const SiftPolicyContext *ctx, const SiftBlock
   SqLandmarks *L = &self->layers[ctx->layer];
   const gint32 d = self->head_dim, kvh = self->kv_heads;
   const gint64 first = block->meta->first_token;
-  if (first > lm_folded (self, L) && !lm_catch_up (self, ctx, L, first, error))
-    return FALSE;
+  /* A block compacted by eviction (offered again) holds the positions the
+   * engine lists; a block being stored holds consecutive ones. */
+  const gint64 *pos = cache_evicted (ctx) ? sift_engine_block_positions (ctx->engine, ctx->layer, block->block_id)
+                                          : NULL;
   float row_k[kvh * d], row_v[kvh * d];
   for (gint64 t = 0; t < block->meta->n_valid; t++)
     {
-      if (first + t < lm_folded (self, L))
+      gint64 p = pos != NULL ? pos[t] : first + t;
+      if (p < lm_folded (self, L))
         continue; /* folded already */
+      if (p > lm_folded (self, L) && !lm_catch_up (self, ctx, L, p, error))
+        return FALSE;
       for (gint32 g = 0; g < kvh; g++)
         {
           sift_view_row_to_f32 (&block->k, g, t, row_k + g * d);
@@ -270,42 +330,6 @@ static inline gint32
 ws_row (const Call *c, gint64 p)
 {
   return p >= c->r_lo ? (gint32) (c->n_scat + p - c->r_lo) : c->self->pos_map[p];
-}
-
-/* ---- A bounded cache (kv.capacity_tokens, docs/eviction.md) -------------- */
-
-/* Whether the engine evicted any of the layer's tokens: then blocks may
- * hold non-consecutive positions (read through sift_engine_block_positions)
- * and scattered positions may be gone. */
-static gboolean
-cache_evicted (const SiftPolicyContext *ctx)
-{
-  gint64 held = 0;
-  for (gint64 b = 0; b < ctx->n_blocks; b++)
-    held += ctx->blocks[b].n_valid;
-  return held < ctx->kv_len;
-}
-
-/* Whether stored position p is still held (blocks ascend by position). */
-static gboolean
-still_stored (const SiftPolicyContext *ctx, gint64 p)
-{
-  gint64 a = 0, z = ctx->n_blocks;
-  while (z - a > 1)
-    {
-      gint64 mid = (a + z) / 2;
-      if (ctx->blocks[mid].first_token <= p)
-        a = mid;
-      else
-        z = mid;
-    }
-  if (ctx->n_blocks == 0)
-    return FALSE;
-  const gint64 *pos = sift_engine_block_positions (ctx->engine, ctx->layer, a);
-  for (gint32 t = 0; pos != NULL && t < ctx->blocks[a].n_valid; t++)
-    if (pos[t] == p)
-      return TRUE;
-  return FALSE;
 }
 
 gboolean
@@ -442,11 +466,12 @@ fill_landmark (Call *c, SqLandmarks *L, gint64 b, gint64 x)
       float *ov = self->lws_v + ((gsize) g * c->n_lws + x) * d;
       if (sq_policy_landmark (self, c->ctx->layer, b, g, ok, ov))
         continue;
-      gint64 have = b == L->n_done ? L->open_count : 0;
+      gint64 have = b == L->n_done ? L->open_count : 0;          /* positions folded */
+      gint64 present = b == L->n_done ? L->open_present : 0;    /* of those, not evicted */
       for (gint32 e = 0; e < d; e++)
         {
-          ok[e] = L->open_k[g * d + e] * (float) have;
-          ov[e] = L->open_v[g * d + e] * (float) have;
+          ok[e] = L->open_k[g * d + e] * (float) present;
+          ov[e] = L->open_v[g * d + e] * (float) present;
         }
       for (gint64 p = b * bs + have; p < (b + 1) * bs; p++)
         {
@@ -461,8 +486,8 @@ fill_landmark (Call *c, SqLandmarks *L, gint64 b, gint64 x)
         }
       for (gint32 e = 0; e < d; e++)
         {
-          ok[e] /= (float) bs;
-          ov[e] /= (float) bs;
+          ok[e] /= (float) (present + bs - have);
+          ov[e] /= (float) (present + bs - have);
         }
     }
 }

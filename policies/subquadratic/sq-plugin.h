@@ -16,7 +16,8 @@ typedef struct {
   void *k, *v;        /* [capacity][kv_heads][head_dim], f32 or f16 */
   float *open_k;      /* [kv_heads][head_dim]: running mean of block n_done */
   float *open_v;
-  gint64 open_count;  /* its tokens folded so far, < block_size */
+  gint64 open_count;  /* its positions folded so far, < block_size */
+  gint64 open_present; /* of those, tokens in the mean (a bounded cache may have evicted the rest) */
 } SqLandmarks;
 
 typedef struct {

@@ -165,6 +165,7 @@ typedef struct {
   gboolean check;                /* compare every call with the kept-token reference */
   SiftDType store;               /* stored dtype (the source's k and v rounded through it) */
   gboolean file;                 /* the file store, else host */
+  gboolean separate;             /* prefill and decode get their own instances (as the harness does) */
 } Scenario;
 
 typedef struct {
@@ -175,6 +176,7 @@ typedef struct {
   SiftEngine *engine;
   SiftRunner *runner;
   SiftPolicy *policy;
+  SiftPolicy *decode_policy;     /* sc->separate: the decode phase's own instance */
   float **q, **k, **v;           /* [layer] -> [tokens][heads][dim] */
   gint64 n_tokens;
   double max_err;
@@ -288,12 +290,17 @@ run_new (const Scenario *sc)
           assert_true (sift_params_set_text (params, kv[0], kv[1], &error));
         }
       r->policy = sift_policy_new (info->ops, params, &r->shape, &error);
+      if (sc->separate)
+        r->decode_policy = sift_policy_new (info->ops, params, &r->shape, &error);
     }
   assert_true (sc->policy == NULL || r->policy != NULL);
-  SiftPolicy *per_layer[MAX_LAYERS];
+  SiftPolicy *per_layer[MAX_LAYERS], *per_layer_decode[MAX_LAYERS];
   for (gint32 l = 0; l < sc->layers; l++)
-    per_layer[l] = r->policy;
-  r->runner = sift_runner_new (r->engine, r->src, per_layer, per_layer, &error);
+    {
+      per_layer[l] = r->policy;
+      per_layer_decode[l] = r->decode_policy != NULL ? r->decode_policy : r->policy;
+    }
+  r->runner = sift_runner_new (r->engine, r->src, per_layer, per_layer_decode, &error);
   assert_non_null (r->runner);
   sift_runner_set_observer (r->runner, &observer, r);
   r->outputs = g_array_new (FALSE, FALSE, sizeof (float));
@@ -328,6 +335,7 @@ run_free (Run *r)
   g_array_unref (r->outputs);
   sift_runner_free (r->runner);
   sift_policy_free (r->policy);
+  sift_policy_free (r->decode_policy);
   sift_engine_free (r->engine);
   sift_store_free (r->store);
   sift_model_source_free (r->src);
@@ -887,10 +895,13 @@ test_subquadratic (void **state)
   Run *covering = run_new (&sc);
   run_all (covering);
   assert_memory_equal (unbounded->outputs->data, covering->outputs->data, sizeof (float) * unbounded->outputs->len);
-  for (int gran = 0; gran < 2; gran++)
+  /* Both granularities; then separate prefill and decode instances: the
+   * decode one folds the prompt's landmarks from what is still cached. */
+  for (int variant = 0; variant < 3; variant++)
     {
       sc.capacity = 96;
-      sc.gran = gran;
+      sc.gran = variant == 1 ? SIFT_EVICT_BLOCK : SIFT_EVICT_TOKEN;
+      sc.separate = variant == 2;
       sc.steps = 400;
       Run *r = run_new (&sc);
       g_autoptr (GError) error = NULL;
@@ -926,6 +937,7 @@ test_subquadratic (void **state)
   run_free (covering);
   /* A budget that cannot hold the window. */
   sc.params[0] = "window=100";
+  sc.separate = FALSE;
   sc.capacity = 96;
   sc.gran = SIFT_EVICT_TOKEN;
   Run *r = run_new (&sc);
