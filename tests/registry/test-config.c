@@ -61,6 +61,18 @@ test_registry (void)
   return sift_registry_new (dirs);
 }
 
+/* The good test plugin and every shipped policy: the configs in configs/
+ * name the shipped ones. */
+static SiftRegistry *
+shipped_registry (void)
+{
+  g_setenv ("SIFT_POLICY_PATH", "", TRUE);
+  g_setenv ("SIFT_POLICY_SYSTEM_PATH", "", TRUE);
+  g_autofree char *dirs = g_strdup (GOOD_DIR ":" POLICY_DIRS);
+  g_auto (GStrv) list = g_strsplit (dirs, ":", -1);
+  return sift_registry_new ((const char *const *) list);
+}
+
 static char *
 expected_text (const char *name)
 {
@@ -429,24 +441,6 @@ test_merge (void **state)
   g_unlink (a);
   g_unlink (b);
   g_rmdir (dir);
-}
-
-/* test_registry's directories and every shipped policy built here (the
- * folders beside FULL_DIR): the shipped configs name them. */
-static SiftRegistry *
-shipped_registry (void)
-{
-  g_setenv ("SIFT_POLICY_PATH", "", TRUE);
-  g_setenv ("SIFT_POLICY_SYSTEM_PATH", "", TRUE);
-  g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
-  g_ptr_array_add (dirs, g_strdup (GOOD_DIR));
-  g_ptr_array_add (dirs, g_strdup (BROKEN_DIR));
-  g_autofree char *root = g_path_get_dirname (FULL_DIR);
-  g_autoptr (GDir) dir = g_dir_open (root, 0, NULL);
-  for (const char *name; dir != NULL && (name = g_dir_read_name (dir)) != NULL;)
-    g_ptr_array_add (dirs, g_build_filename (root, name, NULL));
-  g_ptr_array_add (dirs, NULL);
-  return sift_registry_new ((const char *const *) dirs->pdata);
 }
 
 /* The resolved YAML reads back into the same config; shipped configs load. */
