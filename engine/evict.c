@@ -332,28 +332,15 @@ reoffload (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const pol[2]
     .v = { vbuf, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size,
            (gint64) s->block_size * s->head_dim, s->head_dim },
   };
-  /* Each policy once, through the hook of the phase it serves (one
-   * instance serving both phases: the current phase's). */
-  const gboolean same = pol[0] == pol[1];
+  /* Each of the layer's policies once, through the hook of the block's
+   * phase, as when it was first stored. */
+  SiftPolicy *const seen[2] = { pol[0], pol[1] != pol[0] ? pol[1] : NULL };
   for (int i = 0; i < 2; i++)
-    {
-      SiftPolicy *p = pol[i];
-      if (p == NULL || (i == 0 && same))
-        continue;
-      gboolean decode_hook = i == 1 && !(same && ctx->phase == SIFT_PHASE_PREFILL);
-      gboolean (*hook) (SiftPolicy *, const SiftPolicyContext *, const SiftBlockInfo *, GError **)
-        = decode_hook ? p->ops->on_decode_offload : p->ops->on_prefill_offload;
-      GError *local = NULL;
-      if (hook != NULL && !hook (p, &c, &info, &local))
-        {
-          g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
-                       "policy '%s': %s after compaction of block %" G_GINT64_FORMAT " failed: %s", p->ops->name,
-                       decode_hook ? "on_decode_offload" : "on_prefill_offload", b,
-                       local ? local->message : "(no message)");
-          g_clear_error (&local);
-          return FALSE;
-        }
-    }
+    if (seen[i] != NULL && !sift_engine_call_offload_hook (seen[i], m->phase, &c, &info, error))
+      {
+        g_prefix_error (error, "after compaction of block %" G_GINT64_FORMAT ": ", b);
+        return FALSE;
+      }
   return TRUE;
 }
 
