@@ -1,6 +1,7 @@
 /* The YAML config: parsing (libyaml, table-driven), --set overrides,
  * policy resolution against the registry, and the checks that need
  * several keys at once. Every error points at a node: file:line:col. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -142,17 +143,19 @@ origin_at (const Config *cfg, gsize offset)
   return g_hash_table_lookup (cfg->origins, GSIZE_TO_POINTER (offset + 1));
 }
 
-/* The most recent of several fields' origins: the write that made a
- * combination impossible. */
+/* The most recent write among several fields (NULL: all defaults): the
+ * write that made a combination impossible. */
 static const Origin *
-latest (const Config *cfg, gsize a, gsize b)
+latest_of (const Config *cfg, const gsize *offsets, gsize n)
 {
-  const Origin *x = origin_at (cfg, a), *y = origin_at (cfg, b);
-  if (x == NULL)
-    return y;
-  if (y == NULL)
-    return x;
-  return x->seq >= y->seq ? x : y;
+  const Origin *best = NULL;
+  for (gsize i = 0; i < n; i++)
+    {
+      const Origin *o = origin_at (cfg, offsets[i]);
+      if (o != NULL && (best == NULL || o->seq > best->seq))
+        best = o;
+    }
+  return best;
 }
 
 /* ---- Setups ----------------------------------------------------------------- */
@@ -283,6 +286,23 @@ expect_scalar (Ctx *c, yaml_node_t *node, const char *path, const char *what, GE
   return FALSE;
 }
 
+/* A number too large (or small) for its type: a range error, not a type error. */
+static gboolean
+beyond_range (const char *text, gboolean integer)
+{
+  if (integer)
+    {
+      const char *digits = text + (*text == '+' || *text == '-');
+      return *digits != '\0' && strspn (digits, "0123456789") == strlen (digits);
+    }
+  if (strspn (text, "+-0123456789.eE") != strlen (text))
+    return FALSE;
+  char *end = NULL;
+  errno = 0;
+  g_ascii_strtod (text, &end);
+  return end != text && *end == '\0' && errno == ERANGE;
+}
+
 static gboolean
 number (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gboolean integer, double *as_double,
         gint64 *as_int, GError **error)
@@ -300,6 +320,12 @@ number (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gboolean inte
     }
   else if (ok)
     ok = sift_text_to_float (text, as_double);
+  if (!ok && !quoted (node) && beyond_range (text, integer))
+    {
+      g_autofree char *range = sift_range_to_text (k->min, k->max, integer);
+      FAIL (RANGE, &at, "%s: %s is out of range %s", path, text, k->min <= k->max ? range : "(too large)");
+      return FALSE;
+    }
   if (!ok)
     {
       FAIL (TYPE, &at, "%s: expected %s, got '%s'", path, what, text);
@@ -799,6 +825,21 @@ clamp_to_text (Origin *at)
     }
 }
 
+/* Line and column (1-based, bytes) of a byte offset in text. */
+static void
+at_offset (const char *text, gsize offset, Origin *at)
+{
+  at->line = 1;
+  const char *line = text;
+  for (const char *c = text; c < text + offset && *c; c++)
+    if (*c == '\n')
+      {
+        at->line++;
+        line = c + 1;
+      }
+  at->col = (gint) (text + offset - line) + 1;
+}
+
 /* Parses text as one YAML document into doc; FALSE with a located SYNTAX error. */
 static gboolean
 load_document (const Source *src, const char *text, gint col_offset, yaml_document_t *doc, GError **error)
@@ -832,6 +873,8 @@ load_document (const Source *src, const char *text, gint col_offset, yaml_docume
   if (!ok)
     {
       Origin at = { src, (gint) parser.problem_mark.line + 1, (gint) parser.problem_mark.column + 1, 0 };
+      if (parser.error == YAML_READER_ERROR)
+        at_offset (text, parser.problem_offset, &at); /* the reader's mark is not set: its offset is */
       if (parser.problem_mark.line == 0)
         at.col += col_offset;
       clamp_to_text (&at);
@@ -887,7 +930,10 @@ read_file (const char *path, char **text, GError **error)
     }
   if (strlen (*text) != len)
     {
-      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_SYNTAX, "%s: contains a NUL byte", path);
+      Origin at = { NULL, 0, 0, 0 };
+      at_offset (*text, strlen (*text), &at);
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_SYNTAX,
+                   "%s:%d:%d: contains a NUL byte (not a YAML text file)", path, at.line, at.col);
       g_clear_pointer (text, g_free);
       return FALSE;
     }
@@ -1191,8 +1237,26 @@ sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *regis
 
 /* ---- Checks across keys ----------------------------------------------------------- */
 
+/* The fields that size what a run keeps in memory. */
+static const gsize memory_keys[] = {
+  G_STRUCT_OFFSET (Config, pub.shape.n_layers),   G_STRUCT_OFFSET (Config, pub.shape.n_q_heads),
+  G_STRUCT_OFFSET (Config, pub.shape.n_kv_heads), G_STRUCT_OFFSET (Config, pub.shape.head_dim),
+  G_STRUCT_OFFSET (Config, pub.shape.block_size), G_STRUCT_OFFSET (Config, pub.shape.chunk_size),
+  G_STRUCT_OFFSET (Config, pub.ring_slots),       G_STRUCT_OFFSET (Config, pub.store),
+  G_STRUCT_OFFSET (Config, pub.store_dtype),      G_STRUCT_OFFSET (Config, pub.compute_dtype),
+  G_STRUCT_OFFSET (Config, pub.harness.lengths),  G_STRUCT_OFFSET (Config, pub.harness.length_max),
+  G_STRUCT_OFFSET (Config, pub.harness.decode_steps),
+};
+
+static char *
+size_text (double bytes)
+{
+  return g_format_size ((guint64) MIN (bytes, 1.8e19));
+}
+
 #define AT(field) origin_at (cfg, G_STRUCT_OFFSET (Config, field))
-#define LATEST(a, b) latest (cfg, G_STRUCT_OFFSET (Config, a), G_STRUCT_OFFSET (Config, b))
+#define LATEST(a, b) \
+  latest_of (cfg, (const gsize[]){ G_STRUCT_OFFSET (Config, a), G_STRUCT_OFFSET (Config, b) }, 2)
 
 static gboolean
 validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
@@ -1306,6 +1370,21 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
     return INVALID (LATEST (pub.capacity_tokens, pub.harness.lengths),
                     "kv.capacity_tokens = %" G_GINT64_FORMAT " cannot hold the longest context (%" G_GINT64_FORMAT
                     " tokens + %" G_GINT64_FORMAT " decode steps)", p->capacity_tokens, longest, h->decode_steps);
+  SiftConfigMemory mem;
+  sift_config_memory_estimate (p, longest, &mem);
+  if (mem.machine > 0 && mem.engine + mem.store > mem.machine)
+    {
+      g_autofree char *need = size_text (mem.engine + mem.store);
+      g_autofree char *engine = size_text (mem.engine);
+      g_autofree char *store = size_text (mem.store);
+      g_autofree char *machine = size_text (mem.machine);
+      return INVALID (latest_of (cfg, memory_keys, G_N_ELEMENTS (memory_keys)),
+                      "this config needs about %s of memory at once (%s of buffers, %s of KV in the host store for "
+                      "%" G_GINT64_FORMAT " tokens), more than this machine's %s: make model.layers, the heads, "
+                      "model.head_dim, kv.chunk_size or harness.lengths smaller%s",
+                      need, engine, store, longest, machine,
+                      mem.store > 0 ? ", or keep the KV in a file (offload.store: file)" : "");
+    }
 #undef INVALID
   if (!validate_setups (cfg, registry, error))
     return FALSE;
