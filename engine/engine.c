@@ -1076,13 +1076,13 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
               {
                 guint8 *buf = which == 0 ? e->decode_k[layer] : e->decode_v[layer];
                 gint64 t = e->decode_start[layer] + (p - dec0);
-                sift_convert (buf + (gsize) ((h * e->decode_cap + t) * s->head_dim) * e->es,
+                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + t) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else if (p >= pf0 && p < pf1)
               {
                 guint8 *buf = which == 0 ? e->prefill_k[layer] : e->prefill_v[layer];
-                sift_convert (buf + (gsize) ((h * s->chunk_size + (p - pf0)) * s->head_dim) * e->es,
+                sift_convert (buf + (gsize) (((gint64) h * s->chunk_size + (p - pf0)) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else
