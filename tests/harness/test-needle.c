@@ -177,6 +177,35 @@ test_every_kind_full_passes (void **state)
     }
 }
 
+/* The shipped configs load, expand, plan and build their model. */
+static void
+test_shipped_configs (void **state)
+{
+  (void) state;
+  const char *files[] = { CONFIG_DIR "/default.yaml", CONFIG_DIR "/large.yaml" };
+  g_autoptr (SiftRegistry) registry = sift_registry_new (NULL);
+  for (gsize f = 0; f < G_N_ELEMENTS (files); f++)
+    {
+      g_autoptr (GError) error = NULL;
+      g_autoptr (SiftConfig) cfg = sift_config_load (files[f], registry, &error);
+      if (cfg == NULL)
+        fail_msg ("%s", error->message);
+      HarnessGrid g;
+      assert_true (harness_grid_expand (&cfg->harness, &g, &error));
+      assert_true (g.n_lengths >= 3 && g.n_depths >= 5);
+      for (gsize l = 0; l < g.n_lengths; l++)
+        {
+          g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g.lengths[l], 1.0,
+                                                                  cfg->synthetic.sink_tokens, cfg->harness.seed, &error);
+          assert_non_null (plan);
+          g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
+                                                                      &error);
+          assert_non_null (src);
+        }
+      harness_grid_clear (&g);
+    }
+}
+
 int
 main (void)
 {
@@ -186,6 +215,7 @@ main (void)
     cmocka_unit_test (test_dense_layers_recall),
     cmocka_unit_test (test_needles_off_nothing_passes),
     cmocka_unit_test (test_every_kind_full_passes),
+    cmocka_unit_test (test_shipped_configs),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
