@@ -18,6 +18,9 @@ expect 2 "more than this machine's" "$SIFT" needle --out "$WORK/out" $huge
 expect 2 "of KV in the host store for 1000000000000 tokens" "$SIFT" needle --out "$WORK/out" \
   --set 'harness.lengths=[1000000000000]'
 expect 2 "kv.block_size=65536" "$SIFT" config check c.yaml --set kv.chunk_size=16777216 --set kv.block_size=65536
+# Needle groups the planner cannot place are refused where they are written.
+expect 2 "--set:1:23: harness.n_distractors: 1000 is out of range [0, 64]" \
+  "$SIFT" config check c.yaml --set harness.n_distractors=1000
 # The same long context with the KV in a file is not refused for memory.
 printf 'offload:\n  store: file\nharness:\n  lengths: [1000000000000]\n' >file.yaml
 expect 0 "" "$SIFT" config check file.yaml
