@@ -78,4 +78,8 @@ const char *sift_cli_default_config (void);
  * SIFT_EXIT_USAGE; others as "sift COMMAND: message" with SIFT_EXIT_FAILED. */
 int sift_cli_fail (const char *command, const GError *error);
 
+/* Flushes stdout: a command whose output could not be written (a full
+ * disk, a closed pipe) says so and returns SIFT_EXIT_FAILED, else status. */
+int sift_cli_done (const char *command, int status);
+
 G_END_DECLS

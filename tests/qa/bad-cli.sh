@@ -16,4 +16,11 @@ echo data >afile
 # shellcheck disable=SC2086
 expect fail "$WORK/afile" "$SIFT" needle $tiny --out "$WORK/afile"
 [ "$(cat afile)" = data ] && echo "ok: afile intact" || { echo "FAIL: afile changed"; failures=$((failures + 1)); }
+# Output that cannot be written (a full disk) is an error, not a silent success.
+if [ -c /dev/full ]; then
+  : >c.yaml
+  expect 3 "sift config: cannot write the output" sh -c "\"\$0\" config check c.yaml >/dev/full" "$SIFT"
+  expect 3 "sift policies: cannot write the output" sh -c "\"\$0\" policies list >/dev/full" "$SIFT"
+  expect 3 "sift policies: cannot write the output" sh -c "\"\$0\" policies info full >/dev/full" "$SIFT"
+fi
 finish
