@@ -1,7 +1,6 @@
 /* The YAML config: parsing (libyaml, table-driven), --set overrides,
  * policy resolution against the registry, and the checks that need
  * several keys at once. Every error points at a node: file:line:col. */
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -286,23 +285,6 @@ expect_scalar (Ctx *c, yaml_node_t *node, const char *path, const char *what, GE
   return FALSE;
 }
 
-/* A number too large (or small) for its type: a range error, not a type error. */
-static gboolean
-beyond_range (const char *text, gboolean integer)
-{
-  if (integer)
-    {
-      const char *digits = text + (*text == '+' || *text == '-');
-      return *digits != '\0' && strspn (digits, "0123456789") == strlen (digits);
-    }
-  if (strspn (text, "+-0123456789.eE") != strlen (text))
-    return FALSE;
-  char *end = NULL;
-  errno = 0;
-  g_ascii_strtod (text, &end);
-  return end != text && *end == '\0' && errno == ERANGE;
-}
-
 static gboolean
 number (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gboolean integer, double *as_double,
         gint64 *as_int, GError **error)
@@ -320,7 +302,7 @@ number (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gboolean inte
     }
   else if (ok)
     ok = sift_text_to_float (text, as_double);
-  if (!ok && !quoted (node) && beyond_range (text, integer))
+  if (!ok && !quoted (node) && sift_text_beyond_range (text, integer))
     {
       g_autofree char *range = sift_range_to_text (k->min, k->max, integer);
       FAIL (RANGE, &at, "%s: %s is out of range %s", path, text, k->min <= k->max ? range : "(too large)");

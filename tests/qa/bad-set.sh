@@ -22,4 +22,10 @@ s 'policies.nolabel.decode=full' "no setup labelled 'nolabel'"
 s 'policies=[]' "the list is empty"
 s 'policy.decode=nosuch' "no policy named 'nosuch'"
 s 'harness.lengths=[]' "harness.lengths is empty"
+# Policy parameters: a number too large is out of range, not of the wrong type.
+GOOD_DIR=$3
+p () { SIFT_POLICY_PATH="$GOOD_DIR:$SIFT_POLICY_PATH" expect 2 "$2" "$SIFT" config check c.yaml --set policy.decode=good --set "$1"; }
+p 'policy.decode.params.stride=99999999999999999999' "parameter 'stride' = 99999999999999999999 is out of range [1, 64]"
+p 'policy.decode.params.ratio=1e999' "parameter 'ratio' = 1e999 is out of range"
+p 'policy.decode.params.stride=abc' "parameter 'stride' expects an integer, got 'abc'"
 finish
