@@ -45,12 +45,27 @@ located (const Origin *at, const char *fallback, const char *message)
       gsize len = end ? (gsize) (end - line) : strlen (line);
       if (len > 0 && line[len - 1] == '\r')
         len--;
-      g_string_append_c (s, '\n');
-      g_string_append_len (s, line, (gssize) len);
-      g_string_append_c (s, '\n');
+      end = line + len;
+      /* A long line shows SHOWN characters either side of the column
+       * (next_char may step past the end over bytes that are not UTF-8). */
+      enum { SHOWN = 80 };
+      const char *at_char = line;
+      for (gint col = 1; col < at->col && at_char < end; col++)
+        at_char = MIN (g_utf8_next_char (at_char), end);
+      const char *from = at_char, *to = at_char;
+      for (gint i = 0; i < SHOWN && from > line; i++)
+        {
+          const char *prev = g_utf8_find_prev_char (line, from);
+          from = prev != NULL ? prev : line;
+        }
+      for (gint i = 0; i < SHOWN && to < end; i++)
+        to = MIN (g_utf8_next_char (to), end);
+      const char *lead = from > line ? "..." : "";
+      g_string_append_printf (s, "\n%s", lead);
+      g_string_append_len (s, from, (gssize) (to - from));
+      g_string_append_printf (s, "%s\n%s", to < end ? "..." : "", from > line ? "   " : "");
       /* The caret keeps the line's tabs and counts UTF-8 characters as one. */
-      const char *c = line;
-      for (gint col = 1; col < at->col && c < line + len; col++, c = g_utf8_next_char (c))
+      for (const char *c = from; c < at_char; c = g_utf8_next_char (c))
         g_string_append_c (s, *c == '\t' ? '\t' : ' ');
       g_string_append_c (s, '^');
     }
@@ -822,10 +837,51 @@ at_offset (const char *text, gsize offset, Origin *at)
   at->col = (gint) (text + offset - line) + 1;
 }
 
+/* libyaml's scanner takes time quadratic in the nesting of flow
+ * collections (minutes for a few hundred thousand '['): a config never
+ * nests deeper than a few levels, so the events are read first and a deep
+ * document refused at its first level too many. Other errors are left to
+ * the loader, which reports them. */
+#define MAX_DEPTH 64
+
+static gboolean
+check_depth (const Source *src, const char *text, gint col_offset, GError **error)
+{
+  yaml_parser_t parser;
+  yaml_parser_initialize (&parser);
+  yaml_parser_set_input_string (&parser, (const unsigned char *) text, strlen (text));
+  gint depth = 0;
+  gboolean ok = TRUE, done = FALSE;
+  while (ok && !done)
+    {
+      yaml_event_t event;
+      if (!yaml_parser_parse (&parser, &event))
+        break;
+      if (event.type == YAML_SEQUENCE_START_EVENT || event.type == YAML_MAPPING_START_EVENT)
+        depth++;
+      else if (event.type == YAML_SEQUENCE_END_EVENT || event.type == YAML_MAPPING_END_EVENT)
+        depth--;
+      done = event.type == YAML_STREAM_END_EVENT;
+      if (depth > MAX_DEPTH)
+        {
+          Origin at = { src, (gint) event.start_mark.line + 1, (gint) event.start_mark.column + 1, 0 };
+          if (event.start_mark.line == 0)
+            at.col += col_offset;
+          FAIL (SYNTAX, &at, "nested deeper than %d levels", MAX_DEPTH);
+          ok = FALSE;
+        }
+      yaml_event_delete (&event);
+    }
+  yaml_parser_delete (&parser);
+  return ok;
+}
+
 /* Parses text as one YAML document into doc; FALSE with a located SYNTAX error. */
 static gboolean
 load_document (const Source *src, const char *text, gint col_offset, yaml_document_t *doc, GError **error)
 {
+  if (!check_depth (src, text, col_offset, error))
+    return FALSE;
   yaml_parser_t parser;
   yaml_parser_initialize (&parser);
   yaml_parser_set_input_string (&parser, (const unsigned char *) text, strlen (text));

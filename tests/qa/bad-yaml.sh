@@ -27,6 +27,11 @@ check scalar 'hello\n' "scalar.yaml:1:1: the top level must be a mapping"
 check list '- a\n- b\n' "got a list"
 check null-value 'kv:\n  block_size:\n' "kv.block_size: expected an integer, got nothing"
 check two-docs 'kv: {}\n---\nmodel: {}\n' "only one YAML document per config"
+# Deep nesting: refused at once (libyaml alone takes minutes on this), and
+# the quoted line is cut around the column instead of printed whole.
+awk 'BEGIN { printf "harness:\n  lengths: "; for (i = 0; i < 200000; i++) printf "["; for (i = 0; i < 200000; i++) printf "]"; print "" }' >deep.yaml
+expect 2 "deep.yaml:2:74: nested deeper than 64 levels" "$SIFT" config check deep.yaml
+[ "$(wc -c <"$WORK/stderr")" -lt 1000 ] && echo "ok: short quote" || { echo "FAIL: the whole line quoted"; failures=$((failures + 1)); }
 mkdir adir
 expect 2 "adir: cannot read" "$SIFT" config check adir
 expect 2 "nosuch.yaml: cannot read" "$SIFT" config check nosuch.yaml
