@@ -547,6 +547,8 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
             node_kind (map));
       return FALSE;
     }
+  /* name -> its key node: many parameters cost linear time, not quadratic. */
+  g_autoptr (GHashTable) seen = g_hash_table_new (g_str_hash, g_str_equal);
   for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++)
     {
       yaml_node_t *key = yaml_document_get_node (c->doc, p->key);
@@ -557,16 +559,14 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
           FAIL (TYPE, &key_at, "%s.params: parameter names are scalars, got %s", path, node_kind (key));
           return FALSE;
         }
-      for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
+      const yaml_node_t *prev = g_hash_table_lookup (seen, scalar (key));
+      if (prev != NULL)
         {
-          yaml_node_t *prev = yaml_document_get_node (c->doc, q->key);
-          if (prev->type == YAML_SCALAR_NODE && strcmp (scalar (prev), scalar (key)) == 0)
-            {
-              FAIL (DUPLICATE_KEY, &key_at, "%s.params: duplicate parameter '%s' (first given at line %d)", path,
-                    scalar (key), (int) prev->start_mark.line + 1);
-              return FALSE;
-            }
+          FAIL (DUPLICATE_KEY, &key_at, "%s.params: duplicate parameter '%s' (first given at line %d)", path,
+                scalar (key), (int) prev->start_mark.line + 1);
+          return FALSE;
         }
+      g_hash_table_insert (seen, (gpointer) scalar (key), key);
       g_autofree char *ppath = g_strdup_printf ("%s.params.%s", path, scalar (key));
       RawParam *r = g_new0 (RawParam, 1);
       if (!param_text (c, value, ppath, &r->text, error))
@@ -577,7 +577,7 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
       r->key = g_strdup (scalar (key));
       r->key_at = key_at;
       r->value_at = origin_of (c, value);
-      raw_put (s->raw[phase], r);
+      g_ptr_array_add (s->raw[phase], r); /* emptied by parse_choice; the names are distinct */
     }
   return TRUE;
 }
