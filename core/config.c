@@ -1305,6 +1305,7 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
       g_ptr_array_add (cfg->pub.setups, setup_new ("policy"));
       cfg->implied_setup = TRUE;
     }
+  g_autoptr (GHashTable) labels = g_hash_table_new (g_str_hash, g_str_equal); /* borrowed */
   for (guint i = 0; i < cfg->pub.setups->len; i++)
     {
       Setup *s = cfg->pub.setups->pdata[i];
@@ -1315,16 +1316,12 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
                            ? g_strdup (s->pub.prefill.name)
                            : g_strdup_printf ("%s+%s", s->pub.prefill.name, s->pub.decode.name);
         }
-      for (guint j = 0; j < i; j++)
+      if (!g_hash_table_add (labels, s->pub.label))
         {
-          Setup *t = cfg->pub.setups->pdata[j];
-          if (strcmp (s->pub.label, t->pub.label) == 0)
-            {
-              const Origin *at = s->label_given ? &s->label_at : s->at.src ? &s->at : NULL;
-              fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, at, file,
-                       "%s: two setups are labelled '%s'; give each a distinct 'label'", s->where, s->pub.label);
-              return FALSE;
-            }
+          const Origin *at = s->label_given ? &s->label_at : s->at.src ? &s->at : NULL;
+          fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, at, file,
+                   "%s: two setups are labelled '%s'; give each a distinct 'label'", s->where, s->pub.label);
+          return FALSE;
         }
       for (gsize d = 0; d < s->pub.n_dense_layers; d++)
         {

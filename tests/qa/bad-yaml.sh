@@ -38,6 +38,10 @@ awk 'BEGIN { print "policy:\n  decode:\n    name: full\n    params:"; for (i = 0
 start=$(date +%s)
 expect 2 "many.yaml:5:7: policy.decode.params.p0: policy 'full': undeclared parameter 'p0'" "$SIFT" config check many.yaml
 [ $(($(date +%s) - start)) -lt 10 ] && echo "ok: many parameters quickly" || { echo "FAIL: many parameters slow"; failures=$((failures + 1)); }
+awk 'BEGIN { print "policies:"; for (i = 0; i < 20000; i++) printf "  - label: s%d\n", i; print "  - label: s7" }' >setups.yaml
+start=$(date +%s)
+expect 2 "two setups are labelled 's7'" "$SIFT" config check setups.yaml
+[ $(($(date +%s) - start)) -lt 10 ] && echo "ok: many setups quickly" || { echo "FAIL: many setups slow"; failures=$((failures + 1)); }
 mkdir adir
 expect 2 "adir: cannot read" "$SIFT" config check adir
 expect 2 "nosuch.yaml: cannot read" "$SIFT" config check nosuch.yaml
