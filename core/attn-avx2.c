@@ -1,7 +1,7 @@
 /* AVX2 attention kernels: the vector operations of attn-simd.h on 8-lane
  * __m256 (built with -mavx2 -mfma -mf16c, called only when the CPU has them).
  * attn-simd.h needs: VL, vf, vload, vstore, vset1, vzero, vfma, vmul, vadd,
- * vsub, vmax, vhsum (sum of the lanes), vcvt_f16, vcvt_bf16 (VL elements to f32), vmask_ge,
+ * vsub, vmax, vhsum (sum of the lanes), vtranspose (VL x VL block), vcvt_f16, vcvt_bf16 (VL elements to f32), vmask_ge,
  * vzero_where_neg_inf, vexp2 and the microkernel's block MR x NR (MR must
  * divide BK and VL). */
 #include <immintrin.h>
@@ -33,6 +33,35 @@ vhsum (vf x)
   s = _mm_add_ps (s, _mm_movehl_ps (s, s));
   s = _mm_add_ss (s, _mm_movehdup_ps (s));
   return _mm_cvtss_f32 (s);
+}
+
+/* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 8: an 8 x 8 block
+ * transposed in registers (4x4 within 128-bit lanes, then lanes). */
+static inline void
+vtranspose (const float *const *src, gsize c0, vf scale, float *dst, gsize ld)
+{
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; i++)
+    r[i] = _mm256_mul_ps (_mm256_loadu_ps (src[i] + c0), scale);
+  for (int i = 0; i < 8; i += 2)
+    {
+      t[i] = _mm256_unpacklo_ps (r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps (r[i], r[i + 1]);
+    }
+  for (int m = 0; m < 2; m++)
+    {
+      __m256d a = _mm256_castps_pd (t[4 * m]), b = _mm256_castps_pd (t[4 * m + 1]);
+      __m256d c = _mm256_castps_pd (t[4 * m + 2]), e = _mm256_castps_pd (t[4 * m + 3]);
+      r[4 * m] = _mm256_castpd_ps (_mm256_unpacklo_pd (a, c));
+      r[4 * m + 1] = _mm256_castpd_ps (_mm256_unpackhi_pd (a, c));
+      r[4 * m + 2] = _mm256_castpd_ps (_mm256_unpacklo_pd (b, e));
+      r[4 * m + 3] = _mm256_castpd_ps (_mm256_unpackhi_pd (b, e));
+    }
+  for (int k = 0; k < 4; k++)
+    {
+      _mm256_storeu_ps (dst + (gsize) k * ld, _mm256_permute2f128_ps (r[k], r[4 + k], 0x20));
+      _mm256_storeu_ps (dst + (gsize) (4 + k) * ld, _mm256_permute2f128_ps (r[k], r[4 + k], 0x31));
+    }
 }
 
 static inline vf

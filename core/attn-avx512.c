@@ -25,6 +25,42 @@ static inline vf vmax (vf a, vf b) { return _mm512_max_ps (a, b); }
 
 static inline float vhsum (vf x) { return _mm512_reduce_add_ps (x); }
 
+/* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 16: a 16 x 16 block
+ * transposed in registers (4x4 within 128-bit lanes, then lanes). */
+static inline void
+vtranspose (const float *const *src, gsize c0, vf scale, float *dst, gsize ld)
+{
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; i++)
+    r[i] = _mm512_mul_ps (_mm512_loadu_ps (src[i] + c0), scale);
+  for (int i = 0; i < 16; i += 2)
+    {
+      t[i] = _mm512_unpacklo_ps (r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps (r[i], r[i + 1]);
+    }
+  /* u[4m + k] holds, in 128-bit lane L, column 4L + k of rows 4m..4m+3. */
+  for (int m = 0; m < 4; m++)
+    {
+      __m512d a = _mm512_castps_pd (t[4 * m]), b = _mm512_castps_pd (t[4 * m + 1]);
+      __m512d c = _mm512_castps_pd (t[4 * m + 2]), e = _mm512_castps_pd (t[4 * m + 3]);
+      r[4 * m] = _mm512_castpd_ps (_mm512_unpacklo_pd (a, c));
+      r[4 * m + 1] = _mm512_castpd_ps (_mm512_unpackhi_pd (a, c));
+      r[4 * m + 2] = _mm512_castpd_ps (_mm512_unpacklo_pd (b, e));
+      r[4 * m + 3] = _mm512_castpd_ps (_mm512_unpackhi_pd (b, e));
+    }
+  for (int k = 0; k < 4; k++)
+    {
+      __m512 pa = _mm512_shuffle_f32x4 (r[k], r[4 + k], 0x44);
+      __m512 pb = _mm512_shuffle_f32x4 (r[k], r[4 + k], 0xee);
+      __m512 qa = _mm512_shuffle_f32x4 (r[8 + k], r[12 + k], 0x44);
+      __m512 qb = _mm512_shuffle_f32x4 (r[8 + k], r[12 + k], 0xee);
+      _mm512_storeu_ps (dst + (gsize) k * ld, _mm512_shuffle_f32x4 (pa, qa, 0x88));
+      _mm512_storeu_ps (dst + (gsize) (4 + k) * ld, _mm512_shuffle_f32x4 (pa, qa, 0xdd));
+      _mm512_storeu_ps (dst + (gsize) (8 + k) * ld, _mm512_shuffle_f32x4 (pb, qb, 0x88));
+      _mm512_storeu_ps (dst + (gsize) (12 + k) * ld, _mm512_shuffle_f32x4 (pb, qb, 0xdd));
+    }
+}
+
 static inline vf
 vcvt_f16 (const guint16 *p)
 {

@@ -121,6 +121,14 @@ load_row (const SiftView *v, gint64 h, gint64 t, float *dst, gint32 d, gint32 dp
     dst[c] = 0.0f;
 }
 
+ALWAYS_INLINE void
+prefetch_row (const SiftView *v, gint64 h, gint64 t, gsize bytes)
+{
+  const char *p = sift_view_row (v, h, t);
+  for (gsize off = 0; off < bytes; off += 64)
+    __builtin_prefetch (p + off);
+}
+
 /* C[i][0..nb VL) = (alpha ? alpha[i] C[i] : 0) + sum_k A(i, k) B[k][0..nb VL)
  * for MR rows i, where A(i, k) = a[i * a_row + k * a_col]: broadcast one
  * element of A, multiply a vector of B, MR x nb accumulators in registers.
@@ -305,8 +313,12 @@ static void
 write_row (const SiftAttnArgs *a, gint64 h, gint64 t, const float *acc, float m, float l)
 {
   float *o = sift_view_row (a->out, h, t);
+  const gint32 d = a->q->head_dim;
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (gint32 c = 0; c < a->q->head_dim; c++)
+  gint32 c = 0;
+  for (; c + VL <= d; c += VL)
+    vstore (o + c, vmul (vload (acc + c), vset1 (inv)));
+  for (; c < d; c++)
     o[c] = acc[c] * inv;
   a->lse[h * a->q->n_tokens + t] = l > 0.0f ? m * (float) G_LN2 + logf (l) : -INFINITY;
 }
@@ -343,20 +355,32 @@ run_item (const Plan *p, gint64 item, float *buf)
       /* Lanes of rows >= R are never scored: keep them finite. */
       memset (s.st, 0, BK * rp * sizeof (float));
       memset (s.qt, 0, MR * dp * sizeof (float));
+      const vf qscale = vset1 (p->qscale);
       for (gsize r = 0; r < R; r++)
-        for (gint32 c = 0; c < d; c++)
-          s.qt[r * dp + (gsize) c] = qrow[r][c] * p->qscale;
+        {
+          gint32 c = 0;
+          for (; c + VL <= d; c += VL)
+            vstore (s.qt + r * dp + (gsize) c, vmul (vload (qrow[r] + c), qscale));
+          for (; c < d; c++)
+            s.qt[r * dp + (gsize) c] = qrow[r][c] * p->qscale;
+        }
     }
   else
     {
-      memset (s.qt + (gsize) d * rp, 0, (dp - (gsize) d) * rp * sizeof (float));
-      for (gint32 c = 0; c < d; c++)
+      /* VL x VL blocks transposed in registers; rows past R read zeros. */
+      memset (s.o, 0, dp * sizeof (float));
+      const vf qscale = vset1 (p->qscale);
+      const gint32 dv = d / VL * VL;
+      for (gsize r0 = 0; r0 < rp; r0 += VL)
         {
-          float *col = s.qt + (gsize) c * rp;
-          for (gsize r = 0; r < R; r++)
-            col[r] = qrow[r][c] * p->qscale;
-          for (gsize r = R; r < rp; r++)
-            col[r] = 0.0f;
+          const float *src[VL];
+          for (gsize i = 0; i < VL; i++)
+            src[i] = r0 + i < R ? qrow[r0 + i] : s.o;
+          for (gint32 c = 0; c < dv; c += VL)
+            vtranspose (src, (gsize) c, qscale, s.qt + (gsize) c * rp + r0, rp);
+          for (gint32 c = dv; c < (gint32) dp; c++)
+            for (gsize i = 0; i < VL; i++)
+              s.qt[(gsize) c * rp + r0 + i] = c < d ? src[i][c] * p->qscale : 0.0f;
         }
     }
   for (gsize r = R; r < rp; r++)
@@ -376,6 +400,7 @@ run_item (const Plan *p, gint64 item, float *buf)
   gint64 kb = kend * split / p->n_split / BK * BK;
   gint64 ke = split + 1 == p->n_split ? kend : kend * (split + 1) / p->n_split / BK * BK;
 
+  const gsize row_bytes = (gsize) d * (a->k->dtype == SIFT_DTYPE_F32 ? 4 : 2);
   for (gint64 j0 = kb; j0 < ke; j0 += BK)
     {
       gsize nk = (gsize) MIN ((gint64) BK, ke - j0);
@@ -388,6 +413,15 @@ run_item (const Plan *p, gint64 item, float *buf)
           max_pos = MAX (max_pos, (gint32) t);
           load_row (a->k, g, t, s.kc + j * dp, d, (gint32) dp);
           load_row (a->v, g, t, s.vc + j * dp, d, (gint32) dp);
+          /* The same row of the next tile is fetched while this tile
+           * computes: strided (token-major) K/V defeat the hardware prefetcher. */
+          gint64 jn = j0 + BK + (gint64) j;
+          if (jn < ke)
+            {
+              gint64 tn = p->mode == MODE_GATHER ? a->rows[jn] : jn;
+              prefetch_row (a->k, g, tn, row_bytes);
+              prefetch_row (a->v, g, tn, row_bytes);
+            }
         }
       memset (s.kc + nk * dp, 0, (nkp - nk) * dp * sizeof (float));
       if (few)

@@ -147,6 +147,7 @@ sift_bench_attention (int argc, char **argv)
       return 2;
     }
 
+  setvbuf (stdout, NULL, _IOLBF, 0); /* each figure as soon as it is measured */
   SiftPeak peak;
   sift_peak_measure (threads, MAX (repeats, 3), (gsize) mib << 20, &peak);
   sift_parallel_set_n_threads (threads);

@@ -1,0 +1,173 @@
+/* The minference policy: MInference's vertical-slash sparse prefill
+ * (Jiang et al., NeurIPS 2024) as a sift plugin.
+ *
+ * Prefill only, no block selection: every stored block streams through the
+ * ring slots; the policy changes only how attention is computed. Each
+ * chunk estimates its pattern from its own last `last_q` rows against every
+ * key so far (stored blocks, then the chunk), so a whole-prompt chunk is
+ * MInference exactly. See docs/policies/minference.md. */
+#include <math.h>
+
+#include <sift/attn.h>
+#include <sift/engine.h>
+#include <sift/policy.h>
+
+#include "pattern-file.h"
+#include "vs.h"
+
+typedef struct {
+  SiftPolicy parent;
+  VsEstimateOpts est;
+  gint64 vertical_size, slash_size;
+  double budget;
+  VsPatternFile patterns;
+} MinferencePolicy;
+
+static const SiftParamSpec minference_params[] = {
+  { "last_q", SIFT_PARAM_INT, "64", 1, 4096, NULL,
+    "query rows (the chunk's last) the pattern is estimated from" },
+  { "vertical_size", SIFT_PARAM_INT, "1000", 1, G_MAXINT32, NULL,
+    "key columns kept per head (sinks included), unless budget > 0" },
+  { "slash_size", SIFT_PARAM_INT, "6096", 1, G_MAXINT32, NULL,
+    "diagonals kept per head (recent included), unless budget > 0" },
+  { "budget", SIFT_PARAM_FLOAT, "0", 0, 1, NULL,
+    "> 0: adaptive sizes, a fraction of the sequence split max(31, 0.2 b) columns / max(101, 0.8 b) diagonals" },
+  { "num_sink_tokens", SIFT_PARAM_INT, "30", 0, G_MAXINT32, NULL,
+    "first key columns always kept" },
+  { "num_recent_diags", SIFT_PARAM_INT, "100", 1, G_MAXINT32, NULL,
+    "nearest diagonals always kept (distance 0 is the token itself)" },
+  { "tile_rows", SIFT_PARAM_INT, "4", 1, VS_TILE_MAX, NULL,
+    "query rows per kernel tile: a slash diagonal covers this many keys per row (MInference's GPU kernel: 64)" },
+  { "pattern_file", SIFT_PARAM_STRING, "", 0, -1, NULL,
+    "per-head patterns, MInference's JSON (or YAML) format; heads not listed use the sizes above" },
+  { NULL },
+};
+
+static gboolean
+minference_init (SiftPolicy *self, const SiftParams *params, GError **error)
+{
+  MinferencePolicy *p = (MinferencePolicy *) self;
+  p->est.tile = (gint32) sift_params_get_int (params, "tile_rows");
+  p->est.last_q = (gint32) sift_params_get_int (params, "last_q");
+  p->est.num_sink = sift_params_get_int (params, "num_sink_tokens");
+  p->est.num_recent = sift_params_get_int (params, "num_recent_diags");
+  p->vertical_size = sift_params_get_int (params, "vertical_size");
+  p->slash_size = sift_params_get_int (params, "slash_size");
+  p->budget = sift_params_get_float (params, "budget");
+  const char *file = sift_params_get_string (params, "pattern_file");
+  if (file != NULL && file[0] != '\0')
+    return vs_pattern_file_load (&p->patterns, file, self->shape->n_layers, self->shape->n_q_heads, error);
+  return TRUE;
+}
+
+static void
+minference_finalize (SiftPolicy *self)
+{
+  vs_pattern_file_clear (&((MinferencePolicy *) self)->patterns);
+}
+
+/* Sizes of each query head of `layer` for an n-key sequence. */
+static void
+head_sizes (const MinferencePolicy *p, gint32 layer, gint32 n_heads, gint64 n, VsSizes *sizes)
+{
+  for (gint32 h = 0; h < n_heads; h++)
+    {
+      const VsHeadPattern *hp = vs_pattern_file_get (&p->patterns, layer, h);
+      if (hp)
+        vs_sizes (n, hp->vertical, hp->slash, 0.0, p->est.num_sink, p->est.num_recent, &sizes[h].vertical,
+                  &sizes[h].slash);
+      else
+        vs_sizes (n, p->vertical_size, p->slash_size, p->budget, p->est.num_sink, p->est.num_recent,
+                  &sizes[h].vertical, &sizes[h].slash);
+    }
+}
+
+/* The layer's stored blocks through the ring slots (up to n_slots loads in
+ * flight), then the chunk's own keys. */
+typedef struct {
+  const SiftPolicyContext *ctx;
+} EngineSource;
+
+static gboolean
+engine_source (gpointer source, gboolean want_v, VsBlockFunc fn, gpointer data, GError **error)
+{
+  const SiftPolicyContext *ctx = ((EngineSource *) source)->ctx;
+  SiftEngine *engine = ctx->engine;
+  const gint32 n_slots = sift_engine_n_slots (engine);
+  const SiftLoadWhat what = want_v ? SIFT_LOAD_KV : SIFT_LOAD_K;
+  gint64 next = 0, done = 0;
+  gboolean ok = TRUE;
+
+  while (ok && next < ctx->n_blocks && next < n_slots)
+    {
+      ok = sift_engine_load_block (engine, ctx->layer, next, (gint32) (next % n_slots), what, error);
+      next++;
+    }
+  while (ok && done < next)
+    {
+      const gint32 slot = (gint32) (done % n_slots);
+      SiftView k, v;
+      gint32 n_valid = 0;
+      if (!(ok = sift_engine_wait_slot (engine, slot, error)))
+        break;
+      sift_engine_slot_kv (engine, slot, &k, &v, &n_valid);
+      SiftView kt = sift_view_tokens (&k, 0, n_valid), vt = sift_view_tokens (&v, 0, n_valid);
+      fn (data, &kt, want_v ? &vt : NULL, ctx->blocks[done].first_token);
+      sift_engine_slot_done (engine, slot);
+      done++;
+      if (next < ctx->n_blocks)
+        {
+          ok = sift_engine_load_block (engine, ctx->layer, next, (gint32) (next % n_slots), what, error);
+          next++;
+        }
+    }
+  /* On failure, let the loads in flight finish before the slots are reused. */
+  for (; done < next; done++)
+    {
+      const gint32 slot = (gint32) (done % n_slots);
+      sift_engine_wait_slot (engine, slot, NULL);
+      sift_engine_slot_done (engine, slot);
+    }
+  if (!ok)
+    return FALSE;
+  SiftView k, v;
+  sift_engine_local_kv (engine, ctx, &k, &v);
+  fn (data, &k, want_v ? &v : NULL, ctx->q_pos);
+  return TRUE;
+}
+
+static gboolean
+minference_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse,
+                    GError **error)
+{
+  MinferencePolicy *p = (MinferencePolicy *) self;
+  const SiftModelShape *shape = ctx->shape;
+  const gint64 n = ctx->q_pos + ctx->n_q;
+  g_autofree VsSizes *sizes = g_new (VsSizes, shape->n_q_heads);
+  head_sizes (p, ctx->layer, shape->n_q_heads, n, sizes);
+  if (vs_sizes_dense (sizes, shape->n_q_heads, n))
+    return sift_engine_attend_default (ctx->engine, ctx, NULL, out, lse, error);
+  EngineSource src = { ctx };
+  const float scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  VsStats stats = { 0 };
+  if (!vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est, sizes, engine_source, &src,
+                         out, lse, &stats, error))
+    return FALSE;
+  sift_engine_count_attended (ctx->engine, ctx, (guint64) stats.keys_attended);
+  return TRUE;
+}
+
+static const SiftPolicyOps minference_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "minference",
+  .version = "1.0",
+  .description = "MInference vertical-slash sparse prefill: per-head columns and diagonals estimated from the last queries",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL,
+  .params = minference_params,
+  .instance_size = sizeof (MinferencePolicy),
+  .init = minference_init,
+  .finalize = minference_finalize,
+  .compute_chunked_prefill = minference_prefill,
+};
+
+SIFT_PLUGIN_DEFINE (&minference_ops)

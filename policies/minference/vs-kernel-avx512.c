@@ -1,0 +1,391 @@
+/* AVX-512 inner loop of the vertical-slash kernel (compiled with
+ * -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma; called only when
+ * sift_isa_active () >= SIFT_ISA_AVX512 and head_dim is a multiple of 16).
+ * Same structure as the AVX2 path: 32 scores of a row are two registers
+ * fed by broadcasts of q[c] against the transposed keys (four rows at once,
+ * eight FMA chains), and the row's accumulator (128 floats = 8 registers)
+ * stays in registers while the values stream past. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "vs.h"
+
+#define G VS_KEY_GROUP
+
+/* e^x for x <= 0 (masked lanes are cleared by the caller): see exp256 in
+ * vs-kernel-avx2.c. */
+static inline __m512
+exp512 (__m512 x)
+{
+  const __m512 lo = _mm512_set1_ps (-87.3f);
+  __mmask16 under = _mm512_cmp_ps_mask (x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps (x, lo);
+  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145751953125f), x);
+  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  __m512i e = _mm512_slli_epi32 (_mm512_add_epi32 (_mm512_cvtps_epi32 (n), _mm512_set1_epi32 (127)), 23);
+  return _mm512_maskz_mul_ps ((__mmask16) ~under, p, _mm512_castsi512_ps (e));
+}
+
+/* Scores of rows q[0..nr) against lanes [h, h + 16) only: four chains. */
+static inline void
+rows_scores_half (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G], gint32 h)
+{
+  __m512 a0 = _mm512_setzero_ps (), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
+              *q3 = q + (gsize) MIN (3, nr - 1) * d;
+  gint32 c = 0;
+  /* Two c at a time: eight independent chains. */
+  for (; c + 2 <= d; c += 2)
+    {
+      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h), k1 = _mm512_loadu_ps (kt + (gsize) (c + 1) * G + h);
+      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
+      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
+      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
+      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
+      b0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c + 1]), k1, b0);
+      b1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c + 1]), k1, b1);
+      b2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c + 1]), k1, b2);
+      b3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c + 1]), k1, b3);
+    }
+  for (; c < d; c++)
+    {
+      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h);
+      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
+      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
+      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
+      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
+    }
+  const __m512 out[4] = { _mm512_add_ps (a0, b0), _mm512_add_ps (a1, b1), _mm512_add_ps (a2, b2),
+                          _mm512_add_ps (a3, b3) };
+  for (gint32 k = 0; k < nr; k++)
+    _mm512_storeu_ps (s[k] + h, out[k]);
+}
+
+/* Scores of rows q[0..nr) (nr <= 4) against the 32 transposed keys; a
+ * half of the lanes no row needs is left unwritten. */
+static inline void
+rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need, float (*s)[G])
+{
+  if ((need & 0xffff0000u) == 0)
+    {
+      rows_scores_half (q, nr, kt, d, s, 0);
+      return;
+    }
+  if ((need & 0xffffu) == 0)
+    {
+      rows_scores_half (q, nr, kt, d, s, 16);
+      return;
+    }
+  __m512 a00 = _mm512_setzero_ps (), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+         a31 = a00;
+  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
+              *q3 = q + (gsize) MIN (3, nr - 1) * d;
+  for (gint32 c = 0; c < d; c++)
+    {
+      const float *k = kt + (gsize) c * G;
+      __m512 k0 = _mm512_loadu_ps (k), k1 = _mm512_loadu_ps (k + 16);
+      __m512 x0 = _mm512_set1_ps (q[c]), x1 = _mm512_set1_ps (q1[c]);
+      __m512 x2 = _mm512_set1_ps (q2[c]), x3 = _mm512_set1_ps (q3[c]);
+      a00 = _mm512_fmadd_ps (x0, k0, a00);
+      a01 = _mm512_fmadd_ps (x0, k1, a01);
+      a10 = _mm512_fmadd_ps (x1, k0, a10);
+      a11 = _mm512_fmadd_ps (x1, k1, a11);
+      a20 = _mm512_fmadd_ps (x2, k0, a20);
+      a21 = _mm512_fmadd_ps (x2, k1, a21);
+      a30 = _mm512_fmadd_ps (x3, k0, a30);
+      a31 = _mm512_fmadd_ps (x3, k1, a31);
+    }
+  const __m512 out[4][2] = { { a00, a01 }, { a10, a11 }, { a20, a21 }, { a30, a31 } };
+  for (gint32 k = 0; k < nr; k++)
+    {
+      _mm512_storeu_ps (s[k], out[k][0]);
+      _mm512_storeu_ps (s[k] + 16, out[k][1]);
+    }
+}
+
+/* Softmax step of row r without the P.V part: p = e^(s - m_new) in the
+ * lanes of vis, 0 elsewhere (all 32 lanes written); returns alpha. */
+static inline float
+row_softmax (VsTile *t, gint32 r, float *s, guint32 vis)
+{
+  const __mmask16 in0 = (__mmask16) vis, in1 = (__mmask16) (vis >> 16);
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  __m512 s0 = in0 ? _mm512_mask_loadu_ps (ninf, in0, s) : ninf;
+  __m512 s1 = in1 ? _mm512_mask_loadu_ps (ninf, in1, s + 16) : ninf;
+  const float mx = _mm512_reduce_max_ps (_mm512_max_ps (s0, s1));
+  /* The running max only grows: alpha <= 1, exponents <= 0; most groups
+   * leave it unchanged and need no rescaling at all. */
+  const float m_old = t->m[r];
+  const float m_new = mx > m_old ? mx : m_old;
+  const float alpha = m_new == m_old ? 1.0f : expf (m_old - m_new);
+  const __m512 mv = _mm512_set1_ps (m_new);
+  __m512 p0 = _mm512_setzero_ps (), p1 = p0;
+  if (in0)
+    p0 = _mm512_maskz_mov_ps (in0, exp512 (_mm512_sub_ps (s0, mv)));
+  if (in1)
+    p1 = _mm512_maskz_mov_ps (in1, exp512 (_mm512_sub_ps (s1, mv)));
+  _mm512_storeu_ps (s, p0);
+  _mm512_storeu_ps (s + 16, p1);
+  t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
+  t->m[r] = m_new;
+  t->attended += __builtin_popcount (vis);
+  return alpha;
+}
+
+/* Online-softmax update of row r with the scores s of the lanes in vis. */
+static inline void
+row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow)
+{
+  const gint32 d = t->d;
+  const float alpha = row_softmax (t, r, s, vis);
+  float *acc = t->acc + (gsize) r * d;
+  const __m512 av = _mm512_set1_ps (alpha);
+  for (gint32 c0 = 0; c0 < d; c0 += 16)
+    {
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+      for (guint32 m = vis; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          a0 = _mm512_fmadd_ps (_mm512_set1_ps (s[i]), _mm512_loadu_ps (vrow[i] + c0), a0);
+        }
+      _mm512_storeu_ps (acc + c0, a0);
+    }
+}
+
+/* acc[r..r+3] = alpha * acc + p . V over `lanes`: four rows share
+ * each value load, 16 accumulators per 64 dims. */
+static inline void
+pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, const float *const *vrow)
+{
+  const gint32 d = t->d;
+  float *acc0 = t->acc + (gsize) r * d, *acc1 = acc0 + d, *acc2 = acc1 + d, *acc3 = acc2 + d;
+  const __m512 al0 = _mm512_set1_ps (alpha[0]), al1 = _mm512_set1_ps (alpha[1]);
+  const __m512 al2 = _mm512_set1_ps (alpha[2]), al3 = _mm512_set1_ps (alpha[3]);
+  gint32 c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64)
+    {
+      __m512 a00 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
+      __m512 a01 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 16), al0);
+      __m512 a02 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 32), al0);
+      __m512 a03 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 48), al0);
+      __m512 a10 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
+      __m512 a11 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 16), al1);
+      __m512 a12 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 32), al1);
+      __m512 a13 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 48), al1);
+      __m512 a20 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
+      __m512 a21 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 16), al2);
+      __m512 a22 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 32), al2);
+      __m512 a23 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 48), al2);
+      __m512 a30 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
+      __m512 a31 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 16), al3);
+      __m512 a32 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 32), al3);
+      __m512 a33 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 48), al3);
+      for (guint32 m = lanes; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          const float *v = vrow[i] + c0;
+          const __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
+          const __m512 v2 = _mm512_loadu_ps (v + 32), v3 = _mm512_loadu_ps (v + 48);
+          __m512 x = _mm512_set1_ps (p[0][i]);
+          a00 = _mm512_fmadd_ps (x, v0, a00);
+          a01 = _mm512_fmadd_ps (x, v1, a01);
+          a02 = _mm512_fmadd_ps (x, v2, a02);
+          a03 = _mm512_fmadd_ps (x, v3, a03);
+          x = _mm512_set1_ps (p[1][i]);
+          a10 = _mm512_fmadd_ps (x, v0, a10);
+          a11 = _mm512_fmadd_ps (x, v1, a11);
+          a12 = _mm512_fmadd_ps (x, v2, a12);
+          a13 = _mm512_fmadd_ps (x, v3, a13);
+          x = _mm512_set1_ps (p[2][i]);
+          a20 = _mm512_fmadd_ps (x, v0, a20);
+          a21 = _mm512_fmadd_ps (x, v1, a21);
+          a22 = _mm512_fmadd_ps (x, v2, a22);
+          a23 = _mm512_fmadd_ps (x, v3, a23);
+          x = _mm512_set1_ps (p[3][i]);
+          a30 = _mm512_fmadd_ps (x, v0, a30);
+          a31 = _mm512_fmadd_ps (x, v1, a31);
+          a32 = _mm512_fmadd_ps (x, v2, a32);
+          a33 = _mm512_fmadd_ps (x, v3, a33);
+        }
+      _mm512_storeu_ps (acc0 + c0, a00);
+      _mm512_storeu_ps (acc0 + c0 + 16, a01);
+      _mm512_storeu_ps (acc0 + c0 + 32, a02);
+      _mm512_storeu_ps (acc0 + c0 + 48, a03);
+      _mm512_storeu_ps (acc1 + c0, a10);
+      _mm512_storeu_ps (acc1 + c0 + 16, a11);
+      _mm512_storeu_ps (acc1 + c0 + 32, a12);
+      _mm512_storeu_ps (acc1 + c0 + 48, a13);
+      _mm512_storeu_ps (acc2 + c0, a20);
+      _mm512_storeu_ps (acc2 + c0 + 16, a21);
+      _mm512_storeu_ps (acc2 + c0 + 32, a22);
+      _mm512_storeu_ps (acc2 + c0 + 48, a23);
+      _mm512_storeu_ps (acc3 + c0, a30);
+      _mm512_storeu_ps (acc3 + c0 + 16, a31);
+      _mm512_storeu_ps (acc3 + c0 + 32, a32);
+      _mm512_storeu_ps (acc3 + c0 + 48, a33);
+    }
+  for (; c0 < d; c0 += 16)
+    {
+      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
+      __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
+      __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
+      __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
+      for (guint32 m = lanes; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          const __m512 v0 = _mm512_loadu_ps (vrow[i] + c0);
+          a0 = _mm512_fmadd_ps (_mm512_set1_ps (p[0][i]), v0, a0);
+          a1 = _mm512_fmadd_ps (_mm512_set1_ps (p[1][i]), v0, a1);
+          a2 = _mm512_fmadd_ps (_mm512_set1_ps (p[2][i]), v0, a2);
+          a3 = _mm512_fmadd_ps (_mm512_set1_ps (p[3][i]), v0, a3);
+        }
+      _mm512_storeu_ps (acc0 + c0, a0);
+      _mm512_storeu_ps (acc1 + c0, a1);
+      _mm512_storeu_ps (acc2 + c0, a2);
+      _mm512_storeu_ps (acc3 + c0, a3);
+    }
+}
+
+/* Scores of the few lanes in vis for one row, as dot products against the
+ * untransposed keys: cheaper than a 16-lane pass when at most
+ * SPARSE_LANES lanes are needed. */
+#define SPARSE_LANES VS_SPARSE_LANES
+
+/* q . k over d (a multiple of 16), two chains. */
+static inline float
+dot (const float *q, const float *k, gint32 d)
+{
+  __m512 a0 = _mm512_setzero_ps (), a1 = a0;
+  gint32 c = 0;
+  for (; c + 32 <= d; c += 32)
+    {
+      a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
+      a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (k + c + 16), a1);
+    }
+  for (; c < d; c += 16)
+    a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
+  return _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+}
+
+static inline void
+row_scores_sparse (const float *q, gint32 d, const VsGroup *g, guint32 vis, float *s)
+{
+  for (guint32 m = vis; m; m &= m - 1)
+    {
+      const gint32 i = __builtin_ctz (m);
+      s[i] = dot (q, g->krow[i], d);
+    }
+}
+
+void
+vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  float s[4][G];
+  float alpha[4];
+  guint32 vis[4];
+  for (gint32 r = 0; r < t->n_rows; r += 4)
+    {
+      const gint32 nr = MIN (4, t->n_rows - r);
+      guint32 any = 0;
+      for (gint32 k = 0; k < 4; k++)
+        any |= vis[k] = k < nr ? vs_visible_lanes (g, t->pos0 + r + k) : 0;
+      if (any == 0)
+        continue;
+      if (__builtin_popcount (any) <= SPARSE_LANES)
+        for (gint32 k = 0; k < nr; k++)
+          row_scores_sparse (t->q + (gsize) (r + k) * d, d, g, vis[k], s[k]);
+      else
+        rows_scores (t->q + (gsize) r * d, nr, g->kt, d, any, s);
+      if (nr < 4)
+        {
+          for (gint32 k = 0; k < nr; k++)
+            if (vis[k])
+              row_update (t, r + k, s[k], vis[k], g->vrow);
+          continue;
+        }
+      for (gint32 k = 0; k < 4; k++)
+        if (vis[k])
+          alpha[k] = row_softmax (t, r + k, s[k], vis[k]);
+        else
+          {
+            alpha[k] = 1.0f; /* the row sees none of these keys: unchanged */
+            memset (s[k], 0, sizeof s[k]);
+          }
+      pv4 (t, r, s, alpha, any, g->vrow);
+    }
+}
+
+void
+vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  guint32 vis[4] = { 0, 0, 0, 0 }, any = 0;
+  for (gint32 k = 0; k < t->n_rows; k++)
+    any |= vis[k] = vs_visible_lanes (g, t->pos0 + k);
+  if (any == 0)
+    return;
+  if (pd->n + __builtin_popcount (any) > G)
+    vs_pending_flush_avx512 (t, pd);
+  for (guint32 m = any; m; m &= m - 1)
+    {
+      const gint32 i = __builtin_ctz (m), j = pd->n++;
+      pd->vrow[j] = g->vrow[i];
+      for (gint32 k = 0; k < t->n_rows; k++)
+        if (vis[k] >> i & 1)
+          {
+            pd->s[k][j] = dot (t->q + (gsize) k * d, g->krow[i], d);
+            pd->vis[k] |= 1u << j;
+          }
+    }
+}
+
+void
+vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
+{
+  if (pd->n == 0)
+    return;
+  float alpha[4];
+  guint32 any = 0;
+  for (gint32 k = 0; k < 4; k++)
+    {
+      if (k < t->n_rows && pd->vis[k])
+        alpha[k] = row_softmax (t, k, pd->s[k], pd->vis[k]);
+      else
+        {
+          alpha[k] = 1.0f;
+          memset (pd->s[k], 0, sizeof pd->s[k]);
+        }
+      any |= pd->vis[k];
+    }
+  if (t->n_rows == 4)
+    pv4 (t, 0, pd->s, alpha, any, pd->vrow);
+  else
+    for (gint32 k = 0; k < t->n_rows; k++)
+      {
+        float *acc = t->acc + (gsize) k * t->d;
+        const __m512 av = _mm512_set1_ps (alpha[k]);
+        for (gint32 c0 = 0; c0 < t->d; c0 += 16)
+          {
+            __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
+            for (guint32 m = pd->vis[k]; m; m &= m - 1)
+              {
+                const gint32 i = __builtin_ctz (m);
+                a0 = _mm512_fmadd_ps (_mm512_set1_ps (pd->s[k][i]), _mm512_loadu_ps (pd->vrow[i] + c0), a0);
+              }
+            _mm512_storeu_ps (acc + c0, a0);
+          }
+      }
+  pd->n = 0;
+  pd->vis[0] = pd->vis[1] = pd->vis[2] = pd->vis[3] = 0;
+}

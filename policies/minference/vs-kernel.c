@@ -1,0 +1,452 @@
+/* Vertical-slash sparse attention kernel.
+ *
+ * Per (query head, tile of rows): the merged slash ranges and the
+ * leftover vertical columns of the current key block are walked in
+ * ascending key order and fed VS_KEY_GROUP keys at a time to the inner
+ * loop, which updates the tile's online softmax. A key of the block is fed
+ * at most once per tile (ranges are disjoint, columns inside a range are
+ * skipped), so no key is counted twice, and the state carries over between
+ * blocks, so any block split gives the same result up to rounding. */
+#include <math.h>
+#include <string.h>
+
+#include <sift/attn.h>
+#include <sift/parallel.h>
+
+#include "vs.h"
+
+/* ---- Scalar inner loops: the reference the SIMD paths are tested against. */
+
+void
+vs_scores_scalar (const float *q, gint32 n_rows, gint32 d, const float *const *krow, gint32 n_keys,
+                  float *s)
+{
+  for (gint32 r = 0; r < n_rows; r++)
+    for (gint32 kk = 0; kk < n_keys; kk++)
+      {
+        float acc = 0.0f;
+        for (gint32 c = 0; c < d; c++)
+          acc += q[(gsize) r * d + c] * krow[kk][c];
+        s[(gsize) r * VS_KEY_GROUP + kk] = acc;
+      }
+}
+
+void
+vs_group_attend_scalar (VsTile *t, const VsGroup *g)
+{
+  const gint32 d = t->d;
+  for (gint32 r = 0; r < t->n_rows; r++)
+    {
+      const float *q = t->q + (gsize) r * d;
+      float *acc = t->acc + (gsize) r * d;
+      const guint32 vis = vs_visible_lanes (g, t->pos0 + r);
+      for (gint32 i = 0; i < VS_KEY_GROUP; i++)
+        {
+          if (!(vis >> i & 1))
+            continue;
+          float s = 0.0f;
+          for (gint32 c = 0; c < d; c++)
+            s += q[c] * g->kt[(gsize) c * VS_KEY_GROUP + i];
+          if (s > t->m[r])
+            {
+              /* A new max: rescale what was summed under the old one so
+               * every exponent stays <= 0. */
+              float alpha = expf (t->m[r] - s);
+              t->l[r] *= alpha;
+              for (gint32 c = 0; c < d; c++)
+                acc[c] *= alpha;
+              t->m[r] = s;
+            }
+          float p = expf (s - t->m[r]);
+          t->l[r] += p;
+          t->attended++;
+          for (gint32 c = 0; c < d; c++)
+            acc[c] += p * g->vrow[i][c];
+        }
+    }
+}
+
+void
+vs_transpose (const float *const *krow, gint32 n, gint32 d, float *kt)
+{
+  for (gint32 i = 0; i < VS_KEY_GROUP; i++)
+    if (i < n)
+      for (gint32 c = 0; c < d; c++)
+        kt[(gsize) c * VS_KEY_GROUP + i] = krow[i][c];
+    else
+      for (gint32 c = 0; c < d; c++)
+        kt[(gsize) c * VS_KEY_GROUP + i] = 0.0f;
+}
+
+static int isa_override = -1;
+
+void
+vs_set_isa (int isa)
+{
+  isa_override = isa;
+}
+
+/* The ISA the inner loops use: sift_isa_active () unless a test forced one. */
+static inline SiftIsa
+vs_isa (void)
+{
+  return isa_override >= 0 ? (SiftIsa) isa_override : sift_isa_active ();
+}
+
+void
+vs_group_attend (VsTile *t, const VsGroup *g)
+{
+#ifdef VS_HAVE_AVX512
+  if (vs_isa () >= SIFT_ISA_AVX512 && t->d % 16 == 0)
+    {
+      vs_group_attend_avx512 (t, g);
+      return;
+    }
+#endif
+#ifdef VS_HAVE_AVX2
+  if (vs_isa () >= SIFT_ISA_AVX2 && t->d % 8 == 0)
+    {
+      vs_group_attend_avx2 (t, g);
+      return;
+    }
+#endif
+  vs_group_attend_scalar (t, g);
+}
+
+void
+vs_scores (const float *q, gint32 n_rows, gint32 d, const float *const *krow, gint32 n_keys, float *s)
+{
+#ifdef VS_HAVE_AVX2
+  if (vs_isa () >= SIFT_ISA_AVX2 && d % 8 == 0)
+    {
+      vs_scores_avx2 (q, n_rows, d, krow, n_keys, s);
+      return;
+    }
+#endif
+  vs_scores_scalar (q, n_rows, d, krow, n_keys, s);
+}
+
+SiftView
+vs_view_f32 (const SiftView *k, float **buf, gsize *cap)
+{
+  if (k->dtype == SIFT_DTYPE_F32)
+    return *k;
+  gsize need = (gsize) k->n_heads * k->n_tokens * k->head_dim;
+  if (need > *cap)
+    {
+      g_free (*buf);
+      *buf = g_new (float, need);
+      *cap = need;
+    }
+  SiftView f = sift_view_htd (*buf, SIFT_DTYPE_F32, k->n_heads, k->n_tokens, k->head_dim);
+  for (gint32 h = 0; h < k->n_heads; h++)
+    for (gint64 t = 0; t < k->n_tokens; t++)
+      sift_view_row_to_f32 (k, h, t, sift_view_row (&f, h, t));
+  return f;
+}
+
+/* ---- Streaming driver ------------------------------------------------------
+ *
+ * Key-stationary: a work item is one kv head and VS_CHUNK_ROWS query rows
+ * (every tile of them, for every query head of the group). It walks the
+ * block's key panels once, in order, and each panel, while it sits in L1,
+ * serves every (query head, tile) whose mask meets it. A tile's mask in a
+ * panel is a lane bitmask: its merged slash ranges OR the head's columns
+ * (a key in both is one bit, so visited once). */
+
+#define VS_CHUNK_ROWS 64
+
+struct _VsAttn {
+  gint32 n_q_heads, n_kv_heads, d;
+  gint64 q_pos;
+  gint32 n_q;
+  gint32 tile;
+  gint64 n_tiles;
+  gint32 chunk_rows;         /* rows per work item, a multiple of tile */
+  float *q;                  /* [n_q_heads][n_q][d], pre-scaled */
+  float *m, *l;              /* [n_q_heads][n_q] */
+  float *acc;                /* [n_q_heads][n_q][d] */
+  const VsPattern *pattern;  /* [n_q_heads] */
+  gsize max_ranges;          /* per (head, tile, block): at most n_slash */
+  gsize scratch_per_worker;
+  VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
+  gint n_threads;
+  gint64 *attended;          /* [n_q_heads * n_tiles] */
+  float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
+  gsize kcap, vcap;
+  float *panels;             /* the block's K by 32 keys: [n_kv_heads][n_panels][d][32] */
+  guint32 *colmask;          /* [n_q_heads][n_panels]: the head's columns in each panel */
+  gsize panels_cap, colmask_cap;
+  gint64 n_panels;
+};
+
+VsAttn *
+vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
+             const VsPattern *pattern)
+{
+  g_return_val_if_fail (q->dtype == SIFT_DTYPE_F32 && q->n_heads % n_kv_heads == 0, NULL);
+  g_return_val_if_fail (tile >= 1 && tile <= VS_TILE_MAX, NULL);
+  VsAttn *a = g_new0 (VsAttn, 1);
+  a->n_q_heads = q->n_heads;
+  a->n_kv_heads = n_kv_heads;
+  a->d = q->head_dim;
+  a->q_pos = q_pos;
+  a->n_q = (gint32) q->n_tokens;
+  a->tile = tile;
+  a->n_tiles = (a->n_q + tile - 1) / tile;
+  a->chunk_rows = tile * MAX (1, VS_CHUNK_ROWS / tile);
+  a->pattern = pattern;
+  const gsize rows = (gsize) a->n_q_heads * a->n_q;
+  a->q = g_new (float, rows * a->d);
+  a->acc = g_new0 (float, rows * a->d);
+  a->m = g_new (float, rows);
+  a->l = g_new0 (float, rows);
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      a->max_ranges = MAX (a->max_ranges, pattern[h].n_slash);
+      for (gint32 i = 0; i < a->n_q; i++)
+        {
+          const float *src = sift_view_row (q, h, i);
+          float *dst = a->q + ((gsize) h * a->n_q + i) * a->d;
+          for (gint32 c = 0; c < a->d; c++)
+            dst[c] = src[c] * scale;
+          a->m[(gsize) h * a->n_q + i] = -INFINITY;
+        }
+    }
+  a->max_ranges = MAX (a->max_ranges, 1);
+  a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
+  a->n_threads = sift_parallel_n_threads ();
+  a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
+  a->scratch = g_new (VsRange, (gsize) a->n_threads * a->scratch_per_worker);
+  return a;
+}
+
+void
+vs_attn_free (VsAttn *a)
+{
+  if (a == NULL)
+    return;
+  g_free (a->q);
+  g_free (a->m);
+  g_free (a->l);
+  g_free (a->acc);
+  g_free (a->scratch);
+  g_free (a->attended);
+  g_free (a->kbuf);
+  g_free (a->vbuf);
+  g_free (a->panels);
+  g_free (a->colmask);
+  g_free (a);
+}
+
+typedef struct {
+  VsAttn *a;
+  const SiftView *k, *v;  /* f32 */
+  gint64 key0;
+} BlockJob;
+
+static void
+transpose_range (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  (void) worker;
+  const BlockJob *job = data;
+  VsAttn *a = job->a;
+  const gint64 n = job->k->n_tokens;
+  for (gint64 item = begin; item < end; item++)
+    {
+      const gint32 g = (gint32) (item / a->n_panels);
+      const gint64 p = item % a->n_panels;
+      const float *krow[VS_KEY_GROUP];
+      gint32 nk = (gint32) MIN (VS_KEY_GROUP, n - p * VS_KEY_GROUP);
+      for (gint32 i = 0; i < nk; i++)
+        krow[i] = sift_view_row (job->k, g, p * VS_KEY_GROUP + i);
+      vs_transpose (krow, nk, a->d, a->panels + (gsize) item * a->d * VS_KEY_GROUP);
+    }
+}
+
+typedef struct {
+  const VsRange *r;
+  gsize n, cur;
+} Cursor;
+
+static void
+chunk_item (const BlockJob *job, gint64 item, gint worker)
+{
+  VsAttn *a = job->a;
+  const gint32 hg = a->n_q_heads / a->n_kv_heads;
+  const gint64 n_chunks = (a->n_q + a->chunk_rows - 1) / a->chunk_rows;
+  const gint32 g = (gint32) (item / n_chunks);
+  const gint64 row0 = (item % n_chunks) * a->chunk_rows;
+  const gint64 row1 = MIN (row0 + a->chunk_rows, a->n_q);
+  const gint64 t0 = row0 / a->tile, nt = (row1 - row0 + a->tile - 1) / a->tile;
+  const gint64 key_end = MIN (job->key0 + job->k->n_tokens, a->q_pos + row1);
+  if (job->key0 >= key_end)
+    return;
+  Cursor cur[hg * nt];
+  VsRange *scratch = a->scratch + (gsize) worker * a->scratch_per_worker;
+  for (gint32 hh = 0; hh < hg; hh++)
+    for (gint64 t = 0; t < nt; t++)
+      {
+        const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+        VsRange *r = scratch + ((gsize) hh * nt + t) * a->max_ranges;
+        cur[hh * nt + t] = (Cursor) { r, vs_tile_ranges (&a->pattern[g * hg + hh], ta, tb, job->key0, key_end, r), 0 };
+      }
+  const gint64 last_panel = (key_end - job->key0 + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+#ifdef VS_HAVE_AVX512
+  /* Few-key groups wait in a per-(head, tile) buffer (see VsPending). */
+  const gboolean pend = vs_isa () >= SIFT_ISA_AVX512 && a->tile <= 4 && a->d % 16 == 0;
+  VsPending pending[pend ? hg * nt : 1];
+  for (gint64 i = 0; pend && i < hg * nt; i++)
+    pending[i].n = 0, pending[i].vis[0] = pending[i].vis[1] = pending[i].vis[2] = pending[i].vis[3] = 0;
+#endif
+  VsGroup grp;
+  for (gint64 pi = 0; pi < last_panel; pi++)
+    {
+      const gint64 base = job->key0 + pi * VS_KEY_GROUP;
+      const gint32 nk = (gint32) MIN (VS_KEY_GROUP, job->key0 + job->k->n_tokens - base);
+      grp.kt = a->panels + ((gsize) g * a->n_panels + pi) * a->d * VS_KEY_GROUP;
+      grp.key0 = base;
+      for (gint32 i = 0; i < nk; i++)
+        {
+          grp.krow[i] = sift_view_row (job->k, g, base - job->key0 + i);
+          grp.vrow[i] = sift_view_row (job->v, g, base - job->key0 + i);
+        }
+      for (gint32 hh = 0; hh < hg; hh++)
+        {
+          const gint32 h = g * hg + hh;
+          const guint32 cols = a->colmask[(gsize) h * a->n_panels + pi];
+          for (gint64 t = 0; t < nt; t++)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+              if (base >= tb)
+                continue; /* every row of this tile precedes the panel */
+              Cursor *c = &cur[hh * nt + t];
+              guint32 mask = cols;
+              while (c->cur < c->n && c->r[c->cur].end <= base)
+                c->cur++;
+              for (gsize k = c->cur; k < c->n && c->r[k].start < base + VS_KEY_GROUP; k++)
+                {
+                  gint64 s = MAX (c->r[k].start, base) - base, e = MIN (c->r[k].end, base + VS_KEY_GROUP) - base;
+                  mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
+                }
+              if (mask == 0)
+                continue;
+              grp.mask = mask;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                              a->acc + row * a->d, 0 };
+#ifdef VS_HAVE_AVX512
+              if (pend && __builtin_popcount (mask) <= VS_SPARSE_LANES)
+                vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &grp);
+              else
+#endif
+                vs_group_attend (&tile, &grp);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+            }
+        }
+    }
+#ifdef VS_HAVE_AVX512
+  for (gint32 hh = 0; pend && hh < hg; hh++)
+    for (gint64 t = 0; t < nt; t++)
+      {
+        const gint32 h = g * hg + hh;
+        const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+        const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+        VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                        a->acc + row * a->d, 0 };
+        vs_pending_flush_avx512 (&tile, &pending[hh * nt + t]);
+        a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+      }
+#endif
+}
+
+static void
+chunk_range (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  for (gint64 item = begin; item < end; item++)
+    chunk_item (data, item, worker);
+}
+
+/* lower bound of x in a[0..n) */
+static gsize
+first_at_least (const gint64 *a, gsize n, gint64 x)
+{
+  gsize lo = 0, hi = n;
+  while (lo < hi)
+    {
+      gsize mid = lo + (hi - lo) / 2;
+      if (a[mid] < x)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+  return lo;
+}
+
+void
+vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
+{
+  g_return_if_fail (k->n_heads == a->n_kv_heads && v->n_heads == a->n_kv_heads);
+  g_return_if_fail (k->head_dim == a->d && v->head_dim == a->d && k->n_tokens == v->n_tokens);
+  if (k->n_tokens == 0 || key0 >= a->q_pos + a->n_q)
+    return;
+  SiftView kf = vs_view_f32 (k, &a->kbuf, &a->kcap);
+  SiftView vf = vs_view_f32 (v, &a->vbuf, &a->vcap);
+  BlockJob job = { a, &kf, &vf, key0 };
+  g_assert (sift_parallel_n_threads () <= a->n_threads);
+  /* K transposed once per block, shared by every tile and query head. */
+  a->n_panels = (k->n_tokens + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+  gsize need = (gsize) a->n_kv_heads * a->n_panels * a->d * VS_KEY_GROUP;
+  if (need > a->panels_cap)
+    {
+      g_free (a->panels);
+      a->panels = g_new (float, need);
+      a->panels_cap = need;
+    }
+  need = (gsize) a->n_q_heads * a->n_panels;
+  if (need > a->colmask_cap)
+    {
+      g_free (a->colmask);
+      a->colmask = g_new (guint32, need);
+      a->colmask_cap = need;
+    }
+  memset (a->colmask, 0, need * sizeof (guint32));
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      const VsPattern *p = &a->pattern[h];
+      for (gsize c = first_at_least (p->vertical, p->n_vertical, key0);
+           c < p->n_vertical && p->vertical[c] < key0 + k->n_tokens; c++)
+        {
+          gint64 off = p->vertical[c] - key0;
+          a->colmask[(gsize) h * a->n_panels + off / VS_KEY_GROUP] |= 1u << (off % VS_KEY_GROUP);
+        }
+    }
+  sift_parallel_for ((gint64) a->n_kv_heads * a->n_panels, 16, transpose_range, &job);
+  const gint64 n_chunks = (a->n_q + a->chunk_rows - 1) / a->chunk_rows;
+  sift_parallel_for ((gint64) a->n_kv_heads * n_chunks, 1, chunk_range, &job);
+}
+
+void
+vs_attn_finish (VsAttn *a, SiftView *out, float *lse)
+{
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    for (gint32 i = 0; i < a->n_q; i++)
+      {
+        const gsize row = (gsize) h * a->n_q + i;
+        float *o = sift_view_row (out, h, i);
+        const float l = a->l[row];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (gint32 c = 0; c < a->d; c++)
+          o[c] = a->acc[row * a->d + c] * inv;
+        lse[row] = l > 0.0f ? a->m[row] + logf (l) : -INFINITY;
+      }
+}
+
+gint64
+vs_attn_attended (const VsAttn *a)
+{
+  gint64 total = 0;
+  for (gint64 i = 0; i < (gint64) a->n_q_heads * a->n_tiles; i++)
+    total += a->attended[i];
+  return total;
+}

@@ -1,0 +1,614 @@
+/* Subquadratic policy in the engine: one call (prefill chunk or decode
+ * step) gathers exactly the keys its rows need into an f32 workspace,
+ *   [scattered: globals and strides before the window, ascending]
+ *   [window start .. end of the call: stored part through ring slots, the
+ *    not-yet-stored part from the engine's local buffer]
+ * builds the landmarks its rows need (complete ones from this policy's
+ * memory, the rest from the workspace rows), then runs the one-pass kernel
+ * row by row. A decode step touches O(window + log T + landmarks) rows. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sift/error.h>
+#include <sift/parallel.h>
+
+#include "sq-plugin.h"
+#include "sq-simd.h"
+
+#define GROW(ptr, type, cap, need)                                             \
+  do                                                                           \
+    {                                                                          \
+      if ((gsize) (need) > (gsize) (cap))                                      \
+        {                                                                      \
+          (cap) = MAX ((gsize) (need), 2 * (gsize) (cap));                     \
+          g_free (ptr);                                                        \
+          (ptr) = g_new (type, (cap));                                         \
+        }                                                                      \
+    }                                                                          \
+  while (0)
+
+gboolean
+sq_policy_setup (SqPolicy *self, const SqConfig *config, SiftDType lm_dtype, GError **error)
+{
+  const SiftModelShape *shape = self->parent.shape;
+  if (!config->causal)
+    {
+      g_set_error_literal (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID,
+                           "subquadratic: the engine's chunked pipeline is causal; non-causal "
+                           "attention is only available to whole-sequence callers");
+      return FALSE;
+    }
+  if (config->window < 0 || config->block_size < 1)
+    {
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE,
+                   "subquadratic: window %" G_GINT64_FORMAT " must be >= 0 and block_size %" G_GINT64_FORMAT
+                   " >= 1",
+                   config->window, config->block_size);
+      return FALSE;
+    }
+  if (lm_dtype != SIFT_DTYPE_F32 && lm_dtype != SIFT_DTYPE_F16)
+    {
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID,
+                   "subquadratic: landmarks are stored as f32 or f16, not %s", sift_dtype_name (lm_dtype));
+      return FALSE;
+    }
+  if (shape->n_layers < 1 || shape->n_kv_heads < 1 || shape->head_dim < 1
+      || shape->n_q_heads % shape->n_kv_heads != 0)
+    {
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID,
+                   "subquadratic: impossible model shape (%d layers, %d q heads, %d kv heads, dim %d)",
+                   shape->n_layers, shape->n_q_heads, shape->n_kv_heads, shape->head_dim);
+      return FALSE;
+    }
+  self->config = *config;
+  self->globals = g_new0 (gint64, config->n_globals + 1); /* + 1: never a zero-sized block */
+  if (config->n_globals > 0)
+    memcpy (self->globals, config->globals, config->n_globals * sizeof (gint64));
+  self->config.globals = self->globals;
+  self->lm_dtype = lm_dtype;
+  self->n_layers = shape->n_layers;
+  self->q_heads = shape->n_q_heads;
+  self->kv_heads = shape->n_kv_heads;
+  self->head_dim = shape->head_dim;
+  self->scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  self->layers = g_new0 (SqLandmarks, self->n_layers);
+  for (gint32 l = 0; l < self->n_layers; l++)
+    {
+      self->layers[l].open_k = g_new0 (float, (gsize) self->kv_heads * self->head_dim);
+      self->layers[l].open_v = g_new0 (float, (gsize) self->kv_heads * self->head_dim);
+    }
+  sq_stamp_init (&self->call_stamp);
+  sq_stamp_init (&self->call_bstamp);
+  sq_stamp_init (&self->ts);
+  sq_stamp_init (&self->bs);
+  return TRUE;
+}
+
+void
+sq_policy_clear (SqPolicy *self)
+{
+  for (gint32 l = 0; self->layers && l < self->n_layers; l++)
+    {
+      g_free (self->layers[l].k);
+      g_free (self->layers[l].v);
+      g_free (self->layers[l].open_k);
+      g_free (self->layers[l].open_v);
+    }
+  g_clear_pointer (&self->layers, g_free);
+  g_clear_pointer (&self->globals, g_free);
+  sq_stamp_clear (&self->call_stamp);
+  sq_stamp_clear (&self->call_bstamp);
+  sq_stamp_clear (&self->ts);
+  sq_stamp_clear (&self->bs);
+  g_clear_pointer (&self->cand, g_free);
+  g_clear_pointer (&self->lcand, g_free);
+  g_clear_pointer (&self->n_cand, g_free);
+  g_clear_pointer (&self->n_lcand, g_free);
+  g_clear_pointer (&self->scattered, g_free);
+  g_clear_pointer (&self->pos_map, g_free);
+  g_clear_pointer (&self->blk_map, g_free);
+  g_clear_pointer (&self->blocks_needed, g_free);
+  g_clear_pointer (&self->ws_k, g_free);
+  g_clear_pointer (&self->ws_v, g_free);
+  g_clear_pointer (&self->lws_k, g_free);
+  g_clear_pointer (&self->lws_v, g_free);
+  g_clear_pointer (&self->tmp_k, g_free);
+  g_clear_pointer (&self->tmp_v, g_free);
+  g_clear_pointer (&self->idx, g_free);
+  g_clear_pointer (&self->ptrs, g_free);
+  g_clear_pointer (&self->acc, g_free);
+  g_clear_pointer (&self->panels, g_aligned_free);
+}
+
+void
+sq_policy_reset (SqPolicy *self)
+{
+  gsize row = (gsize) self->kv_heads * self->head_dim;
+  for (gint32 l = 0; l < self->n_layers; l++)
+    {
+      SqLandmarks *L = &self->layers[l];
+      L->n_done = 0;
+      L->open_count = 0;
+      memset (L->open_k, 0, row * sizeof (float));
+      memset (L->open_v, 0, row * sizeof (float));
+    }
+}
+
+/* ---- Landmark memory ---------------------------------------------------- */
+
+static gint64
+lm_folded (const SqPolicy *self, const SqLandmarks *L)
+{
+  return L->n_done * self->config.block_size + L->open_count;
+}
+
+/* Folds the next token (rows k, v f32 [kv_heads][head_dim]) into the open
+ * block's running mean; a block whose last token arrives is stored. */
+static void
+lm_fold (SqPolicy *self, SqLandmarks *L, const float *k, const float *v)
+{
+  const gsize row = (gsize) self->kv_heads * self->head_dim;
+  float inv = 1.0f / (float) ++L->open_count;
+  for (gsize x = 0; x < row; x++)
+    {
+      L->open_k[x] += (k[x] - L->open_k[x]) * inv;
+      L->open_v[x] += (v[x] - L->open_v[x]) * inv;
+    }
+  if (L->open_count < self->config.block_size)
+    return;
+  if (L->n_done == L->capacity)
+    {
+      L->capacity = MAX (16, 2 * L->capacity);
+      gsize bytes = (gsize) L->capacity * row * sift_dtype_size (self->lm_dtype);
+      L->k = g_realloc (L->k, bytes);
+      L->v = g_realloc (L->v, bytes);
+    }
+  gsize at = (gsize) L->n_done * row * sift_dtype_size (self->lm_dtype);
+  sift_convert (L->open_k, SIFT_DTYPE_F32, (char *) L->k + at, self->lm_dtype, row);
+  sift_convert (L->open_v, SIFT_DTYPE_F32, (char *) L->v + at, self->lm_dtype, row);
+  L->n_done++;
+  L->open_count = 0;
+  memset (L->open_k, 0, row * sizeof (float));
+  memset (L->open_v, 0, row * sizeof (float));
+}
+
+/* Folds stored tokens [folded, upto) that no offload hook showed this
+ * policy (another policy ran then), reading them through the engine. */
+static gboolean
+lm_catch_up (SqPolicy *self, const SiftPolicyContext *ctx, SqLandmarks *L, gint64 upto, GError **error)
+{
+  const gint32 d = self->head_dim, kvh = self->kv_heads;
+  enum { PIECE = 256 };
+  gint64 pos[PIECE];
+  float row_k[kvh * d], row_v[kvh * d];
+  while (lm_folded (self, L) < upto)
+    {
+      gint64 from = lm_folded (self, L), n = MIN (upto - from, PIECE);
+      for (gint64 t = 0; t < n; t++)
+        pos[t] = from + t;
+      GROW (self->tmp_k, float, self->tmp_cap, (gsize) kvh * n * d);
+      self->tmp_v = g_renew (float, self->tmp_v, self->tmp_cap);
+      SiftView gk = sift_view_htd (self->tmp_k, SIFT_DTYPE_F32, kvh, n, d);
+      SiftView gv = sift_view_htd (self->tmp_v, SIFT_DTYPE_F32, kvh, n, d);
+      if (!sift_engine_gather_rows (ctx->engine, ctx->layer, pos, (gsize) n, &gk, &gv, error))
+        return FALSE;
+      for (gint64 t = 0; t < n; t++)
+        {
+          for (gint32 g = 0; g < kvh; g++)
+            {
+              memcpy (row_k + g * d, sift_view_row (&gk, g, t), (gsize) d * sizeof (float));
+              memcpy (row_v + g * d, sift_view_row (&gv, g, t), (gsize) d * sizeof (float));
+            }
+          lm_fold (self, L, row_k, row_v);
+        }
+    }
+  return TRUE;
+}
+
+gboolean
+sq_policy_offload (SqPolicy *self, const SiftPolicyContext *ctx, const SiftBlockInfo *block,
+                   GError **error)
+{
+  if (!self->config.landmarks)
+    return TRUE;
+  if (ctx->layer < 0 || ctx->layer >= self->n_layers || block->meta == NULL)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                   "subquadratic: offload of layer %d outside the model's %d layers", ctx->layer,
+                   self->n_layers);
+      return FALSE;
+    }
+  SqLandmarks *L = &self->layers[ctx->layer];
+  const gint32 d = self->head_dim, kvh = self->kv_heads;
+  const gint64 first = block->meta->first_token;
+  if (first > lm_folded (self, L) && !lm_catch_up (self, ctx, L, first, error))
+    return FALSE;
+  float row_k[kvh * d], row_v[kvh * d];
+  for (gint64 t = 0; t < block->meta->n_valid; t++)
+    {
+      if (first + t < lm_folded (self, L))
+        continue; /* folded already */
+      for (gint32 g = 0; g < kvh; g++)
+        {
+          sift_view_row_to_f32 (&block->k, g, t, row_k + g * d);
+          sift_view_row_to_f32 (&block->v, g, t, row_v + g * d);
+        }
+      lm_fold (self, L, row_k, row_v);
+    }
+  return TRUE;
+}
+
+gboolean
+sq_policy_landmark (const SqPolicy *self, gint32 layer, gint64 b, gint32 g, float *k, float *v)
+{
+  const SqLandmarks *L = &self->layers[layer];
+  if (b >= L->n_done)
+    return FALSE;
+  gsize es = sift_dtype_size (self->lm_dtype);
+  gsize at = ((gsize) b * self->kv_heads + g) * self->head_dim * es;
+  sift_convert ((char *) L->k + at, self->lm_dtype, k, SIFT_DTYPE_F32, self->head_dim);
+  sift_convert ((char *) L->v + at, self->lm_dtype, v, SIFT_DTYPE_F32, self->head_dim);
+  return TRUE;
+}
+
+/* ---- One call ------------------------------------------------------------ */
+
+typedef struct {
+  SqPolicy *self;
+  const SiftPolicyContext *ctx;
+  SiftView *out;
+  float *lse;
+  gint64 r_lo, n_scat, n_ws, n_lws;
+  gsize max_tok, max_blk;
+  gsize idx_stride;        /* gint32 per worker in self->idx */
+  const float *panels;     /* workspace keys for the band kernel, or NULL */
+} Call;
+
+/* Workspace row of position p. */
+static inline gint32
+ws_row (const Call *c, gint64 p)
+{
+  return p >= c->r_lo ? (gint32) (c->n_scat + p - c->r_lo) : c->self->pos_map[p];
+}
+
+/* Window rows [r_lo, kv_len) from the stored blocks, n_slots at a time. */
+static gboolean
+load_window (Call *c, GError **error)
+{
+  SqPolicy *self = c->self;
+  const SiftPolicyContext *ctx = c->ctx;
+  const gint32 d = self->head_dim;
+  gint64 lo = c->r_lo, hi = ctx->kv_len;
+  if (lo >= hi)
+    return TRUE;
+  /* First block ending after lo (blocks are in sequence order). */
+  gint64 a = 0, z = ctx->n_blocks;
+  while (a < z)
+    {
+      gint64 mid = (a + z) / 2;
+      if (ctx->blocks[mid].first_token + ctx->blocks[mid].n_valid <= lo)
+        a = mid + 1;
+      else
+        z = mid;
+    }
+  gint32 n_slots = sift_engine_n_slots (ctx->engine);
+  if (n_slots < 1)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                   "subquadratic: the engine has no ring slots to load the window through");
+      return FALSE;
+    }
+  gint64 b = a;
+  while (b < ctx->n_blocks && ctx->blocks[b].first_token < hi)
+    {
+      GError *local = NULL;
+      gint32 queued = 0;
+      while (queued < n_slots && b + queued < ctx->n_blocks && ctx->blocks[b + queued].first_token < hi
+             && sift_engine_load_block (ctx->engine, ctx->layer, b + queued, queued, SIFT_LOAD_KV, &local))
+        queued++;
+      for (gint32 s = 0; s < queued; s++)
+        {
+          /* After a failure the other slots are still waited for and freed. */
+          if (local != NULL)
+            {
+              sift_engine_wait_slot (ctx->engine, s, NULL);
+              sift_engine_slot_done (ctx->engine, s);
+              continue;
+            }
+          if (!sift_engine_wait_slot (ctx->engine, s, &local))
+            {
+              sift_engine_slot_done (ctx->engine, s);
+              continue;
+            }
+          SiftView sk, sv;
+          gint32 n_valid;
+          sift_engine_slot_kv (ctx->engine, s, &sk, &sv, &n_valid);
+          gint64 first = ctx->blocks[b + s].first_token;
+          for (gint64 p = MAX (first, lo); p < MIN (first + n_valid, hi); p++)
+            for (gint32 g = 0; g < self->kv_heads; g++)
+              {
+                gsize at = ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
+                sift_view_row_to_f32 (&sk, g, p - first, self->ws_k + at);
+                sift_view_row_to_f32 (&sv, g, p - first, self->ws_v + at);
+              }
+          sift_engine_slot_done (ctx->engine, s);
+        }
+      if (local != NULL)
+        {
+          g_propagate_prefixed_error (error, local, "subquadratic: window of layer %d: ", ctx->layer);
+          return FALSE;
+        }
+      b += queued;
+    }
+  return TRUE;
+}
+
+/* Landmark b into workspace row x: from memory when complete there, else
+ * the open running mean plus the block's rows not yet stored. */
+static void
+fill_landmark (Call *c, SqLandmarks *L, gint64 b, gint64 x)
+{
+  SqPolicy *self = c->self;
+  const gint32 d = self->head_dim, kvh = self->kv_heads;
+  const gint64 bs = self->config.block_size;
+  for (gint32 g = 0; g < kvh; g++)
+    {
+      float *ok = self->lws_k + ((gsize) g * c->n_lws + x) * d;
+      float *ov = self->lws_v + ((gsize) g * c->n_lws + x) * d;
+      if (sq_policy_landmark (self, c->ctx->layer, b, g, ok, ov))
+        continue;
+      gint64 have = b == L->n_done ? L->open_count : 0;
+      for (gint32 e = 0; e < d; e++)
+        {
+          ok[e] = L->open_k[g * d + e] * (float) have;
+          ov[e] = L->open_v[g * d + e] * (float) have;
+        }
+      for (gint64 p = b * bs + have; p < (b + 1) * bs; p++)
+        {
+          g_assert (p >= c->ctx->kv_len);
+          const float *kr = self->ws_k + ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
+          const float *vr = self->ws_v + ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
+          for (gint32 e = 0; e < d; e++)
+            {
+              ok[e] += kr[e];
+              ov[e] += vr[e];
+            }
+        }
+      for (gint32 e = 0; e < d; e++)
+        {
+          ok[e] /= (float) bs;
+          ov[e] /= (float) bs;
+        }
+    }
+}
+
+/* Rows [begin, end) of the call in tiles of SQ_BAND_ROWS: the window band
+ * over the workspace's contiguous range, the rest (strides and globals
+ * outside the window, landmarks) row by row. */
+static void
+attend_tiles (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  const Call *c = user_data;
+  SqPolicy *self = c->self;
+  const gint32 d = self->head_dim;
+  const gint64 window = self->config.window, per_ptr = (gint64) (c->max_tok + c->max_blk);
+  gint32 *idx = self->idx + (gsize) worker * c->idx_stride;
+  gint32 *lidx = idx + SQ_BAND_ROWS * c->max_tok;
+  gint32 *band_idx = lidx + SQ_BAND_ROWS * c->max_blk;
+  const float **kp = self->ptrs + (gsize) worker * 2 * SQ_BAND_ROWS * per_ptr;
+  const float **vp = kp + SQ_BAND_ROWS * per_ptr;
+  gsize idx_start[SQ_BAND_ROWS + 1], lidx_start[SQ_BAND_ROWS + 1];
+  for (gint64 t0 = begin * SQ_BAND_ROWS; t0 < MIN (end * SQ_BAND_ROWS, c->ctx->n_q); t0 += SQ_BAND_ROWS)
+    {
+      gint64 nr = MIN (SQ_BAND_ROWS, c->ctx->n_q - t0);
+      idx_start[0] = lidx_start[0] = 0;
+      for (gint64 r = 0; r < nr; r++)
+        {
+          gint64 i = c->ctx->q_pos + t0 + r;
+          const gint64 *cand = self->cand + (gsize) (t0 + r) * c->max_tok;
+          const gint64 *lcand = self->lcand + (gsize) (t0 + r) * c->max_blk;
+          gsize n = idx_start[r];
+          for (gsize x = 0; x < self->n_cand[t0 + r]; x++)
+            if (cand[x] < i - window)
+              idx[n++] = ws_row (c, cand[x]);
+          idx_start[r + 1] = n;
+          n = lidx_start[r];
+          for (gsize x = 0; x < self->n_lcand[t0 + r]; x++)
+            lidx[n++] = self->blk_map[lcand[x]];
+          lidx_start[r + 1] = n;
+        }
+      gint64 i0 = c->ctx->q_pos + t0;
+      SqTile t = {
+        .q = sift_view_tokens (&c->ctx->q, t0, nr),
+        .out = sift_view_tokens (c->out, t0, nr),
+        .k = sift_view_htd (self->ws_k, SIFT_DTYPE_F32, self->kv_heads, c->n_ws, d),
+        .v = sift_view_htd (self->ws_v, SIFT_DTYPE_F32, self->kv_heads, c->n_ws, d),
+        .lo = c->n_scat + (i0 - window - c->r_lo), .hi = c->n_scat + (i0 - c->r_lo),
+        .floor = c->n_scat,
+        .panels = c->panels, .panel_stride = (gint64) sq_panel_floats (c->n_ws, d),
+        .scale = self->scale,
+        .idx = idx, .idx_start = idx_start,
+        .lk = self->lws_k, .lv = self->lws_v, .l_n = c->n_lws,
+        .lidx = lidx, .lidx_start = lidx_start,
+        .lse = c->lse + t0, .lse_stride = c->ctx->n_q,
+        .acc = self->acc + (gsize) worker * SQ_BAND_ROWS * d,
+        .band_idx = band_idx,
+        .kp = kp, .vp = vp, .ptr_max = (gsize) per_ptr,
+      };
+      sq_attend_tile (&t);
+    }
+}
+
+static int
+cmp_gint64 (const void *a, const void *b)
+{
+  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
+  return (x > y) - (x < y);
+}
+
+gboolean
+sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse,
+                   GError **error)
+{
+  const SqConfig *cfg = &self->config;
+  const gint32 d = self->head_dim, kvh = self->kv_heads;
+  const gint64 n_q = ctx->n_q, q_pos = ctx->q_pos, kv_len = ctx->kv_len, end = q_pos + n_q;
+  if (n_q == 0)
+    return TRUE;
+  if (ctx->layer < 0 || ctx->layer >= self->n_layers || n_q < 0 || q_pos < kv_len
+      || (ctx->phase == SIFT_PHASE_PREFILL && q_pos != kv_len) || ctx->q.n_heads != self->q_heads
+      || ctx->q.head_dim != d || ctx->q.dtype != SIFT_DTYPE_F32 || end > G_MAXINT32)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                   "subquadratic: call of layer %d with rows [%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+                   ") after %" G_GINT64_FORMAT " stored tokens, q [%d heads][dim %d] does not fit the "
+                   "model (%d layers, %d q heads, dim %d)",
+                   ctx->layer, q_pos, end, kv_len, ctx->q.n_heads, ctx->q.head_dim, self->n_layers,
+                   self->q_heads, d);
+      return FALSE;
+    }
+  SqLandmarks *L = &self->layers[ctx->layer];
+  if (cfg->landmarks && !lm_catch_up (self, ctx, L, kv_len, error))
+    return FALSE;
+
+  Call c = {
+    .self = self, .ctx = ctx, .out = out, .lse = lse,
+    .r_lo = MAX (0, MIN (q_pos - cfg->window, kv_len)),
+    .max_tok = sq_max_token_candidates (cfg, end),
+    .max_blk = sq_max_landmark_candidates (cfg, end) + 1,
+  };
+  const gint64 n_blocks = (end + cfg->block_size - 1) / cfg->block_size;
+
+  /* Every row's candidates; the call's scattered positions (before the
+   * contiguous range) and landmark blocks, each listed once. */
+  if ((gsize) n_q > self->rows_cap)
+    {
+      self->rows_cap = (gsize) n_q;
+      self->n_cand = g_renew (gsize, self->n_cand, self->rows_cap);
+      self->n_lcand = g_renew (gsize, self->n_lcand, self->rows_cap);
+    }
+  GROW (self->cand, gint64, self->cand_cap, (gsize) n_q * c.max_tok);
+  GROW (self->lcand, gint64, self->lcand_cap, (gsize) n_q * c.max_blk);
+  GROW (self->scattered, gint64, self->scattered_cap, (gsize) n_q * c.max_tok);
+  GROW (self->blocks_needed, gint64, self->blocks_needed_cap, (gsize) n_q * c.max_blk);
+  sq_stamp_next (&self->call_stamp, end);
+  sq_stamp_next (&self->call_bstamp, MAX (n_blocks, 1));
+  gint64 n_needed = 0;
+  for (gint64 r = 0; r < n_q; r++)
+    {
+      gint64 *cand = self->cand + (gsize) r * c.max_tok;
+      gint64 *lcand = self->lcand + (gsize) r * c.max_blk;
+      sq_stamp_next (&self->ts, end);
+      sq_stamp_next (&self->bs, MAX (n_blocks, 1));
+      self->n_cand[r] = sq_token_candidates (cfg, q_pos + r, end, &self->ts, cand);
+      self->n_lcand[r] = sq_landmark_candidates (cfg, q_pos + r, end, &self->bs, lcand);
+      for (gsize x = 0; x < self->n_cand[r]; x++)
+        if (cand[x] < c.r_lo && self->call_stamp.marks[cand[x]] != self->call_stamp.stamp)
+          {
+            self->call_stamp.marks[cand[x]] = self->call_stamp.stamp;
+            self->scattered[c.n_scat++] = cand[x];
+          }
+      for (gsize x = 0; x < self->n_lcand[r]; x++)
+        if (self->call_bstamp.marks[lcand[x]] != self->call_bstamp.stamp)
+          {
+            self->call_bstamp.marks[lcand[x]] = self->call_bstamp.stamp;
+            self->blocks_needed[n_needed++] = lcand[x];
+          }
+    }
+  qsort (self->scattered, (gsize) c.n_scat, sizeof (gint64), cmp_gint64);
+  c.n_ws = c.n_scat + (end - c.r_lo);
+  c.n_lws = n_needed;
+  GROW (self->ws_k, float, self->ws_cap, (gsize) kvh * c.n_ws * d);
+  self->ws_v = g_renew (float, self->ws_v, self->ws_cap);
+  GROW (self->lws_k, float, self->lws_cap, (gsize) kvh * c.n_lws * d + 1);
+  self->lws_v = g_renew (float, self->lws_v, self->lws_cap);
+  if (end > self->pos_map_cap)
+    {
+      self->pos_map_cap = MAX (end, 2 * self->pos_map_cap);
+      self->pos_map = g_renew (gint32, self->pos_map, self->pos_map_cap);
+    }
+  if (n_blocks > self->blk_map_cap)
+    {
+      self->blk_map_cap = MAX (n_blocks, 2 * self->blk_map_cap);
+      self->blk_map = g_renew (gint32, self->blk_map, self->blk_map_cap);
+    }
+
+  /* Scattered rows through the engine's row gather. */
+  if (c.n_scat > 0)
+    {
+      for (gint64 s = 0; s < c.n_scat; s++)
+        self->pos_map[self->scattered[s]] = (gint32) s;
+      GROW (self->tmp_k, float, self->tmp_cap, (gsize) kvh * c.n_scat * d);
+      self->tmp_v = g_renew (float, self->tmp_v, self->tmp_cap);
+      SiftView gk = sift_view_htd (self->tmp_k, SIFT_DTYPE_F32, kvh, c.n_scat, d);
+      SiftView gv = sift_view_htd (self->tmp_v, SIFT_DTYPE_F32, kvh, c.n_scat, d);
+      if (!sift_engine_gather_rows (ctx->engine, ctx->layer, self->scattered, (gsize) c.n_scat, &gk, &gv,
+                                    error))
+        return FALSE;
+      for (gint32 g = 0; g < kvh; g++)
+        {
+          memcpy (self->ws_k + (gsize) g * c.n_ws * d, self->tmp_k + (gsize) g * c.n_scat * d,
+                  (gsize) c.n_scat * d * sizeof (float));
+          memcpy (self->ws_v + (gsize) g * c.n_ws * d, self->tmp_v + (gsize) g * c.n_scat * d,
+                  (gsize) c.n_scat * d * sizeof (float));
+        }
+    }
+
+  /* The window's stored part through ring slots, then the local tokens. */
+  if (!load_window (&c, error))
+    return FALSE;
+  SiftView lk, lv;
+  sift_engine_local_kv (ctx->engine, ctx, &lk, &lv);
+  if (lk.n_tokens != end - kv_len || lk.n_heads != kvh || lk.head_dim != d)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                   "subquadratic: the engine's local buffer holds %" G_GINT64_FORMAT " tokens, not "
+                   "[%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT ")",
+                   lk.n_tokens, kv_len, end);
+      return FALSE;
+    }
+  for (gint64 p = kv_len; p < end; p++)
+    for (gint32 g = 0; g < kvh; g++)
+      {
+        gsize at = ((gsize) g * c.n_ws + (gsize) ws_row (&c, p)) * d;
+        sift_view_row_to_f32 (&lk, g, p - kv_len, self->ws_k + at);
+        sift_view_row_to_f32 (&lv, g, p - kv_len, self->ws_v + at);
+      }
+
+  /* Landmarks the rows name. */
+  for (gint64 x = 0; x < n_needed; x++)
+    {
+      self->blk_map[self->blocks_needed[x]] = (gint32) x;
+      fill_landmark (&c, L, self->blocks_needed[x], x);
+    }
+
+  /* A band needs rows to share it: prefill chunks, not single decode rows. */
+  if (n_q >= SQ_BAND_ROWS && sq_simd_band (d) != NULL)
+    {
+      gsize per_head = sq_panel_floats (c.n_ws, d);
+      if (per_head * kvh > self->panels_cap)
+        {
+          self->panels_cap = per_head * kvh;
+          g_aligned_free (self->panels);
+          self->panels = g_aligned_alloc (self->panels_cap, sizeof (float), 64);
+        }
+      for (gint32 g = 0; g < kvh; g++)
+        sq_pack_panels (self->ws_k + (gsize) g * c.n_ws * d, d, c.n_ws, d, self->panels + g * per_head);
+      c.panels = self->panels;
+    }
+  gint n_workers = sift_parallel_n_threads ();
+  c.idx_stride = SQ_BAND_ROWS * (c.max_tok + c.max_blk) + (gsize) cfg->window + SQ_BAND_ROWS + 1;
+  GROW (self->idx, gint32, self->idx_cap, (gsize) n_workers * c.idx_stride);
+  GROW (self->ptrs, const float *, self->ptrs_cap, (gsize) n_workers * 2 * SQ_BAND_ROWS * (c.max_tok + c.max_blk));
+  GROW (self->acc, float, self->acc_cap, (gsize) n_workers * SQ_BAND_ROWS * d);
+  sift_parallel_for ((n_q + SQ_BAND_ROWS - 1) / SQ_BAND_ROWS, 1, attend_tiles, &c);
+
+  /* Density: every row attends its token candidates and its landmarks
+   * (a landmark counts as one row of KV), for every query head. */
+  guint64 attended = 0;
+  for (gint64 r = 0; r < n_q; r++)
+    attended += self->n_cand[r] + self->n_lcand[r];
+  sift_engine_count_attended (ctx->engine, ctx, attended * (guint64) self->q_heads);
+  return TRUE;
+}

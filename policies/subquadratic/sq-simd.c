@@ -1,0 +1,656 @@
+/* SIMD paths of sq_accumulate. Candidates are taken eight at a time: their
+ * eight scores come out of one reduction tree, the running max is raised
+ * (and acc rescaled) at most once per batch instead of once per key, the
+ * eight exponentials are one vector polynomial, and acc stays in registers
+ * for the whole call. Same sums as the scalar path up to rounding. */
+#include <math.h>
+#include <string.h>
+
+#include <sift/attn.h>
+
+#include "sq-simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__ ((target ("avx2,fma")))
+#define AVX512 __attribute__ ((target ("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+#define INLINE static inline __attribute__ ((always_inline))
+
+/* e^x for x <= 0 (Cephes' polynomial: relative error about 1e-7). Lanes
+ * below -87 come out as a tiny positive number; callers mask padding. */
+INLINE AVX2 __m256
+exp256 (__m256 x)
+{
+  x = _mm256_max_ps (x, _mm256_set1_ps (-87.0f));
+  __m256 fx = _mm256_floor_ps (_mm256_fmadd_ps (x, _mm256_set1_ps (1.44269504088896341f),
+                                                _mm256_set1_ps (0.5f)));
+  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (0.693359375f), x);
+  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps (1.9875691500e-4f);
+  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.3981999507e-3f));
+  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (8.3334519073e-3f));
+  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (4.1665795894e-2f));
+  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.6666665459e-1f));
+  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (5.0000001201e-1f));
+  y = _mm256_fmadd_ps (y, _mm256_mul_ps (x, x), _mm256_add_ps (x, _mm256_set1_ps (1.0f)));
+  __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (fx), _mm256_set1_epi32 (127)), 23);
+  return _mm256_mul_ps (y, _mm256_castsi256_ps (e));
+}
+
+/* Lane c of the result: the sum of t[c]'s eight lanes. */
+INLINE AVX2 __m256
+reduce8 (const __m256 t[8])
+{
+  __m256 h01 = _mm256_hadd_ps (t[0], t[1]), h23 = _mm256_hadd_ps (t[2], t[3]);
+  __m256 h45 = _mm256_hadd_ps (t[4], t[5]), h67 = _mm256_hadd_ps (t[6], t[7]);
+  __m256 a = _mm256_hadd_ps (h01, h23), b = _mm256_hadd_ps (h45, h67);
+  return _mm256_add_ps (_mm256_permute2f128_ps (a, b, 0x20), _mm256_permute2f128_ps (a, b, 0x31));
+}
+
+INLINE AVX2 float
+hmax8 (__m256 v)
+{
+  __m128 x = _mm_max_ps (_mm256_castps256_ps128 (v), _mm256_extractf128_ps (v, 1));
+  x = _mm_max_ps (x, _mm_movehl_ps (x, x));
+  x = _mm_max_ss (x, _mm_shuffle_ps (x, x, 1));
+  return _mm_cvtss_f32 (x);
+}
+
+INLINE AVX2 float
+hsum8 (__m256 v)
+{
+  __m128 x = _mm_add_ps (_mm256_castps256_ps128 (v), _mm256_extractf128_ps (v, 1));
+  x = _mm_add_ps (x, _mm_movehl_ps (x, x));
+  x = _mm_add_ss (x, _mm_shuffle_ps (x, x, 1));
+  return _mm_cvtss_f32 (x);
+}
+
+/* Scores of one batch -> weights, after raising the running max. Lanes at
+ * or past nb are padding and get weight 0. */
+INLINE AVX2 __m256
+batch_weights (__m256 s, int nb, float *m, float *l, float *r_out)
+{
+  __m256i lane = _mm256_setr_epi32 (0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 valid = _mm256_castsi256_ps (_mm256_cmpgt_epi32 (_mm256_set1_epi32 (nb), lane));
+  s = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), s, valid);
+  float bm = hmax8 (s);
+  *r_out = 1.0f;
+  if (bm > *m)
+    {
+      /* Everything summed so far shrinks by e^(m_old - m_new): exponents stay <= 0. */
+      *r_out = expf (*m - bm);
+      *l *= *r_out;
+      *m = bm;
+    }
+  __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s, _mm256_set1_ps (*m))), valid);
+  *l += hsum8 (p);
+  return p;
+}
+
+/* nv vectors of 8 per row; nv is a constant where it is inlined. */
+INLINE AVX2 void
+acc_avx2 (SqState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
+          gint64 stride, const gint32 *idx, gsize n)
+{
+  __m256 qv[16], acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < nv; j++)
+    {
+      qv[j] = _mm256_mul_ps (_mm256_loadu_ps (q + 8 * j), _mm256_set1_ps (scale));
+      acc[j] = _mm256_loadu_ps (st->acc + 8 * j);
+    }
+  float m = st->m, l = st->l;
+  for (gsize x = 0; x < n; x += 8)
+    {
+      int nb = (int) MIN (8, n - x);
+      __m256 t[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++)
+        {
+          t[c] = _mm256_setzero_ps ();
+          if (c < nb)
+            {
+              const float *k = bk + (gint64) idx[x + c] * stride;
+#pragma GCC unroll 16
+              for (int j = 0; j < nv; j++)
+                t[c] = _mm256_fmadd_ps (qv[j], _mm256_loadu_ps (k + 8 * j), t[c]);
+            }
+        }
+      float r;
+      __m256 p = batch_weights (reduce8 (t), nb, &m, &l, &r);
+      if (r != 1.0f)
+#pragma GCC unroll 16
+        for (int j = 0; j < nv; j++)
+          acc[j] = _mm256_mul_ps (acc[j], _mm256_set1_ps (r));
+      float pf[8];
+      _mm256_storeu_ps (pf, p);
+      for (int c = 0; c < nb; c++)
+        {
+          const float *v = bv + (gint64) idx[x + c] * stride;
+          __m256 w = _mm256_set1_ps (pf[c]);
+#pragma GCC unroll 16
+          for (int j = 0; j < nv; j++)
+            acc[j] = _mm256_fmadd_ps (w, _mm256_loadu_ps (v + 8 * j), acc[j]);
+        }
+    }
+#pragma GCC unroll 16
+  for (int j = 0; j < nv; j++)
+    _mm256_storeu_ps (st->acc + 8 * j, acc[j]);
+  st->m = m;
+  st->l = l;
+}
+
+/* One entry point per head_dim with a constant vector count, so the row
+ * loops unroll and acc and q stay in registers. */
+#define SQ_DEFINE_ACC(isa, ATTR, d, nv)                                                   \
+  static ATTR void acc_##isa##_##d (SqState *st, const float *q, gint32 head_dim, float scale, \
+                                    const float *bk, const float *bv, gint64 stride,     \
+                                    const gint32 *idx, gsize n)                          \
+  {                                                                                      \
+    (void) head_dim;                                                                     \
+    acc_##isa (st, q, nv, scale, bk, bv, stride, idx, n);                                \
+  }
+
+SQ_DEFINE_ACC (avx2, AVX2, 32, 4)
+SQ_DEFINE_ACC (avx2, AVX2, 64, 8)
+SQ_DEFINE_ACC (avx2, AVX2, 128, 16)
+
+/* AVX-512: rows in 16-float vectors, each score folded to 8 lanes first,
+ * then the same reduction tree and weights as AVX2. */
+INLINE AVX512 void
+acc_avx512 (SqState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
+            gint64 stride, const gint32 *idx, gsize n)
+{
+  __m512 qv[8], acc[8];
+#pragma GCC unroll 16
+  for (int j = 0; j < nv; j++)
+    {
+      qv[j] = _mm512_mul_ps (_mm512_loadu_ps (q + 16 * j), _mm512_set1_ps (scale));
+      acc[j] = _mm512_loadu_ps (st->acc + 16 * j);
+    }
+  float m = st->m, l = st->l;
+  for (gsize x = 0; x < n; x += 8)
+    {
+      int nb = (int) MIN (8, n - x);
+      __m256 t[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++)
+        {
+          t[c] = _mm256_setzero_ps ();
+          if (c < nb)
+            {
+              const float *k = bk + (gint64) idx[x + c] * stride;
+              __m512 z = _mm512_mul_ps (qv[0], _mm512_loadu_ps (k));
+#pragma GCC unroll 16
+              for (int j = 1; j < nv; j++)
+                z = _mm512_fmadd_ps (qv[j], _mm512_loadu_ps (k + 16 * j), z);
+              t[c] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
+            }
+        }
+      float r;
+      __m256 p = batch_weights (reduce8 (t), nb, &m, &l, &r);
+      if (r != 1.0f)
+#pragma GCC unroll 16
+        for (int j = 0; j < nv; j++)
+          acc[j] = _mm512_mul_ps (acc[j], _mm512_set1_ps (r));
+      float pf[8];
+      _mm256_storeu_ps (pf, p);
+      for (int c = 0; c < nb; c++)
+        {
+          const float *v = bv + (gint64) idx[x + c] * stride;
+          __m512 w = _mm512_set1_ps (pf[c]);
+#pragma GCC unroll 16
+          for (int j = 0; j < nv; j++)
+            acc[j] = _mm512_fmadd_ps (w, _mm512_loadu_ps (v + 16 * j), acc[j]);
+        }
+    }
+#pragma GCC unroll 16
+  for (int j = 0; j < nv; j++)
+    _mm512_storeu_ps (st->acc + 16 * j, acc[j]);
+  st->m = m;
+  st->l = l;
+}
+
+SQ_DEFINE_ACC (avx512, AVX512, 32, 2)
+SQ_DEFINE_ACC (avx512, AVX512, 64, 4)
+SQ_DEFINE_ACC (avx512, AVX512, 128, 8)
+
+
+/* ---- Band kernel (AVX-512) ----------------------------------------------- */
+
+/* e^x, 16 lanes: exp256 on each half. */
+INLINE AVX512 __m512
+exp512 (__m512 x)
+{
+  __m256 lo = exp256 (_mm512_castps512_ps256 (x)), hi = exp256 (_mm512_extractf32x8_ps (x, 1));
+  return _mm512_insertf32x8 (_mm512_castps256_ps512 (lo), hi, 1);
+}
+
+/* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
+ * 16 scores are one vector: q . k for 8 rows x 16 keys is d steps of one
+ * panel load and 8 broadcast FMAs, with no horizontal sums. Each row then
+ * takes one online-softmax step per panel (max, one rescale, 16 exps), and
+ * the weights meet each value row once for a group of rows. */
+INLINE AVX512 void
+band_avx512 (const SqBand *b, SqState *st, int nv)
+{
+  enum { R = SQ_BAND_ROWS, L = 16 };
+  const int d = 16 * nv, G = nv <= 4 ? 4 : 2; /* PV: G rows' acc stay in registers */
+  const int n_rows = b->n_rows;
+  float qs[R * 128] __attribute__ ((aligned (64)));
+  float pbuf[R][L] __attribute__ ((aligned (64)));
+  float m[R], rf[R];
+  __m512 l[R];
+  memset (pbuf, 0, sizeof pbuf);
+  for (int r = 0; r < R; r++)
+    {
+#pragma GCC unroll 8
+      for (int j = 0; j < nv; j++)
+        _mm512_store_ps (qs + r * d + 16 * j,
+                         r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (b->q + r * b->q_stride + 16 * j),
+                                                     _mm512_set1_ps (b->scale))
+                                    : _mm512_setzero_ps ());
+      if (r < n_rows)
+        memset (st[r].acc, 0, (gsize) d * sizeof (float));
+      m[r] = -INFINITY;
+      l[r] = _mm512_setzero_ps ();
+    }
+  const gint64 j_lo = MAX (b->lo, b->floor), j_hi = b->hi + n_rows - 1; /* keys any row sees */
+  for (gint64 p = j_lo / L; p * L <= j_hi; p++)
+    {
+      const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
+      const gint64 j0 = p * L;
+      __m512 s[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        s[r] = _mm512_setzero_ps ();
+#pragma GCC unroll 4
+      for (int x = 0; x < d; x++)
+        {
+          __m512 kx = _mm512_load_ps (panel + x * L);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
+        }
+      __mmask16 any = 0;
+      for (int r = 0; r < n_rows; r++)
+        {
+          /* Row r sees keys [lo + r, hi + r]. */
+          gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
+          __mmask16 k = (__mmask16) (a < z ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
+          rf[r] = 1.0f;
+          if (k == 0)
+            {
+              _mm512_store_ps (pbuf[r], _mm512_setzero_ps ());
+              continue;
+            }
+          any |= k;
+          float mx = _mm512_mask_reduce_max_ps (k, s[r]);
+          if (mx > m[r])
+            {
+              rf[r] = expf (m[r] - mx); /* what was summed shrinks by e^(m_old - m_new) */
+              l[r] = _mm512_mul_ps (l[r], _mm512_set1_ps (rf[r]));
+              m[r] = mx;
+            }
+          __m512 pw = _mm512_maskz_mov_ps (k, exp512 (_mm512_sub_ps (s[r], _mm512_set1_ps (m[r]))));
+          l[r] = _mm512_add_ps (l[r], pw);
+          _mm512_store_ps (pbuf[r], pw);
+        }
+      for (int r0 = 0; r0 < n_rows; r0 += G)
+        {
+          __m512 acc[4][8];
+#pragma GCC unroll 4
+          for (int g = 0; g < G; g++)
+#pragma GCC unroll 8
+            for (int j = 0; j < nv; j++)
+              acc[g][j] = r0 + g < n_rows
+                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r0 + g].acc + 16 * j), _mm512_set1_ps (rf[r0 + g]))
+                            : _mm512_setzero_ps ();
+          for (unsigned bits = any; bits != 0; bits &= bits - 1)
+            {
+              int c = __builtin_ctz (bits);
+              const float *v = b->v + (j0 + c) * b->v_stride;
+              __m512 vz[8];
+#pragma GCC unroll 8
+              for (int j = 0; j < nv; j++)
+                vz[j] = _mm512_loadu_ps (v + 16 * j);
+#pragma GCC unroll 4
+              for (int g = 0; g < G; g++)
+                {
+                  __m512 w = _mm512_set1_ps (pbuf[(r0 + g) % R][c]);
+#pragma GCC unroll 8
+                  for (int j = 0; j < nv; j++)
+                    acc[g][j] = _mm512_fmadd_ps (w, vz[j], acc[g][j]);
+                }
+            }
+#pragma GCC unroll 4
+          for (int g = 0; g < G; g++)
+            if (r0 + g < n_rows)
+#pragma GCC unroll 8
+              for (int j = 0; j < nv; j++)
+                _mm512_storeu_ps (st[r0 + g].acc + 16 * j, acc[g][j]);
+        }
+    }
+  for (int r = 0; r < n_rows; r++)
+    {
+      st[r].m = m[r];
+      st[r].l = _mm512_reduce_add_ps (l[r]);
+    }
+}
+
+/* Entry points with a constant vector count, as SQ_DEFINE_ACC. */
+#define SQ_DEFINE_TILE(kernel, Args, d, nv)                                                 \
+  static AVX512 void kernel##_##d (const Args *b, SqState *st)                              \
+  {                                                                                         \
+    kernel (b, st, nv);                                                                     \
+  }
+
+SQ_DEFINE_TILE (band_avx512, SqBand, 32, 2)
+SQ_DEFINE_TILE (band_avx512, SqBand, 64, 4)
+SQ_DEFINE_TILE (band_avx512, SqBand, 128, 8)
+
+
+/* ---- Rows kernel (AVX-512) ------------------------------------------------ */
+
+INLINE AVX512 void
+rows_avx512 (const SqRows *b, SqState *st, int nv)
+{
+  enum { R = 8 };
+  const int d = 16 * nv, n_rows = b->n_rows;
+  float qs[R * 128] __attribute__ ((aligned (64)));
+  float pbuf[R][R], rfb[R], mf[R], lf[R];
+  gsize n_max = 0;
+  int nr[R];
+  for (int r = 0; r < R; r++)
+    {
+#pragma GCC unroll 8
+      for (int j = 0; j < nv; j++)
+        _mm512_store_ps (qs + r * d + 16 * j,
+                         r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (b->q + r * b->q_stride + 16 * j),
+                                                     _mm512_set1_ps (b->scale))
+                                    : _mm512_setzero_ps ());
+      nr[r] = r < n_rows ? (int) b->n[r] : 0;
+      n_max = MAX (n_max, (gsize) nr[r]);
+      /* Padding rows sit at m = 0 so no lane computes -inf - -inf. */
+      mf[r] = r < n_rows ? st[r].m : 0.0f;
+      lf[r] = r < n_rows ? st[r].l : 0.0f;
+    }
+  const __m256i len = _mm256_loadu_si256 ((const __m256i *) nr);
+  __m256 m = _mm256_loadu_ps (mf), l = _mm256_loadu_ps (lf);
+  for (gsize c0 = 0; c0 < n_max; c0 += R)
+    {
+      __m256 s[R], valid[R];
+#pragma GCC unroll 8
+      for (int c = 0; c < R; c++)
+        {
+          __m256 t[R];
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            {
+              t[r] = _mm256_setzero_ps ();
+              if ((int) c0 + c < nr[r])
+                {
+                  const float *k = b->k[r * b->max + c0 + c];
+                  const char *vnext = (const char *) b->v[r * b->max + c0 + c];
+                  /* The value row is wanted right after this batch's scores; these
+                   * rows are far behind the window and rarely cached. */
+                  for (int line = 0; line < d * 4; line += 64)
+                    _mm_prefetch (vnext + line, _MM_HINT_T0);
+                  __m512 z = _mm512_mul_ps (_mm512_load_ps (qs + r * d), _mm512_loadu_ps (k));
+#pragma GCC unroll 8
+                  for (int j = 1; j < nv; j++)
+                    z = _mm512_fmadd_ps (_mm512_load_ps (qs + r * d + 16 * j), _mm512_loadu_ps (k + 16 * j), z);
+                  t[r] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
+                }
+            }
+          valid[c] = _mm256_castsi256_ps (_mm256_cmpgt_epi32 (len, _mm256_set1_epi32 ((int) c0 + c)));
+          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), reduce8 (t), valid[c]);
+        }
+      __m256 mx = m;
+#pragma GCC unroll 8
+      for (int c = 0; c < R; c++)
+        mx = _mm256_max_ps (mx, s[c]);
+      /* Rows that have seen nothing yet (m = -inf) rescale by 0, not NaN. */
+      __m256 seen = _mm256_cmp_ps (m, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ);
+      __m256 rf = _mm256_and_ps (exp256 (_mm256_sub_ps (m, mx)), seen);
+      __m256 mxs = _mm256_blendv_ps (_mm256_setzero_ps (), mx, _mm256_cmp_ps (mx, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ));
+      l = _mm256_mul_ps (l, rf);
+#pragma GCC unroll 8
+      for (int c = 0; c < R; c++)
+        {
+          __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s[c], mxs)), valid[c]);
+          l = _mm256_add_ps (l, p);
+          _mm256_storeu_ps (pbuf[c], p);
+        }
+      m = mx;
+      _mm256_storeu_ps (rfb, rf);
+      for (int r = 0; r < n_rows; r++)
+        {
+          int nc = MIN (R, nr[r] - (int) c0);
+          if (nc <= 0)
+            continue;
+          __m512 acc[8];
+#pragma GCC unroll 8
+          for (int j = 0; j < nv; j++)
+            acc[j] = _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * j), _mm512_set1_ps (rfb[r]));
+          for (int c = 0; c < nc; c++)
+            {
+              const float *v = b->v[r * b->max + c0 + c];
+              __m512 w = _mm512_set1_ps (pbuf[c][r]);
+#pragma GCC unroll 8
+              for (int j = 0; j < nv; j++)
+                acc[j] = _mm512_fmadd_ps (w, _mm512_loadu_ps (v + 16 * j), acc[j]);
+            }
+#pragma GCC unroll 8
+          for (int j = 0; j < nv; j++)
+            _mm512_storeu_ps (st[r].acc + 16 * j, acc[j]);
+        }
+    }
+  _mm256_storeu_ps (mf, m);
+  _mm256_storeu_ps (lf, l);
+  for (int r = 0; r < n_rows; r++)
+    {
+      st[r].m = mf[r];
+      st[r].l = lf[r];
+    }
+}
+
+SQ_DEFINE_TILE (rows_avx512, SqRows, 32, 2)
+SQ_DEFINE_TILE (rows_avx512, SqRows, 64, 4)
+SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
+
+static AVX512 void
+pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+{
+  const __m512i rows = _mm512_mullo_epi32 (_mm512_setr_epi32 (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32 ((int) stride));
+  for (gint64 p = 0; p * 16 < n; p++)
+    {
+      __mmask16 live = (__mmask16) (n - p * 16 >= 16 ? 0xffffu : (1u << (n - p * 16)) - 1u);
+      const float *base = k + p * 16 * stride;
+      for (gint32 x = 0; x < d; x++)
+        _mm512_store_ps (panels + (p * d + x) * 16,
+                         _mm512_mask_i32gather_ps (_mm512_setzero_ps (), live, rows, base + x, 4));
+    }
+}
+
+static AVX512 void
+add_avx512 (float *dst, const float *src, gint32 d)
+{
+  for (gint32 x = 0; x < d; x += 16)
+    _mm512_storeu_ps (dst + x, _mm512_add_ps (_mm512_loadu_ps (dst + x), _mm512_loadu_ps (src + x)));
+}
+
+static AVX512 void
+scale_avx512 (float *dst, const float *src, float s, gint32 d)
+{
+  for (gint32 x = 0; x < d; x += 16)
+    _mm512_storeu_ps (dst + x, _mm512_mul_ps (_mm512_loadu_ps (src + x), _mm512_set1_ps (s)));
+}
+
+static SiftIsa plugin_isa (void);
+
+void
+sq_scale_row (float *dst, const float *src, float s, gint32 d)
+{
+  if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
+    {
+      scale_avx512 (dst, src, s, d);
+      return;
+    }
+  for (gint32 x = 0; x < d; x++)
+    dst[x] = src[x] * s;
+}
+
+void
+sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+{
+  if (plugin_isa () >= SIFT_ISA_AVX512 && stride * 16 <= G_MAXINT32)
+    {
+      pack_avx512 (k, stride, n, d, panels);
+      return;
+    }
+  for (gint64 p = 0; p * 16 < n; p++)
+    for (gint64 c = 0; c < 16; c++)
+      for (gint32 x = 0; x < d; x++)
+        panels[(p * d + x) * 16 + c] = p * 16 + c < n ? k[(p * 16 + c) * stride + x] : 0.0f;
+}
+
+void
+sq_add_row (float *dst, const float *src, gint32 d)
+{
+  if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
+    {
+      add_avx512 (dst, src, d);
+      return;
+    }
+  for (gint32 x = 0; x < d; x++)
+    dst[x] += src[x];
+}
+
+/* The core's choice (SIFT_ISA, sift_isa_force) when the core has SIMD
+ * kernels of its own; otherwise what this CPU supports, unless SIFT_ISA
+ * asks for scalar. */
+static SiftIsa
+own_isa (void)
+{
+  const char *env = g_getenv ("SIFT_ISA");
+  if (env != NULL && g_str_equal (env, "scalar"))
+    return SIFT_ISA_SCALAR;
+  __builtin_cpu_init ();
+  if (__builtin_cpu_supports ("avx512f") && __builtin_cpu_supports ("avx512vl")
+      && __builtin_cpu_supports ("avx512dq") && __builtin_cpu_supports ("avx512bw")
+      && (env == NULL || !g_str_equal (env, "avx2")))
+    return SIFT_ISA_AVX512;
+  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma"))
+    return SIFT_ISA_AVX2;
+  return SIFT_ISA_SCALAR;
+}
+
+static SiftIsa
+plugin_isa (void)
+{
+  static gsize once = 0;
+  static SiftIsa own = SIFT_ISA_SCALAR;
+  if (sift_isa_detect () > SIFT_ISA_SCALAR)
+    return sift_isa_active ();
+  if (g_once_init_enter (&once))
+    {
+      own = own_isa ();
+      g_once_init_leave (&once, 1);
+    }
+  return own;
+}
+
+SiftIsa
+sq_simd_isa (gint32 head_dim)
+{
+  if (head_dim != 32 && head_dim != 64 && head_dim != 128)
+    return SIFT_ISA_SCALAR;
+  return MIN (plugin_isa (), SIFT_ISA_AVX512);
+}
+
+SqAccumulateFunc
+sq_simd_accumulate (gint32 head_dim)
+{
+  static const SqAccumulateFunc table[2][3] = {
+    { acc_avx2_32, acc_avx2_64, acc_avx2_128 },
+    { acc_avx512_32, acc_avx512_64, acc_avx512_128 },
+  };
+  SiftIsa isa = sq_simd_isa (head_dim);
+  if (isa == SIFT_ISA_SCALAR)
+    return NULL;
+  return table[isa == SIFT_ISA_AVX512][head_dim == 32 ? 0 : head_dim == 64 ? 1 : 2];
+}
+
+SqBandFunc
+sq_simd_band (gint32 head_dim)
+{
+  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
+    return NULL;
+  return head_dim == 32 ? band_avx512_32 : head_dim == 64 ? band_avx512_64 : band_avx512_128;
+}
+
+SqRowsFunc
+sq_simd_rows (gint32 head_dim)
+{
+  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
+    return NULL;
+  return head_dim == 32 ? rows_avx512_32 : head_dim == 64 ? rows_avx512_64 : rows_avx512_128;
+}
+
+#else
+
+SiftIsa
+sq_simd_isa (gint32 head_dim)
+{
+  (void) head_dim;
+  return SIFT_ISA_SCALAR;
+}
+
+SqBandFunc
+sq_simd_band (gint32 head_dim)
+{
+  (void) head_dim;
+  return NULL;
+}
+
+SqRowsFunc
+sq_simd_rows (gint32 head_dim)
+{
+  (void) head_dim;
+  return NULL;
+}
+
+void
+sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+{
+  for (gint64 p = 0; p * 16 < n; p++)
+    for (gint64 c = 0; c < 16; c++)
+      for (gint32 x = 0; x < d; x++)
+        panels[(p * d + x) * 16 + c] = p * 16 + c < n ? k[(p * 16 + c) * stride + x] : 0.0f;
+}
+
+void
+sq_add_row (float *dst, const float *src, gint32 d)
+{
+  for (gint32 x = 0; x < d; x++)
+    dst[x] += src[x];
+}
+
+void
+sq_scale_row (float *dst, const float *src, float s, gint32 d)
+{
+  for (gint32 x = 0; x < d; x++)
+    dst[x] = src[x] * s;
+}
+
+SqAccumulateFunc
+sq_simd_accumulate (gint32 head_dim)
+{
+  (void) head_dim;
+  return NULL;
+}
+
+#endif

@@ -1,0 +1,66 @@
+/* SIMD paths of sq_accumulate (AVX2 + FMA, AVX-512), chosen at run time
+ * from sift_isa_active (), so SIFT_ISA=scalar forces the plain path. */
+#pragma once
+
+#include <sift/attn.h>
+
+#include "sq-core.h"
+
+typedef void (*SqAccumulateFunc) (SqState *st, const float *q, gint32 head_dim, float scale,
+                                  const float *base_k, const float *base_v, gint64 stride,
+                                  const gint32 *idx, gsize n);
+
+/* The window band of one tile for one head: rows r < n_rows (<= 8), q row
+ * r at q + r * q_stride, attend keys j in [lo + r, hi + r] (j >= floor), keys
+ * read from panels of 16 (sq_pack_panels: dimension-major; a ring of
+ * `ring` panels when ring > 0) and values at v + j * v_stride. st[r]
+ * starts afresh. */
+typedef struct {
+  const float *q;
+  gint64 q_stride;
+  gint32 n_rows;
+  float scale;
+  const float *panels;        /* panel p at panels + (ring ? p % ring : p) * d * 16 */
+  gint64 ring;
+  const float *v;
+  gint64 v_stride;
+  gint64 lo, hi;
+  gint64 floor;               /* no key below this one */
+} SqBand;
+
+typedef void (*SqBandFunc) (const SqBand *band, SqState *st);
+
+/* Packs keys [0, n) of one head into 64-byte aligned panels of 16 keys
+ * ([ceil (n / 16)][d][16] floats; keys past n are zero). */
+void sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels);
+
+/* Scattered keys of up to 8 rows of one head at once: row r (q at
+ * q + r * q_stride) continues st[r] over keys k[r * max + c], values
+ * v[r * max + c], c < n[r]. Lanes are rows, so the rows' short lists run
+ * side by side instead of one latency-bound chain after another. */
+typedef struct {
+  const float *q;
+  gint64 q_stride;
+  gint32 n_rows;
+  float scale;
+  const float *const *k, *const *v;
+  const gsize *n;
+  gsize max;
+} SqRows;
+
+typedef void (*SqRowsFunc) (const SqRows *rows, SqState *st);
+SqRowsFunc sq_simd_rows (gint32 head_dim);
+
+/* dst[0, d) = src[0, d) * s. */
+void sq_scale_row (float *dst, const float *src, float s, gint32 d);
+
+/* dst[0, d) += src[0, d). */
+void sq_add_row (float *dst, const float *src, gint32 d);
+
+/* The band kernel for head_dim on this CPU, or NULL (then rows go one by one). */
+SqBandFunc sq_simd_band (gint32 head_dim);
+
+/* The instruction set sq_accumulate uses for head_dim. */
+SiftIsa sq_simd_isa (gint32 head_dim);
+/* The fastest path for head_dim on this CPU, or NULL for the scalar one. */
+SqAccumulateFunc sq_simd_accumulate (gint32 head_dim);

@@ -1,0 +1,75 @@
+/* AVX-512 dot products of reshaped rows and columns (this file alone
+ * targets AVX-512F; called only when sift_isa_active () >= AVX512). Tiles of
+ * 4 rows x 4 columns keep 16 accumulators in registers: each loaded vector
+ * feeds 4 FMAs. The tail of a row (len % 16) goes through masked loads. */
+#include "xattn-score.h"
+
+#ifdef XATTN_HAVE_AVX512
+#pragma GCC target("avx512f")
+#include <immintrin.h>
+
+/* Up to 4 x 4 dot products with one code path: rows and columns past
+ * nr / nc repeat the last valid one and their results are dropped. */
+static inline void
+tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
+{
+  __m512 c[16];
+  for (int i = 0; i < 16; i++)
+    c[i] = _mm512_setzero_ps ();
+  gsize t = 0;
+  for (; t + 16 <= len; t += 16)
+    {
+      __m512 k0 = _mm512_loadu_ps (b[0] + t), k1 = _mm512_loadu_ps (b[1] + t);
+      __m512 k2 = _mm512_loadu_ps (b[2] + t), k3 = _mm512_loadu_ps (b[3] + t);
+      for (int i = 0; i < 4; i++)
+        {
+          __m512 q = _mm512_loadu_ps (a[i] + t);
+          c[4 * i] = _mm512_fmadd_ps (q, k0, c[4 * i]);
+          c[4 * i + 1] = _mm512_fmadd_ps (q, k1, c[4 * i + 1]);
+          c[4 * i + 2] = _mm512_fmadd_ps (q, k2, c[4 * i + 2]);
+          c[4 * i + 3] = _mm512_fmadd_ps (q, k3, c[4 * i + 3]);
+        }
+    }
+  if (t < len)
+    {
+      __mmask16 m = (__mmask16) ((1u << (len - t)) - 1);
+      __m512 k[4];
+      for (int j = 0; j < 4; j++)
+        k[j] = _mm512_maskz_loadu_ps (m, b[j] + t);
+      for (int i = 0; i < 4; i++)
+        {
+          __m512 q = _mm512_maskz_loadu_ps (m, a[i] + t);
+          for (int j = 0; j < 4; j++)
+            c[4 * i + j] = _mm512_fmadd_ps (q, k[j], c[4 * i + j]);
+        }
+    }
+  for (int i = 0; i < 16; i++)
+    r[i] = _mm512_reduce_add_ps (c[i]);
+}
+
+void
+xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                   gsize col_stride, gint64 n_cols, gsize len, float *out)
+{
+  for (gint64 i = 0; i < n_rows; i += 4)
+    {
+      gint64 nr = MIN (4, n_rows - i);
+      const float *a[4];
+      for (gint64 ii = 0; ii < 4; ii++)
+        a[ii] = rows + (gsize) (i + MIN (ii, nr - 1)) * row_stride;
+      for (gint64 j = 0; j < n_cols; j += 4)
+        {
+          gint64 nc = MIN (4, n_cols - j);
+          const float *b[4];
+          for (gint64 jj = 0; jj < 4; jj++)
+            b[jj] = cols + (gsize) (j + MIN (jj, nc - 1)) * col_stride;
+          float r[16];
+          tile (a, b, len, r);
+          for (gint64 ii = 0; ii < nr; ii++)
+            for (gint64 jj = 0; jj < nc; jj++)
+              out[(i + ii) * n_cols + j + jj] = r[4 * ii + jj];
+        }
+    }
+}
+
+#endif /* XATTN_HAVE_AVX512 */

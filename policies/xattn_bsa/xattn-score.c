@@ -1,0 +1,489 @@
+/* XAttention antidiagonal scoring, threshold selection, vote aggregation. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sift/parallel.h>
+
+#include "xattn-score.h"
+
+/* Rows of one parallel task: enough work to amortise the scratch, small
+ * enough to spread a 512-row chunk of one head over threads. */
+#define ROW_TILE 16
+
+struct _XattnScorer {
+  XattnGeometry geo;
+  gsize rlen;         /* S * head_dim: floats per reshaped row or column */
+  gint64 q_pos, n_q, kv_end;
+  gint64 row0, n_rows; /* reshaped rows row0 .. row0 + n_rows - 1 (absolute) */
+  gint64 n_kb;
+  float *qr;          /* [n_q_heads][n_rows][S * head_dim] reshaped queries */
+  float *lse;         /* [n_q_heads][n_rows][n_kb] log of each key block's mass; -inf: none yet */
+  gsize qr_cap, lse_cap;
+  float *kbuf;        /* [n_kv_heads][n_cols * S][head_dim] keys made contiguous, zero padded */
+  gsize kbuf_cap;
+  float *stage;       /* [n_kv_heads][XATTN_STAGE_TOKENS][head_dim] keys waiting to be scored */
+  gint64 stage_pos0, stage_n;
+};
+
+static gboolean force_scalar = FALSE;
+
+void
+xattn_dots_force_scalar (gboolean scalar)
+{
+  force_scalar = scalar;
+}
+
+SiftIsa
+xattn_dots_isa (void)
+{
+  SiftIsa isa = force_scalar ? SIFT_ISA_SCALAR : sift_isa_active ();
+#ifdef XATTN_HAVE_AVX512
+  if (isa >= SIFT_ISA_AVX512)
+    return SIFT_ISA_AVX512;
+#endif
+#ifdef XATTN_HAVE_AVX2
+  if (isa >= SIFT_ISA_AVX2)
+    return SIFT_ISA_AVX2;
+#endif
+  return SIFT_ISA_SCALAR;
+}
+
+void
+xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                   gsize col_stride, gint64 n_cols, gsize len, float *out)
+{
+  for (gint64 i = 0; i < n_rows; i++)
+    for (gint64 j = 0; j < n_cols; j++)
+      {
+        const float *a = rows + (gsize) i * row_stride, *b = cols + (gsize) j * col_stride;
+        float acc = 0.0f;
+        for (gsize t = 0; t < len; t++)
+          acc += a[t] * b[t];
+        out[i * n_cols + j] = acc;
+      }
+}
+
+static void
+dots (SiftIsa isa, const float *rows, gsize row_stride, gint64 n_rows, const float *cols, gsize col_stride,
+      gint64 n_cols, gsize len, float *out)
+{
+  switch (isa)
+    {
+#ifdef XATTN_HAVE_AVX512
+    case SIFT_ISA_AVX512:
+      xattn_dots_avx512 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+      return;
+#endif
+#ifdef XATTN_HAVE_AVX2
+    case SIFT_ISA_AVX2:
+      xattn_dots_avx2 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+      return;
+#endif
+    default:
+      xattn_dots_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+    }
+}
+
+XattnScorer *
+xattn_scorer_new (const XattnGeometry *geo)
+{
+  g_return_val_if_fail (geo != NULL, NULL);
+  g_return_val_if_fail (geo->n_q_heads > 0 && geo->n_kv_heads > 0
+                        && geo->n_q_heads % geo->n_kv_heads == 0, NULL);
+  g_return_val_if_fail (geo->head_dim > 0 && geo->stride > 0 && geo->block > 0
+                        && geo->block % geo->stride == 0, NULL);
+  XattnScorer *s = g_new0 (XattnScorer, 1);
+  s->geo = *geo;
+  s->rlen = (gsize) geo->stride * (gsize) geo->head_dim;
+  return s;
+}
+
+void
+xattn_scorer_free (XattnScorer *s)
+{
+  if (s == NULL)
+    return;
+  g_free (s->qr);
+  g_free (s->lse);
+  g_free (s->kbuf);
+  g_free (s->stage);
+  g_free (s);
+}
+
+static float *
+grow (float *buf, gsize *cap, gsize n)
+{
+  if (n <= *cap)
+    return buf;
+  g_free (buf);
+  *cap = n;
+  return g_new (float, n);
+}
+
+void
+xattn_scorer_begin (XattnScorer *s, const SiftView *q, gint64 q_pos, gint64 n_q)
+{
+  const XattnGeometry *g = &s->geo;
+  const gint64 S = g->stride, B = g->block;
+  g_return_if_fail (q != NULL && q->n_heads == g->n_q_heads && q->head_dim == g->head_dim);
+  g_return_if_fail (q_pos >= 0 && q_pos % S == 0 && n_q > 0 && q->n_tokens >= n_q);
+
+  s->q_pos = q_pos;
+  s->n_q = n_q;
+  s->kv_end = q_pos + n_q;
+  s->row0 = q_pos / S;
+  s->n_rows = (s->kv_end + S - 1) / S - s->row0;
+  s->n_kb = (s->kv_end + B - 1) / B;
+
+  gsize nq = (gsize) g->n_q_heads * (gsize) s->n_rows * s->rlen;
+  s->qr = grow (s->qr, &s->qr_cap, nq);
+  memset (s->qr, 0, nq * sizeof (float));
+  /* Row r, segment t holds query rS + S - 1 - t: the reversal that makes
+   * segment t meet key cS + t, an antidiagonal of the SxS tile. */
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 i = 0; i < s->n_rows; i++)
+      for (gint64 t = 0; t < S; t++)
+        {
+          gint64 pos = (s->row0 + i) * S + S - 1 - t;
+          if (pos < q_pos || pos >= s->kv_end)
+            continue;
+          float *dst = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) i) * s->rlen
+                       + (gsize) t * (gsize) g->head_dim;
+          sift_view_row_to_f32 (q, h, pos - q_pos, dst);
+        }
+
+  s->stage_n = 0;
+  gsize nl = (gsize) g->n_q_heads * (gsize) s->n_rows * (gsize) s->n_kb;
+  s->lse = grow (s->lse, &s->lse_cap, nl);
+  for (gsize i = 0; i < nl; i++)
+    s->lse[i] = -INFINITY;
+}
+
+typedef struct {
+  XattnScorer *s;
+  const float *k;      /* kv head g's columns at k + g * k_head_stride */
+  gsize k_head_stride;
+  gint64 col0, n_cols;
+  gint64 tiles_per_head;
+  SiftIsa isa;         /* dot-product path */
+} AddTask;
+
+/* log(e^a + e^b) without overflow; -inf is its identity. */
+static inline float
+log_add (float a, float b)
+{
+  if (a == -INFINITY)
+    return b;
+  if (b == -INFINITY)
+    return a;
+  float m = a > b ? a : b;
+  return m + logf (expf (a - m) + expf (b - m));
+}
+
+static void
+add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const AddTask *t = user_data;
+  XattnScorer *s = t->s;
+  const XattnGeometry *g = &s->geo;
+  const gint64 S = g->stride, cols_per_kb = g->block / g->stride;
+  const gint32 group = g->n_q_heads / g->n_kv_heads;
+  const float lscale = g->scale / (float) S;
+  float *x = g_new (float, (gsize) ROW_TILE * (gsize) t->n_cols);
+
+  for (gint64 item = begin; item < end; item++)
+    {
+      gint32 h = (gint32) (item / t->tiles_per_head);
+      /* Rows before col0 see none of these columns (row r sees c <= r). */
+      gint64 first = MAX (s->row0, t->col0) + (item % t->tiles_per_head) * ROW_TILE;
+      gint64 last = MIN (first + ROW_TILE, s->row0 + s->n_rows);
+      if (first >= last)
+        continue;
+      gint64 nr = last - first;
+      /* The tile's last row sees the most columns. */
+      gint64 nc = MIN (t->n_cols, last - 1 - t->col0 + 1);
+      const float *rows = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) (first - s->row0)) * s->rlen;
+      const float *cols = t->k + (gsize) (h / group) * t->k_head_stride;
+      dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
+
+      for (gint64 i = 0; i < nr; i++)
+        {
+          gint64 r = first + i;
+          gint64 visible = MIN (nc, r - t->col0 + 1);
+          const float *xi = x + i * nc;
+          float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
+          /* Per key block: log-sum-exp of its columns (max first, for
+           * stability), merged into what earlier calls added. */
+          for (gint64 j = 0; j < visible;)
+            {
+              gint64 c = t->col0 + j;
+              gint64 kb = c / cols_per_kb;
+              gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
+              float m = -INFINITY;
+              for (gint64 jj = j; jj < jend; jj++)
+                m = MAX (m, xi[jj] * lscale);
+              float sum = 0.0f;
+              for (gint64 jj = j; jj < jend; jj++)
+                sum += expf (xi[jj] * lscale - m);
+              lse[kb] = log_add (lse[kb], m + logf (sum));
+              j = jend;
+            }
+        }
+    }
+  g_free (x);
+}
+
+void
+xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
+{
+  const XattnGeometry *g = &s->geo;
+  const gint64 S = g->stride;
+  g_return_if_fail (k != NULL && k->n_heads == g->n_kv_heads && k->head_dim == g->head_dim);
+  g_return_if_fail (pos0 >= 0 && pos0 % S == 0 && n > 0 && k->n_tokens >= n);
+  g_return_if_fail (pos0 + n <= s->kv_end);
+  g_return_if_fail (n % S == 0 || pos0 + n == s->kv_end);
+
+  AddTask t = { .s = s, .col0 = pos0 / S, .n_cols = (n + S - 1) / S, .isa = xattn_dots_isa () };
+  if (k->dtype == SIFT_DTYPE_F32 && k->token_stride == g->head_dim && n % S == 0)
+    {
+      /* Block layout already: a head's reshaped columns are contiguous rows. */
+      t.k = k->data;
+      t.k_head_stride = (gsize) k->head_stride;
+    }
+  else
+    {
+      gsize per_head = (gsize) t.n_cols * s->rlen;
+      s->kbuf = grow (s->kbuf, &s->kbuf_cap, per_head * (gsize) g->n_kv_heads);
+      memset (s->kbuf, 0, per_head * (gsize) g->n_kv_heads * sizeof (float));
+      for (gint32 h = 0; h < g->n_kv_heads; h++)
+        for (gint64 j = 0; j < n; j++)
+          sift_view_row_to_f32 (k, h, j, s->kbuf + (gsize) h * per_head + (gsize) j * (gsize) g->head_dim);
+      t.k = s->kbuf;
+      t.k_head_stride = per_head;
+    }
+
+  gint64 first_row = MAX (s->row0, t.col0);
+  gint64 rows = s->row0 + s->n_rows - first_row;
+  if (rows <= 0)
+    return;
+  t.tiles_per_head = (rows + ROW_TILE - 1) / ROW_TILE;
+  sift_parallel_for ((gint64) g->n_q_heads * t.tiles_per_head, 1, add_range, &t);
+}
+
+static void
+stage_flush (XattnScorer *s)
+{
+  if (s->stage_n == 0)
+    return;
+  const XattnGeometry *g = &s->geo;
+  SiftView v = { s->stage, SIFT_DTYPE_F32, g->n_kv_heads, g->head_dim, s->stage_n,
+                 (gint64) XATTN_STAGE_TOKENS * g->head_dim, g->head_dim };
+  s->stage_n = 0;
+  xattn_scorer_add_keys (s, &v, s->stage_pos0, v.n_tokens);
+}
+
+void
+xattn_scorer_stage_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
+{
+  const XattnGeometry *g = &s->geo;
+  g_return_if_fail (k != NULL && k->n_heads == g->n_kv_heads && k->head_dim == g->head_dim);
+  g_return_if_fail (pos0 >= 0 && pos0 % g->stride == 0 && n > 0 && k->n_tokens >= n);
+  if (s->stage_n > 0 && (pos0 != s->stage_pos0 + s->stage_n || s->stage_n + n > XATTN_STAGE_TOKENS))
+    stage_flush (s);
+  if (n > XATTN_STAGE_TOKENS)
+    {
+      xattn_scorer_add_keys (s, k, pos0, n);
+      return;
+    }
+  if (s->stage == NULL)
+    s->stage = g_new (float, (gsize) g->n_kv_heads * XATTN_STAGE_TOKENS * (gsize) g->head_dim);
+  if (s->stage_n == 0)
+    s->stage_pos0 = pos0;
+  for (gint32 h = 0; h < g->n_kv_heads; h++)
+    for (gint64 t = 0; t < n; t++)
+      sift_view_row_to_f32 (k, h, t,
+                            s->stage + ((gsize) h * XATTN_STAGE_TOKENS + (gsize) (s->stage_n + t)) * (gsize) g->head_dim);
+  s->stage_n += n;
+  /* A partial column ends what can be scored together. */
+  if (n % g->stride != 0)
+    stage_flush (s);
+}
+
+gint64
+xattn_scorer_first_qb (const XattnScorer *s)
+{
+  return s->q_pos / s->geo.block;
+}
+
+gint64
+xattn_scorer_n_qb (const XattnScorer *s)
+{
+  return (s->kv_end - 1) / s->geo.block - s->q_pos / s->geo.block + 1;
+}
+
+gint64
+xattn_scorer_n_kb (const XattnScorer *s)
+{
+  return s->n_kb;
+}
+
+void
+xattn_scorer_finish (XattnScorer *s, float *scores)
+{
+  const XattnGeometry *g = &s->geo;
+  const gint64 n_qb = xattn_scorer_n_qb (s), qb0 = xattn_scorer_first_qb (s);
+  stage_flush (s);
+  memset (scores, 0, (gsize) g->n_q_heads * (gsize) n_qb * (gsize) s->n_kb * sizeof (float));
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 i = 0; i < s->n_rows; i++)
+      {
+        const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+        /* Softmax of the row from its per-block log masses. */
+        float m = -INFINITY;
+        for (gint64 kb = 0; kb < s->n_kb; kb++)
+          m = MAX (m, lse[kb]);
+        if (m == -INFINITY)
+          continue;
+        double total = 0.0;
+        for (gint64 kb = 0; kb < s->n_kb; kb++)
+          total += exp ((double) (lse[kb] - m));
+        gint64 qb = (s->row0 + i) * g->stride / g->block - qb0;
+        float *out = scores + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) s->n_kb;
+        for (gint64 kb = 0; kb < s->n_kb; kb++)
+          out[kb] += (float) (exp ((double) (lse[kb] - m)) / total);
+      }
+}
+
+/* ---- Threshold selection -------------------------------------------------- */
+
+static int
+cmp_desc (const void *a, const void *b, void *user_data)
+{
+  const float *row = user_data;
+  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
+  if (row[x] != row[y])
+    return row[x] > row[y] ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+void
+xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold, guint8 *selected,
+                  gint64 *order)
+{
+  memset (selected, 0, (gsize) n_kb);
+  gint64 last = MIN (qb, n_kb - 1);
+  if (last < 0)
+    return;
+  if (threshold >= 1.0)
+    {
+      memset (selected, 1, (gsize) last + 1);
+      return;
+    }
+  double total = 0.0;
+  for (gint64 kb = 0; kb <= last; kb++)
+    total += row[kb];
+  const double required = threshold * total;
+
+  selected[0] = 1;
+  selected[last] = 1;
+  double mass = row[0] + (last > 0 ? row[last] : 0.0);
+  gint64 n = 0;
+  for (gint64 kb = 1; kb < last; kb++)
+    order[n++] = kb;
+  qsort_r (order, (size_t) n, sizeof (gint64), cmp_desc, (void *) row);
+  for (gint64 i = 0; i < n && mass < required; i++)
+    {
+      selected[order[i]] = 1;
+      mass += row[order[i]];
+    }
+}
+
+/* ---- Aggregation ---------------------------------------------------------- */
+
+void
+xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n_qb, gint64 n)
+{
+  plan->n = n;
+  plan->n_qb = n_qb;
+  plan->load = g_new0 (guint8, (gsize) MAX (n, 1));
+  plan->attend = g_new0 (guint8, (gsize) n_q_heads * (gsize) MAX (n, 1));
+  plan->qb_attend = g_new0 (guint8, (gsize) MAX (n_qb, 1) * (gsize) n_q_heads * (gsize) MAX (n, 1));
+  plan->votes = g_new0 (gint64, (gsize) MAX (n, 1));
+}
+
+void
+xattn_plan_clear (XattnPlan *plan)
+{
+  g_clear_pointer (&plan->load, g_free);
+  g_clear_pointer (&plan->attend, g_free);
+  g_clear_pointer (&plan->qb_attend, g_free);
+  g_clear_pointer (&plan->votes, g_free);
+  plan->n = 0;
+  plan->n_qb = 0;
+}
+
+void
+xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint64 n_kb,
+                 const SiftBlockMeta *meta, const gint64 *ids, gint64 n_ids, XattnVote vote,
+                 double vote_threshold, XattnPlan *plan)
+{
+  const gint32 H = geo->n_q_heads, group = geo->n_q_heads / geo->n_kv_heads;
+  g_return_if_fail (plan->n == n_ids && plan->n_qb == n_qb);
+  const gsize per_qb = (gsize) H * (gsize) n_ids;
+  memset (plan->load, 0, (gsize) n_ids);
+  memset (plan->attend, 0, per_qb);
+  memset (plan->qb_attend, 0, per_qb * (gsize) n_qb);
+  memset (plan->votes, 0, (gsize) n_ids * sizeof (gint64));
+  if (n_ids == 0)
+    return;
+
+  /* Key blocks each engine block overlaps: [kb_lo, kb_hi]. */
+  g_autofree gint64 *kb_lo = g_new (gint64, (gsize) n_ids);
+  g_autofree gint64 *kb_hi = g_new (gint64, (gsize) n_ids);
+  for (gint64 e = 0; e < n_ids; e++)
+    {
+      const SiftBlockMeta *m = &meta[ids[e]];
+      kb_lo[e] = m->first_token / geo->block;
+      kb_hi[e] = MIN ((m->first_token + MAX (m->n_valid, 1) - 1) / geo->block, n_kb - 1);
+    }
+
+  g_autofree guint8 *group_pick = g_new (guint8, (gsize) n_ids);
+  for (gint32 kvh = 0; kvh < geo->n_kv_heads; kvh++)
+    for (gint64 qb = 0; qb < n_qb; qb++)
+      {
+        memset (group_pick, 0, (gsize) n_ids);
+        for (gint32 h = kvh * group; h < (kvh + 1) * group; h++)
+          {
+            const guint8 *row = sel + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) n_kb;
+            for (gint64 e = 0; e < n_ids; e++)
+              for (gint64 kb = kb_lo[e]; kb <= kb_hi[e]; kb++)
+                if (row[kb])
+                  {
+                    group_pick[e] = 1;
+                    plan->attend[(gsize) h * (gsize) n_ids + (gsize) e] = 1;
+                    plan->qb_attend[(gsize) qb * per_qb + (gsize) h * (gsize) n_ids + (gsize) e] = 1;
+                    break;
+                  }
+          }
+        for (gint64 e = 0; e < n_ids; e++)
+          plan->votes[e] += group_pick[e];
+      }
+
+  const double needed = vote_threshold * (double) geo->n_kv_heads * (double) n_qb;
+  for (gint64 e = 0; e < n_ids; e++)
+    plan->load[e] = vote == XATTN_VOTE_ANY ? plan->votes[e] > 0 : (double) plan->votes[e] > needed;
+  plan->load[0] = 1;
+  plan->load[n_ids - 1] = 1;
+
+  /* attend and qb_attend so far hold "head chose it"; keep what is loaded,
+   * and give the always-loaded first and last blocks to every head. */
+  for (gint64 row = 0; row < H * (n_qb + 1); row++)
+    {
+      guint8 *a = row < H ? plan->attend + (gsize) row * (gsize) n_ids
+                          : plan->qb_attend + (gsize) (row - H) * (gsize) n_ids;
+      for (gint64 e = 0; e < n_ids; e++)
+        a[e] = plan->load[e] && (a[e] || e == 0 || e == n_ids - 1);
+    }
+}

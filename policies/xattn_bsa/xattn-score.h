@@ -1,0 +1,135 @@
+/* XAttention (Xu et al., 2025): antidiagonal block scoring, threshold
+ * selection and the vote that turns per-head choices into one load list.
+ * Private to the xattn_bsa plugin; the tests compile these files directly.
+ * docs/policies/xattn_bsa.md explains the algorithm and the block mapping. */
+#pragma once
+
+#include <glib.h>
+#include <sift/attn.h>
+#include <sift/policy.h>
+#include <sift/view.h>
+
+G_BEGIN_DECLS
+
+/* The AVX2 and AVX-512 dot products are compiled wherever GCC-compatible
+ * x86-64 compilers can target them (xattn-dots-avx2.c and -avx512.c set
+ * their own targets), and used only when sift_isa_active () says so. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(XATTN_NO_SIMD)
+#define XATTN_HAVE_AVX2 1
+#define XATTN_HAVE_AVX512 1
+#endif
+
+typedef struct {
+  gint32 n_q_heads;
+  gint32 n_kv_heads;  /* divides n_q_heads */
+  gint32 head_dim;
+  gint32 stride;      /* S: tokens per reshaped row and column */
+  gint32 block;       /* B: XAttention's estimation block in tokens, a multiple of S */
+  float scale;        /* attention scale (1/sqrt(d)); reshaped logits use scale / S */
+} XattnGeometry;
+
+/* ---- Scoring ------------------------------------------------------------
+ * With stride S the reshaped key column c is keys cS..cS+S-1 concatenated,
+ * the reshaped query row r is queries rS+S-1, rS+S-2, ..., rS concatenated
+ * (reversed), so each product sums one antidiagonal of an SxS tile of
+ * q.k^T. Row r sees columns c <= r (causal at reshaped granularity, as in
+ * the reference), softmax runs per reshaped row, and the score of (query
+ * block i, key block j) is the probability mass of the B/S rows of block i
+ * in the B/S columns of block j. A full row of block scores therefore sums
+ * to B/S. Missing tokens at the end of the sequence count as zero vectors;
+ * a column or row exists if it holds at least one real token. */
+
+typedef struct _XattnScorer XattnScorer;
+
+XattnScorer *xattn_scorer_new (const XattnGeometry *geo);
+void xattn_scorer_free (XattnScorer *s);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (XattnScorer, xattn_scorer_free)
+
+/* Starts a chunk of n_q queries at positions q_pos.. (q_pos % S == 0);
+ * q is f32 [n_q_heads][n_q][head_dim]. Keys then arrive by add_keys, every
+ * position in [0, q_pos + n_q) at most once, in any order. */
+void xattn_scorer_begin (XattnScorer *s, const SiftView *q, gint64 q_pos, gint64 n_q);
+/* Keys at positions [pos0, pos0 + n): k [n_kv_heads][n][head_dim], f32,
+ * f16 or bf16. pos0 % S == 0; n % S == 0 unless pos0 + n == q_pos + n_q. */
+void xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n);
+/* Like add_keys, but the keys are copied into a staging buffer and scored
+ * when it holds XATTN_STAGE_TOKENS contiguous tokens (or on a gap, a partial
+ * column, or finish): each pass over the chunk's reshaped queries then meets
+ * many columns, instead of one stored block's few. */
+#define XATTN_STAGE_TOKENS 1024
+void xattn_scorer_stage_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n);
+/* The chunk's query blocks are first_qb .. first_qb + n_qb - 1 (absolute,
+ * B tokens each; the first and last may be partial); key blocks 0 .. n_kb - 1. */
+gint64 xattn_scorer_first_qb (const XattnScorer *s);
+gint64 xattn_scorer_n_qb (const XattnScorer *s);
+gint64 xattn_scorer_n_kb (const XattnScorer *s);
+/* Block scores f32 [n_q_heads][n_qb][n_kb] (staged keys are scored
+ * first); key blocks whose keys were never added score 0. */
+void xattn_scorer_finish (XattnScorer *s, float *scores);
+
+/* Dot products of reshaped rows and columns: out[i * n_cols + j] =
+ * rows[i] . cols[j], each vector `len` floats, rows `row_stride` and
+ * columns `col_stride` floats apart. The scalar path is the reference. */
+void xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                        gsize col_stride, gint64 n_cols, gsize len, float *out);
+#ifdef XATTN_HAVE_AVX2
+void xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                      gsize col_stride, gint64 n_cols, gsize len, float *out);
+#endif
+#ifdef XATTN_HAVE_AVX512
+void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                        gsize col_stride, gint64 n_cols, gsize len, float *out);
+#endif
+/* The path in use: the best one built in that sift_isa_active () allows,
+ * unless forced scalar. */
+SiftIsa xattn_dots_isa (void);
+/* For tests: force the scalar path (TRUE) or allow the SIMD ones (FALSE). */
+void xattn_dots_force_scalar (gboolean scalar);
+
+/* ---- Threshold selection --------------------------------------------------
+ * One row of block scores (query block qb, key blocks 0..n_kb-1): key block
+ * 0 (the sink) and qb (the diagonal) always; the other causal blocks
+ * (kb < qb) sorted by score, descending (ties: lower index first), added
+ * while the mass selected so far is below threshold x the row's total.
+ * threshold >= 1 selects every causal block; future blocks never.
+ * selected: guint8 [n_kb], written fully. order: scratch of n_kb entries. */
+void xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold,
+                       guint8 *selected, gint64 *order);
+
+/* ---- Aggregation for offload ----------------------------------------------
+ * From per-(head, query block) selections of key blocks to engine blocks:
+ * an engine block of `meta` (tokens [first_token, first_token + n_valid))
+ * counts as chosen by a selection if it overlaps one of its key blocks.
+ *   head_any[h][e]: q head h chose e for at least one query block;
+ *   load[e]: votes over (kv head, query block) pairs, where a kv head votes
+ *     for e if any q head of its group chose it: VOTE_ANY keeps e with one
+ *     vote, VOTE_MAJORITY with more than vote_threshold x (n_kv_heads x n_qb)
+ *     votes; the first and last entries of `ids` are always loaded.
+ *   attend[h][e]: load[e] and (head_any[h][e] or e is first or last);
+ *   qb_attend[qb][h][e]: the same for query block qb alone: load[e] and
+ *     (h chose e for qb, or e is first or last) — what block-sparse
+ *     attention per query block attends.
+ * ids: the engine block ids considered (ascending), meta indexed by id. */
+typedef enum {
+  XATTN_VOTE_ANY = 0,
+  XATTN_VOTE_MAJORITY = 1,
+} XattnVote;
+
+typedef struct {
+  gint64 n;          /* engine blocks considered */
+  gint64 n_qb;       /* query blocks */
+  guint8 *load;      /* [n] */
+  guint8 *attend;    /* [n_q_heads][n] */
+  guint8 *qb_attend; /* [n_qb][n_q_heads][n] */
+  gint64 *votes;     /* [n] */
+} XattnPlan;
+
+void xattn_plan_init (XattnPlan *plan, gint32 n_q_heads, gint64 n_qb, gint64 n);
+void xattn_plan_clear (XattnPlan *plan);
+
+/* sel: guint8 [n_q_heads][n_qb][n_kb] from xattn_select_row. */
+void xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint64 n_kb,
+                      const SiftBlockMeta *meta, const gint64 *ids, gint64 n_ids,
+                      XattnVote vote, double vote_threshold, XattnPlan *plan);
+
+G_END_DECLS

@@ -1,0 +1,704 @@
+/* MInference vertical-slash: estimation against a brute-force oracle,
+ * selection, the kernel against dense attention restricted to an
+ * explicitly built mask (double precision), block streaming, and the dense
+ * fallback. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <sift/sift.h>
+
+#include "vs.h"
+
+/* ---- Helpers --------------------------------------------------------------- */
+
+/* The inner-loop paths this build and CPU have, scalar first. */
+static gboolean
+have_avx2 (void)
+{
+#if defined(VS_HAVE_AVX2)
+  __builtin_cpu_init ();
+  return __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma");
+#else
+  return FALSE;
+#endif
+}
+
+static gboolean
+have_avx512 (void)
+{
+#if defined(VS_HAVE_AVX512)
+  __builtin_cpu_init ();
+  return __builtin_cpu_supports ("avx512f") && __builtin_cpu_supports ("avx512bw")
+         && __builtin_cpu_supports ("avx512vl") && __builtin_cpu_supports ("avx512dq");
+#else
+  return FALSE;
+#endif
+}
+
+/* Forces the minference inner loops to isa; FALSE (test skipped) when absent. */
+static gboolean
+use_isa (SiftIsa isa)
+{
+  if ((isa == SIFT_ISA_AVX2 && !have_avx2 ()) || (isa == SIFT_ISA_AVX512 && !have_avx512 ()))
+    {
+      print_message ("skipping %s: not built or not supported here\n", sift_isa_name (isa));
+      return FALSE;
+    }
+  vs_set_isa (isa);
+  return TRUE;
+}
+
+static float *
+random_buf (GRand *rng, gsize n, double amp)
+{
+  float *b = g_new (float, n);
+  for (gsize i = 0; i < n; i++)
+    b[i] = (float) g_rand_double_range (rng, -amp, amp);
+  return b;
+}
+
+typedef struct {
+  gint32 H, G, d;
+  gint64 n;
+  float *q, *k, *v;   /* q [H][n][d], k/v [G][n][d] */
+  SiftView qv, kv, vv;
+} Qkv;
+
+static void
+qkv_init (Qkv *t, guint32 seed, gint32 H, gint32 G, gint32 d, gint64 n, double amp)
+{
+  g_autoptr (GRand) rng = g_rand_new_with_seed (seed);
+  *t = (Qkv) { H, G, d, n, NULL, NULL, NULL, { 0 }, { 0 }, { 0 } };
+  t->q = random_buf (rng, (gsize) H * n * d, amp);
+  t->k = random_buf (rng, (gsize) G * n * d, amp);
+  t->v = random_buf (rng, (gsize) G * n * d, 1.0);
+  t->qv = sift_view_htd (t->q, SIFT_DTYPE_F32, H, n, d);
+  t->kv = sift_view_htd (t->k, SIFT_DTYPE_F32, G, n, d);
+  t->vv = sift_view_htd (t->v, SIFT_DTYPE_F32, G, n, d);
+}
+
+static void
+qkv_clear (Qkv *t)
+{
+  g_free (t->q);
+  g_free (t->k);
+  g_free (t->v);
+}
+
+static double
+dot_d (const float *a, const float *b, gint32 d)
+{
+  double s = 0.0;
+  for (gint32 c = 0; c < d; c++)
+    s += (double) a[c] * b[c];
+  return s;
+}
+
+/* ---- Estimation ------------------------------------------------------------ */
+
+/* Oracle: full softmax of the last r rows in double, summed by column and diagonal. */
+static void
+oracle_scores (const Qkv *t, gint32 h, gint64 r, float scale, double *vert, double *slash)
+{
+  const gint32 g = h / (t->H / t->G);
+  memset (vert, 0, t->n * sizeof (double));
+  memset (slash, 0, t->n * sizeof (double));
+  g_autofree double *s = g_new (double, t->n);
+  for (gint64 p = t->n - r; p < t->n; p++)
+    {
+      double mx = -INFINITY, sum = 0.0;
+      const float *q = t->q + ((gsize) h * t->n + p) * t->d;
+      for (gint64 j = 0; j <= p; j++)
+        {
+          s[j] = scale * dot_d (q, t->k + ((gsize) g * t->n + j) * t->d, t->d);
+          mx = MAX (mx, s[j]);
+        }
+      for (gint64 j = 0; j <= p; j++)
+        sum += exp (s[j] - mx);
+      for (gint64 j = 0; j <= p; j++)
+        {
+          double pr = exp (s[j] - mx) / sum;
+          vert[j] += pr;
+          slash[p - j] += pr;
+        }
+    }
+}
+
+/* Runs the estimator over t streamed in blocks of `block` keys. */
+static VsEstimator *
+estimate (const Qkv *t, gint64 r, float scale, gint64 block)
+{
+  VsEstimator *e = vs_estimator_new (t->H, t->G, t->d, scale);
+  SiftView qe = sift_view_tokens (&t->qv, t->n - r, r);
+  vs_estimator_begin (e, &qe, t->n - r, t->n);
+  for (int pass = 1; pass <= 2; pass++)
+    for (gint64 j0 = 0; j0 < t->n; j0 += block)
+      {
+        SiftView kb = sift_view_tokens (&t->kv, j0, MIN (block, t->n - j0));
+        if (pass == 1)
+          vs_estimator_pass1 (e, &kb, j0);
+        else
+          vs_estimator_pass2 (e, &kb, j0);
+      }
+  return e;
+}
+
+static void
+check_estimate (SiftIsa isa)
+{
+  if (!use_isa (isa))
+    return;
+  Qkv t;
+  qkv_init (&t, 7, 4, 2, 16, 300, 1.5);
+  const gint64 r = 24;
+  const float scale = 0.25f;
+  g_autofree double *vo = g_new (double, t.n), *so = g_new (double, t.n);
+  const gint64 blocks[] = { 300, 37, 1 };
+  for (gsize bi = 0; bi < G_N_ELEMENTS (blocks); bi++)
+    {
+      g_autoptr (VsEstimator) e = estimate (&t, r, scale, blocks[bi]);
+      for (gint32 h = 0; h < t.H; h++)
+        {
+          oracle_scores (&t, h, r, scale, vo, so);
+          const float *ve = vs_estimator_vertical (e, h), *se = vs_estimator_slash (e, h);
+          double vsum = 0.0;
+          for (gint64 j = 0; j < t.n; j++)
+            {
+              assert_true (fabs (ve[j] - vo[j]) <= 1e-5 + 1e-4 * vo[j]);
+              assert_true (fabs (se[j] - so[j]) <= 1e-5 + 1e-4 * so[j]);
+              vsum += ve[j];
+            }
+          /* Each row's probabilities sum to one. */
+          assert_true (fabs (vsum - (double) r) < 1e-3);
+
+          /* The selection keeps the best oracle scores (up to rounding). */
+          gint64 sel[300];
+          gsize ns = vs_select_top (ve, t.n, 40, 5, sel);
+          assert_int_equal (ns, 40);
+          gboolean in[300] = { FALSE };
+          for (gsize i = 0; i < ns; i++)
+            in[sel[i]] = TRUE;
+          double worst_in = INFINITY, best_out = -INFINITY;
+          for (gint64 j = 5; j < t.n; j++)
+            if (in[j])
+              worst_in = MIN (worst_in, vo[j]);
+            else
+              best_out = MAX (best_out, vo[j]);
+          assert_true (worst_in >= best_out - 1e-5);
+        }
+    }
+  qkv_clear (&t);
+  vs_set_isa (-1);
+}
+
+static void
+test_estimate_oracle_scalar (void **state)
+{
+  (void) state;
+  check_estimate (SIFT_ISA_SCALAR);
+}
+
+static void
+test_estimate_oracle_simd (void **state)
+{
+  (void) state;
+  check_estimate (SIFT_ISA_AVX2);
+}
+
+/* vs_select_top against sorting every item. */
+static int
+cmp_desc (const void *a, const void *b, gpointer data)
+{
+  const float *sc = data;
+  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
+  if (sc[x] != sc[y])
+    return sc[x] > sc[y] ? -1 : 1;
+  return (x > y) - (x < y);
+}
+
+static int
+cmp_asc (const void *a, const void *b)
+{
+  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
+  return (x > y) - (x < y);
+}
+
+static void
+test_select_brute_force (void **state)
+{
+  (void) state;
+  g_autoptr (GRand) rng = g_rand_new_with_seed (3);
+  for (int trial = 0; trial < 200; trial++)
+    {
+      gint64 n = g_rand_int_range (rng, 1, 400);
+      g_autofree float *sc = g_new (float, n);
+      for (gint64 i = 0; i < n; i++)
+        sc[i] = (float) g_rand_int_range (rng, 0, 20); /* many ties */
+      gint64 k = g_rand_int_range (rng, 0, (gint32) n + 50), forced = g_rand_int_range (rng, 0, (gint32) n + 5);
+      g_autofree gint64 *out = g_new (gint64, n);
+      gsize got = vs_select_top (sc, n, k, forced, out);
+
+      gint64 nf = MIN (forced, n), want = MIN (MAX (k, nf), n);
+      assert_int_equal (got, want);
+      g_autofree gint64 *all = g_new (gint64, n);
+      for (gint64 i = 0; i < n - nf; i++)
+        all[i] = nf + i;
+      g_qsort_with_data (all, (gint) (n - nf), sizeof (gint64), cmp_desc, sc);
+      g_autofree gint64 *ref = g_new (gint64, n);
+      for (gint64 i = 0; i < nf; i++)
+        ref[i] = i;
+      for (gint64 i = 0; i < want - nf; i++)
+        ref[nf + i] = all[i];
+      qsort (ref, (gsize) want, sizeof (gint64), cmp_asc);
+      assert_memory_equal (out, ref, (gsize) want * sizeof (gint64));
+    }
+}
+
+/* Sinks and recent diagonals are kept even when every score says otherwise. */
+static void
+test_sinks_and_recent_always_kept (void **state)
+{
+  (void) state;
+  const gint64 n = 500;
+  g_autofree float *sc = g_new (float, n);
+  for (gint64 i = 0; i < n; i++)
+    sc[i] = i < 30 ? 0.0f : 1.0f + (float) i; /* forced ones score lowest */
+  g_autofree gint64 *out = g_new (gint64, n);
+  gsize got = vs_select_top (sc, n, 50, 30, out);
+  assert_int_equal (got, 50);
+  for (gint64 i = 0; i < 30; i++)
+    assert_int_equal (out[i], i);
+  for (gsize i = 30; i < got; i++)
+    assert_true (out[i] >= n - 20); /* the 20 best of the rest */
+
+  /* Through the whole estimate: keys that look useless still get kept. */
+  Qkv t;
+  qkv_init (&t, 11, 2, 1, 8, 400, 2.0);
+  g_autoptr (VsEstimator) e = estimate (&t, 16, 0.35f, 64);
+  VsSizes sz;
+  vs_sizes (t.n, 10, 10, 0.0, 30, 100, &sz.vertical, &sz.slash);
+  assert_int_equal (sz.vertical, 30);
+  assert_int_equal (sz.slash, 100);
+  gsize nv = vs_select_top (vs_estimator_vertical (e, 1), t.n, sz.vertical, 30, out);
+  for (gint64 i = 0; i < 30; i++)
+    assert_int_equal (out[i], i);
+  assert_int_equal (nv, 30);
+  gsize nsl = vs_select_top (vs_estimator_slash (e, 1), t.n, 150, 100, out);
+  assert_int_equal (nsl, 150);
+  for (gint64 i = 0; i < 100; i++)
+    assert_int_equal (out[i], i);
+  qkv_clear (&t);
+}
+
+static void
+test_sizes (void **state)
+{
+  (void) state;
+  gint64 v, s;
+  vs_sizes (100000, 1000, 6096, 0.0, 30, 100, &v, &s);
+  assert_int_equal (v, 1000);
+  assert_int_equal (s, 6096);
+  vs_sizes (100000, 1000, 6096, 0.1, 30, 100, &v, &s); /* b = 10000 */
+  assert_int_equal (v, 2000);
+  assert_int_equal (s, 8000);
+  vs_sizes (1000, 1000, 6096, 0.01, 30, 100, &v, &s); /* b = 10: the floors */
+  assert_int_equal (v, 31);
+  assert_int_equal (s, 101);
+  vs_sizes (50, 1000, 6096, 0.0, 30, 100, &v, &s); /* capped at n */
+  assert_int_equal (v, 50);
+  assert_int_equal (s, 50);
+  vs_sizes (5000, 10, 20, 0.0, 30, 100, &v, &s); /* sink and recent are floors */
+  assert_int_equal (v, 30);
+  assert_int_equal (s, 100);
+}
+
+/* ---- Kernel vs the explicit mask ------------------------------------------- */
+
+/* The mask by its definition: row p (tile [a, b) counted from q_pos)
+ * attends j <= p with j a column, or a - d <= j < b - d for a distance d. */
+static gboolean *
+build_mask (const VsPattern *p, gint64 q_pos, gint64 n_q, gint32 tile)
+{
+  const gint64 n = q_pos + n_q;
+  gboolean *m = g_new0 (gboolean, (gsize) n_q * n);
+  for (gint64 i = 0; i < n_q; i++)
+    {
+      const gint64 row = q_pos + i;
+      const gint64 a = q_pos + (i / tile) * tile, b = MIN (a + tile, n);
+      for (gsize c = 0; c < p->n_vertical; c++)
+        if (p->vertical[c] <= row)
+          m[i * n + p->vertical[c]] = TRUE;
+      for (gsize s = 0; s < p->n_slash; s++)
+        for (gint64 j = MAX (0, a - p->slash[s]); j < b - p->slash[s] && j <= row; j++)
+          m[i * n + j] = TRUE;
+    }
+  return m;
+}
+
+/* Dense attention restricted to a mask, in double. */
+static void
+masked_reference (const Qkv *t, gint32 h, gint64 q_pos, gint64 n_q, const gboolean *mask, float scale,
+                  double *o, double *lse)
+{
+  const gint32 g = h / (t->H / t->G);
+  const gint64 n = q_pos + n_q;
+  g_autofree double *s = g_new (double, n);
+  for (gint64 i = 0; i < n_q; i++)
+    {
+      const float *q = t->q + ((gsize) h * t->n + q_pos + i) * t->d;
+      double mx = -INFINITY, sum = 0.0;
+      for (gint64 j = 0; j < n; j++)
+        if (mask[i * n + j])
+          {
+            s[j] = scale * dot_d (q, t->k + ((gsize) g * t->n + j) * t->d, t->d);
+            mx = MAX (mx, s[j]);
+          }
+      double *oi = o + i * t->d;
+      memset (oi, 0, t->d * sizeof (double));
+      for (gint64 j = 0; j < n; j++)
+        if (mask[i * n + j])
+          {
+            double w = exp (s[j] - mx);
+            sum += w;
+            for (gint32 c = 0; c < t->d; c++)
+              oi[c] += w * t->v[((gsize) g * t->n + j) * t->d + c];
+          }
+      for (gint32 c = 0; c < t->d && sum > 0.0; c++)
+        oi[c] /= sum;
+      lse[i] = sum > 0.0 ? mx + log (sum) : -INFINITY;
+    }
+}
+
+/* A random pattern: columns and distances, ascending, no duplicates. */
+static gsize
+random_set (GRand *rng, gint64 n, gint64 want, gint64 forced, gint64 *out)
+{
+  gboolean *in = g_new0 (gboolean, n);
+  for (gint64 i = 0; i < MIN (forced, n); i++)
+    in[i] = TRUE;
+  for (gint64 i = 0; i < want; i++)
+    in[g_rand_int_range (rng, 0, (gint32) n)] = TRUE;
+  gsize c = 0;
+  for (gint64 i = 0; i < n; i++)
+    if (in[i])
+      out[c++] = i;
+  g_free (in);
+  return c;
+}
+
+/* Runs the kernel for rows [q_pos, q_pos + n_q) over keys streamed in
+ * blocks; checks every head against the masked double reference. */
+static void
+check_kernel (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint64 block,
+              gboolean empty_pattern)
+{
+  if (!use_isa (isa))
+    return;
+  Qkv t;
+  const gint64 n = q_pos + n_q;
+  qkv_init (&t, 5 + (guint32) d, 4, 2, d, n, 1.0);
+  const float scale = 1.0f / sqrtf ((float) d);
+  g_autoptr (GRand) rng = g_rand_new_with_seed (17);
+  g_autofree gint64 *vert = g_new (gint64, 4 * n), *slash = g_new (gint64, 4 * n);
+  VsPattern pat[4];
+  for (gint32 h = 0; h < 4; h++)
+    {
+      pat[h].vertical = vert + h * n;
+      pat[h].slash = slash + h * n;
+      pat[h].n_vertical = empty_pattern ? 0 : random_set (rng, n, 12 + 5 * h, 3, vert + h * n);
+      pat[h].n_slash = empty_pattern ? 0 : random_set (rng, n, 6 + 4 * h, h == 3 ? 0 : 2, slash + h * n);
+    }
+  SiftView qc = sift_view_tokens (&t.qv, q_pos, n_q);
+  g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat);
+  for (gint64 j0 = 0; j0 < n; j0 += block)
+    {
+      SiftView kb = sift_view_tokens (&t.kv, j0, MIN (block, n - j0));
+      SiftView vb = sift_view_tokens (&t.vv, j0, MIN (block, n - j0));
+      vs_attn_block (a, &kb, &vb, j0);
+    }
+  g_autofree float *out = g_new (float, 4 * n_q * d);
+  g_autofree float *lse = g_new (float, 4 * n_q);
+  SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, 4, n_q, d);
+  vs_attn_finish (a, &ov, lse);
+
+  g_autofree double *ro = g_new (double, n_q * d), *rl = g_new (double, n_q);
+  g_autofree VsRange *scratch = g_new (VsRange, n + 1);
+  gint64 mask_count = 0;
+  for (gint32 h = 0; h < 4; h++)
+    {
+      g_autofree gboolean *mask = build_mask (&pat[h], q_pos, n_q, tile);
+      masked_reference (&t, h, q_pos, n_q, mask, scale, ro, rl);
+      gint64 head_count = 0;
+      for (gint64 i = 0; i < n_q * n; i++)
+        head_count += mask[i];
+      mask_count += head_count;
+      assert_int_equal (vs_pattern_count (&pat[h], q_pos, n_q, tile, scratch), head_count);
+      /* The tile mask holds the exact vertical-slash pattern. */
+      for (gint64 i = 0; i < n_q; i++)
+        {
+          const gint64 row = q_pos + i;
+          for (gsize s = 0; s < pat[h].n_slash; s++)
+            if (row - pat[h].slash[s] >= 0)
+              assert_true (mask[i * n + row - pat[h].slash[s]]);
+        }
+      for (gint64 i = 0; i < n_q; i++)
+        {
+          if (rl[i] == -INFINITY)
+            {
+              assert_true (lse[h * n_q + i] == -INFINITY);
+              for (gint32 c = 0; c < d; c++)
+                assert_true (out[(h * n_q + i) * d + c] == 0.0f);
+              continue;
+            }
+          assert_true (fabs (lse[h * n_q + i] - rl[i]) < 1e-4);
+          for (gint32 c = 0; c < d; c++)
+            assert_true (fabs (out[(h * n_q + i) * d + c] - ro[i * d + c]) < 2e-5);
+        }
+    }
+  assert_int_equal (vs_attn_attended (a), mask_count);
+  qkv_clear (&t);
+  vs_set_isa (-1);
+}
+
+static void
+test_kernel_mask_scalar (void **state)
+{
+  (void) state;
+  check_kernel (SIFT_ISA_SCALAR, 16, 64, 0, 200, 200, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 16, 16, 150, 130, 33, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 8, 7, 20, 90, 11, FALSE);
+  check_kernel (SIFT_ISA_SCALAR, 16, 4, 0, 150, 150, FALSE);
+}
+
+static void
+test_kernel_mask_simd (void **state)
+{
+  (void) state;
+  const SiftIsa isas[] = { SIFT_ISA_AVX2, SIFT_ISA_AVX512 };
+  for (gsize i = 0; i < G_N_ELEMENTS (isas); i++)
+    {
+      check_kernel (isas[i], 16, 64, 0, 200, 200, FALSE);
+      check_kernel (isas[i], 128, 16, 0, 257, 257, FALSE);
+      check_kernel (isas[i], 128, 64, 190, 100, 64, FALSE);
+      check_kernel (isas[i], 48, 5, 70, 150, 1, FALSE);
+      check_kernel (isas[i], 24, 9, 33, 90, 40, FALSE);
+      /* Tiles of at most 4 rows: few-key groups wait in the pending buffer. */
+      check_kernel (isas[i], 64, 4, 0, 300, 300, FALSE);
+      check_kernel (isas[i], 32, 3, 41, 170, 37, FALSE);
+      check_kernel (isas[i], 16, 1, 5, 120, 64, FALSE);
+    }
+}
+
+static void
+test_kernel_empty_pattern (void **state)
+{
+  (void) state;
+  check_kernel (SIFT_ISA_SCALAR, 8, 16, 10, 70, 16, TRUE);
+  check_kernel (SIFT_ISA_AVX2, 8, 16, 10, 70, 16, TRUE);
+}
+
+/* The SIMD inner loops against the scalar ones on the same inputs: lanes
+ * clipped at both ends, rows that see none, some or all of the keys. */
+static void
+check_group_paths (SiftIsa isa, guint32 mask)
+{
+  Qkv t;
+  qkv_init (&t, 23, 1, 1, 128, VS_KEY_GROUP + 64, 1.0);
+  const float *krow[VS_KEY_GROUP];
+  VsGroup grp = { .key0 = 20, .mask = mask };
+  for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
+    {
+      krow[kk] = t.k + (gsize) kk * t.d;
+      grp.krow[kk] = krow[kk];
+      grp.vrow[kk] = t.v + (gsize) kk * t.d;
+    }
+  g_autofree float *kt = g_new (float, (gsize) t.d * VS_KEY_GROUP);
+  vs_transpose (krow, VS_KEY_GROUP, t.d, kt);
+  grp.kt = kt;
+  float s1[64 * VS_KEY_GROUP], s2[64 * VS_KEY_GROUP];
+  vs_set_isa (SIFT_ISA_SCALAR);
+  vs_scores (t.q, 64, t.d, krow, 29, s1);
+  vs_set_isa (isa);
+  vs_scores (t.q, 64, t.d, krow, 29, s2);
+  for (gint32 r = 0; r < 64; r++)
+    for (gint32 kk = 0; kk < 29; kk++)
+      assert_true (fabsf (s1[r * VS_KEY_GROUP + kk] - s2[r * VS_KEY_GROUP + kk]) < 1e-4f);
+  float m[2][64], l[2][64];
+  g_autofree float *acc0 = g_new0 (float, 64 * t.d), *acc1 = g_new0 (float, 64 * t.d);
+  float *acc[2] = { acc0, acc1 };
+  gint64 attended[2];
+  for (int w = 0; w < 2; w++)
+    {
+      for (gint32 r = 0; r < 64; r++)
+        m[w][r] = -INFINITY, l[w][r] = 0.0f;
+      /* Rows at 10..72 against keys 20..51: the first rows see no key, the
+       * last all of the mask; 63 rows leave a partial block of 4. */
+      VsTile tile = { t.q, 10, 63, t.d, m[w], l[w], acc[w], 0 };
+      vs_set_isa (w == 0 ? SIFT_ISA_SCALAR : isa);
+      for (int rep = 0; rep < 3; rep++)
+        vs_group_attend (&tile, &grp);
+      attended[w] = tile.attended;
+    }
+  gint64 expect = 0;
+  for (gint64 p = 10; p < 73; p++)
+    expect += 3 * __builtin_popcount (vs_visible_lanes (&grp, p));
+  assert_int_equal (attended[0], expect);
+  assert_int_equal (attended[1], expect);
+  assert_true (expect > 0);
+  for (gint32 r = 0; r < 63; r++)
+    {
+      assert_true (fabsf (l[0][r] - l[1][r]) <= 1e-4f * l[0][r]);
+      assert_true (m[0][r] == -INFINITY ? m[1][r] == -INFINITY : fabsf (m[0][r] - m[1][r]) < 1e-4f);
+      for (gint32 c = 0; c < t.d; c++)
+        assert_true (fabsf (acc0[r * t.d + c] - acc1[r * t.d + c]) <= 1e-4f * (1.0f + l[0][r]));
+    }
+  qkv_clear (&t);
+  vs_set_isa (-1);
+}
+
+static void
+test_simd_matches_scalar (void **state)
+{
+  (void) state;
+  gboolean any = FALSE;
+  const guint32 masks[] = { 0xffffffffu, 0x1ffff0f8u, 0x0000f0f0u, 0x80030000u, 0x1u };
+  for (gsize i = 0; i < G_N_ELEMENTS (masks); i++)
+    {
+      if (have_avx2 ())
+        check_group_paths (SIFT_ISA_AVX2, masks[i]), any = TRUE;
+      if (have_avx512 ())
+        check_group_paths (SIFT_ISA_AVX512, masks[i]), any = TRUE;
+    }
+  if (!any)
+    skip ();
+}
+
+/* ---- Whole prompt, chunk source, dense fallback ------------------------------ */
+
+typedef struct {
+  const Qkv *t;
+  gint64 block;
+} BlockSource;
+
+static gboolean
+blocks_source (gpointer source, gboolean want_v, VsBlockFunc fn, gpointer data, GError **error)
+{
+  (void) error;
+  const BlockSource *bs = source;
+  for (gint64 j0 = 0; j0 < bs->t->n; j0 += bs->block)
+    {
+      SiftView kb = sift_view_tokens (&bs->t->kv, j0, MIN (bs->block, bs->t->n - j0));
+      SiftView vb = sift_view_tokens (&bs->t->vv, j0, MIN (bs->block, bs->t->n - j0));
+      fn (data, &kb, want_v ? &vb : NULL, j0);
+    }
+  return TRUE;
+}
+
+/* A chunk that is the whole prompt gives the whole-prompt result, whether
+ * its keys arrive at once or in stored blocks. */
+static void
+test_chunk_equals_whole (void **state)
+{
+  (void) state;
+  Qkv t;
+  qkv_init (&t, 31, 4, 2, 32, 1000, 1.5);
+  const VsEstimateOpts opts = { VS_TILE_DEFAULT, 64, 30, 100 };
+  VsSizes sizes[4];
+  for (gint32 h = 0; h < 4; h++)
+    vs_sizes (t.n, 40 + 20 * h, 103, 0.0, opts.num_sink, opts.num_recent, &sizes[h].vertical, &sizes[h].slash);
+  const gsize sz = (gsize) 4 * t.n * t.d;
+  g_autofree float *o1 = g_new (float, sz), *o2 = g_new (float, sz), *o3 = g_new (float, sz);
+  g_autofree float *l1 = g_new (float, 4 * t.n), *l2 = g_new (float, 4 * t.n), *l3 = g_new (float, 4 * t.n);
+  SiftView v1 = sift_view_htd (o1, SIFT_DTYPE_F32, 4, t.n, t.d);
+  SiftView v2 = sift_view_htd (o2, SIFT_DTYPE_F32, 4, t.n, t.d);
+  SiftView v3 = sift_view_htd (o3, SIFT_DTYPE_F32, 4, t.n, t.d);
+  g_autoptr (GError) error = NULL;
+  VsStats st1 = { 0 }, st3 = { 0 };
+  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.2f, &opts, sizes, &v1, l1, &st1, &error));
+  BlockSource one = { &t, t.n }, many = { &t, 64 };
+  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, blocks_source, &one, &v2, l2, NULL, &error));
+  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, blocks_source, &many, &v3, l3, &st3, &error));
+  assert_memory_equal (o1, o2, sz * sizeof (float));
+  assert_memory_equal (l1, l2, 4 * t.n * sizeof (float));
+  assert_int_equal (st1.keys_attended, st3.keys_attended); /* same pattern */
+  assert_true (st1.keys_attended < st1.keys_causal);
+  for (gsize i = 0; i < sz; i++)
+    assert_true (fabsf (o1[i] - o3[i]) < 1e-5f);
+  for (gsize i = 0; i < (gsize) 4 * t.n; i++)
+    assert_true (fabsf (l1[i] - l3[i]) < 1e-5f);
+  qkv_clear (&t);
+}
+
+/* Sizes past the sequence: exactly sift_attn_dense. */
+static void
+test_budget_past_sequence_is_dense (void **state)
+{
+  (void) state;
+  Qkv t;
+  qkv_init (&t, 41, 4, 2, 16, 300, 1.0);
+  const VsEstimateOpts opts = { VS_TILE_DEFAULT, 64, 30, 100 };
+  VsSizes sizes[4];
+  for (gint32 h = 0; h < 4; h++)
+    vs_sizes (t.n, h % 2 ? 5000 : 10, h % 2 ? 10 : 400, 0.0, 30, 100, &sizes[h].vertical, &sizes[h].slash);
+  assert_true (vs_sizes_dense (sizes, 4, t.n));
+  const gsize sz = (gsize) 4 * t.n * t.d;
+  g_autofree float *o1 = g_new (float, sz), *o2 = g_new (float, sz);
+  g_autofree float *l1 = g_new (float, 4 * t.n), *l2 = g_new (float, 4 * t.n);
+  SiftView v1 = sift_view_htd (o1, SIFT_DTYPE_F32, 4, t.n, t.d);
+  SiftView v2 = sift_view_htd (o2, SIFT_DTYPE_F32, 4, t.n, t.d);
+  g_autoptr (GError) error = NULL;
+  VsStats st = { 0 };
+  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.25f, &opts, sizes, &v1, l1, &st, &error));
+  SiftAttnOpts ao = { .scale = 0.25f, .causal = TRUE, .q_offset = 0 };
+  assert_true (sift_attn_dense (&t.qv, &t.kv, &t.vv, &ao, &v2, l2, &error));
+  assert_memory_equal (o1, o2, sz * sizeof (float));
+  assert_memory_equal (l1, l2, 4 * t.n * sizeof (float));
+  assert_int_equal (st.keys_attended, st.keys_causal);
+
+  /* Budget mode: the floors (31 columns, 101 diagonals) pass a short sequence. */
+  vs_sizes (80, 1, 1, 0.05, 30, 100, &sizes[0].vertical, &sizes[0].slash);
+  assert_int_equal (sizes[0].slash, 80);
+  vs_sizes (300, 1, 1, 1.0, 30, 100, &sizes[0].vertical, &sizes[0].slash);
+  assert_int_equal (sizes[0].vertical, 60);
+  assert_int_equal (sizes[0].slash, 240);
+
+  /* Every diagonal through the sparse kernel itself: dense within rounding. */
+  g_autofree gint64 *all = g_new (gint64, t.n);
+  for (gint64 i = 0; i < t.n; i++)
+    all[i] = i;
+  VsPattern full[4];
+  for (gint32 h = 0; h < 4; h++)
+    full[h] = (VsPattern) { NULL, 0, all, (gsize) t.n };
+  g_autoptr (VsAttn) a = vs_attn_new (&t.qv, 0, 2, 0.25f, 16, full);
+  vs_attn_block (a, &t.kv, &t.vv, 0);
+  vs_attn_finish (a, &v1, l1);
+  assert_int_equal (vs_attn_attended (a), st.keys_causal);
+  for (gsize i = 0; i < sz; i++)
+    assert_true (fabsf (o1[i] - o2[i]) < 1e-5f);
+  qkv_clear (&t);
+}
+
+int
+main (void)
+{
+  sift_parallel_set_n_threads (2);
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_estimate_oracle_scalar),
+    cmocka_unit_test (test_estimate_oracle_simd),
+    cmocka_unit_test (test_select_brute_force),
+    cmocka_unit_test (test_sinks_and_recent_always_kept),
+    cmocka_unit_test (test_sizes),
+    cmocka_unit_test (test_kernel_mask_scalar),
+    cmocka_unit_test (test_kernel_mask_simd),
+    cmocka_unit_test (test_kernel_empty_pattern),
+    cmocka_unit_test (test_simd_matches_scalar),
+    cmocka_unit_test (test_chunk_equals_whole),
+    cmocka_unit_test (test_budget_past_sequence_is_dense),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

@@ -1,0 +1,455 @@
+/* Subquadratic core: candidate sets against a brute-force reading of the
+ * rules, the published count table, and the forward kernels against a
+ * double-precision reference (dense and sparse). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <sift/sift.h>
+
+#include "sq-core.h"
+
+/* ---- Brute-force candidate sets ---------------------------------------- */
+
+static gboolean
+is_pow2_distance (gint64 d)
+{
+  return d > 0 && (d & (d - 1)) == 0;
+}
+
+/* Whether key j is a token candidate of row i, straight from the rules. */
+static gboolean
+ref_token (const SqConfig *c, gint64 i, gint64 j, gint64 seq)
+{
+  if (c->causal && j > i)
+    return FALSE;
+  if (llabs (i - j) <= c->window)
+    return TRUE;
+  for (gsize x = 0; x < c->n_globals; x++)
+    if (c->globals[x] == j && j < seq)
+      return TRUE;
+  if (c->log_stride && is_pow2_distance (llabs (i - j)) && llabs (i - j) < seq)
+    return TRUE;
+  return FALSE;
+}
+
+/* Whether block b is a landmark candidate of row i. */
+static gboolean
+ref_landmark (const SqConfig *c, gint64 i, gint64 b, gint64 seq)
+{
+  if (!c->landmarks)
+    return FALSE;
+  gint64 n_blocks = (seq + c->block_size - 1) / c->block_size;
+  gint64 cur = i / c->block_size;
+  gint64 avail = c->causal ? (i + 1) / c->block_size : n_blocks;
+  if (avail == 0 || b >= avail)
+    return FALSE;
+  if (!c->causal && b == cur)
+    return FALSE;
+  gint64 pivot = c->causal ? avail - 1 : MIN (cur, n_blocks - 1);
+  if (llabs (b - pivot) <= 1)
+    return TRUE;
+  return c->log_stride && is_pow2_distance (llabs (b - pivot)) && llabs (b - pivot) < n_blocks;
+}
+
+static gint64
+ref_count (const SqConfig *c, gint64 seq)
+{
+  gint64 n_blocks = (seq + c->block_size - 1) / c->block_size;
+  gint64 total = 0;
+  for (gint64 i = 0; i < seq; i++)
+    {
+      for (gint64 j = 0; j < seq; j++)
+        total += ref_token (c, i, j, seq);
+      for (gint64 b = 0; b < n_blocks; b++)
+        total += ref_landmark (c, i, b, seq);
+    }
+  return total;
+}
+
+/* The candidate lists themselves: no duplicates, exactly the reference set. */
+static void
+check_lists (const SqConfig *c, gint64 seq)
+{
+  SqStamp ts, bs;
+  sq_stamp_init (&ts);
+  sq_stamp_init (&bs);
+  g_autofree gint64 *tok = g_new (gint64, sq_max_token_candidates (c, seq));
+  g_autofree gint64 *blk = g_new (gint64, sq_max_landmark_candidates (c, seq) + 1);
+  gint64 n_blocks = (seq + c->block_size - 1) / c->block_size;
+  g_autofree int *hit = g_new0 (int, seq + n_blocks);
+  for (gint64 i = 0; i < seq; i++)
+    {
+      sq_stamp_next (&ts, seq);
+      sq_stamp_next (&bs, MAX (n_blocks, 1));
+      gsize nt = sq_token_candidates (c, i, seq, &ts, tok);
+      gsize nb = sq_landmark_candidates (c, i, seq, &bs, blk);
+      memset (hit, 0, (gsize) (seq + n_blocks) * sizeof (int));
+      for (gsize x = 0; x < nt; x++)
+        {
+          assert_true (tok[x] >= 0 && tok[x] < seq);
+          assert_int_equal (hit[tok[x]]++, 0);
+          if (c->sort_candidates && x > 0)
+            assert_true (tok[x - 1] < tok[x]);
+        }
+      for (gsize x = 0; x < nb; x++)
+        {
+          assert_true (blk[x] >= 0 && blk[x] < n_blocks);
+          assert_int_equal (hit[seq + blk[x]]++, 0);
+        }
+      for (gint64 j = 0; j < seq; j++)
+        assert_int_equal (hit[j], ref_token (c, i, j, seq));
+      for (gint64 b = 0; b < n_blocks; b++)
+        assert_int_equal (hit[seq + b], ref_landmark (c, i, b, seq));
+    }
+  sq_stamp_clear (&ts);
+  sq_stamp_clear (&bs);
+}
+
+static void
+test_count_table (void **state)
+{
+  (void) state;
+  /* ruvllm_sparse_attention 0.1.1, default config, one head. */
+  static const struct { gint64 seq, edges; } table[] = {
+    { 512, 59778 },     { 1024, 129858 },     { 2048, 272130 },     { 4096, 560834 },
+    { 8192, 1146498 },  { 16384, 2334274 },   { 32768, 4742658 },
+  };
+  SqConfig c;
+  sq_config_default (&c);
+  for (gsize x = 0; x < G_N_ELEMENTS (table); x++)
+    assert_int_equal (sq_count_edges (&c, table[x].seq), table[x].edges);
+  /* The two smallest against the brute-force reading as well. */
+  assert_int_equal (ref_count (&c, 512), 59778);
+  assert_int_equal (ref_count (&c, 1024), 129858);
+}
+
+static void
+test_lists_match_rules (void **state)
+{
+  (void) state;
+  static const gint64 g_two[] = { 0, 5 };
+  static const gint64 g_far[] = { 3, 1000, 70 }; /* 1000 and 70 beyond some sequences */
+  SqConfig c;
+  for (int causal = 0; causal < 2; causal++)
+    for (int variant = 0; variant < 6; variant++)
+      {
+        sq_config_default (&c);
+        c.causal = causal;
+        c.window = 4;
+        c.block_size = 4;
+        switch (variant)
+          {
+          case 1: c.globals = NULL; c.n_globals = 0; break;     /* empty */
+          case 2: c.globals = g_far; c.n_globals = 3; break;    /* out of range */
+          case 3: c.block_size = 1; c.globals = g_two; c.n_globals = 2; break;
+          case 4: c.log_stride = FALSE; c.window = 0; break;
+          case 5: c.sort_candidates = TRUE; c.landmarks = FALSE; c.window = 2; break;
+          default: break;
+          }
+        for (gint64 seq = 1; seq <= 67; seq += 11)
+          {
+            check_lists (&c, seq);
+            assert_int_equal (sq_count_edges (&c, seq), ref_count (&c, seq));
+          }
+      }
+}
+
+/* ---- Forward against a double-precision reference ------------------------ */
+
+typedef struct {
+  gint32 qh, kvh, d;
+  gint64 seq;
+  float *q, *k, *v, *out, *lse; /* q/out [qh][seq][d], k/v [kvh][seq][d] */
+  SiftView vq, vk, vv, vo;
+} Case;
+
+static float
+rnd (guint32 *s)
+{
+  *s = *s * 1664525u + 1013904223u;
+  return (float) ((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void
+case_init (Case *t, gint32 qh, gint32 kvh, gint32 d, gint64 seq, guint32 seed)
+{
+  *t = (Case) { .qh = qh, .kvh = kvh, .d = d, .seq = seq };
+  t->q = g_new (float, (gsize) qh * seq * d + 1);
+  t->out = g_new (float, (gsize) qh * seq * d + 1);
+  t->lse = g_new (float, (gsize) qh * seq + 1);
+  t->k = g_new (float, (gsize) kvh * seq * d + 1);
+  t->v = g_new (float, (gsize) kvh * seq * d + 1);
+  for (gint64 x = 0; x < (gint64) qh * seq * d; x++)
+    t->q[x] = 2.0f * rnd (&seed);
+  for (gint64 x = 0; x < (gint64) kvh * seq * d; x++)
+    {
+      t->k[x] = 2.0f * rnd (&seed);
+      t->v[x] = rnd (&seed);
+    }
+  t->vq = sift_view_htd (t->q, SIFT_DTYPE_F32, qh, seq, d);
+  t->vo = sift_view_htd (t->out, SIFT_DTYPE_F32, qh, seq, d);
+  t->vk = sift_view_htd (t->k, SIFT_DTYPE_F32, kvh, seq, d);
+  t->vv = sift_view_htd (t->v, SIFT_DTYPE_F32, kvh, seq, d);
+}
+
+static void
+case_clear (Case *t)
+{
+  g_free (t->q);
+  g_free (t->k);
+  g_free (t->v);
+  g_free (t->out);
+  g_free (t->lse);
+}
+
+/* Softmax over the reference candidate set (tokens, then landmark means
+ * recomputed here), in double. Checks out and lse of every row. */
+static void
+check_against_reference (const Case *t, const SqConfig *c, gboolean dense, double tol)
+{
+  const gint32 d = t->d;
+  const gint64 seq = t->seq;
+  const gint64 nb = (seq + c->block_size - 1) / c->block_size;
+  const double scale = 1.0 / sqrt ((double) d);
+  g_autofree double *lk = g_new0 (double, (gsize) t->kvh * nb * d + 1);
+  g_autofree double *lv = g_new0 (double, (gsize) t->kvh * nb * d + 1);
+  for (gint32 g = 0; g < t->kvh; g++)
+    for (gint64 b = 0; b < nb; b++)
+      {
+        gint64 t0 = b * c->block_size, t1 = MIN (t0 + c->block_size, seq);
+        for (gint64 j = t0; j < t1; j++)
+          for (gint32 x = 0; x < d; x++)
+            {
+              lk[(g * nb + b) * d + x] += t->k[(g * seq + j) * d + x] / (double) (t1 - t0);
+              lv[(g * nb + b) * d + x] += t->v[(g * seq + j) * d + x] / (double) (t1 - t0);
+            }
+      }
+  g_autofree double *s = g_new (double, seq + nb);
+  g_autofree double *o = g_new (double, d);
+  double max_err = 0.0;
+  for (gint32 h = 0; h < t->qh; h++)
+    for (gint64 i = 0; i < seq; i++)
+      {
+        gint32 g = h / (t->qh / t->kvh);
+        const float *q = t->q + (h * seq + i) * d;
+        double m = -INFINITY;
+        for (gint64 j = 0; j < seq + nb; j++)
+          {
+            gboolean on = j < seq ? (dense ? (!c->causal || j <= i) : ref_token (c, i, j, seq))
+                                  : (!dense && ref_landmark (c, i, j - seq, seq));
+            s[j] = -INFINITY;
+            if (!on)
+              continue;
+            double dot = 0.0;
+            for (gint32 x = 0; x < d; x++)
+              dot += q[x] * (j < seq ? t->k[(g * seq + j) * d + x] : lk[(g * nb + j - seq) * d + x]);
+            s[j] = dot * scale;
+            m = MAX (m, s[j]);
+          }
+        double l = 0.0;
+        memset (o, 0, (gsize) d * sizeof (double));
+        for (gint64 j = 0; j < seq + nb; j++)
+          if (s[j] > -INFINITY)
+            {
+              double p = exp (s[j] - m);
+              l += p;
+              for (gint32 x = 0; x < d; x++)
+                o[x] += p * (j < seq ? t->v[(g * seq + j) * d + x] : lv[(g * nb + j - seq) * d + x]);
+            }
+        for (gint32 x = 0; x < d; x++)
+          max_err = MAX (max_err, fabs (o[x] / l - t->out[(h * seq + i) * d + x]));
+        max_err = MAX (max_err, fabs (m + log (l) - t->lse[h * seq + i]));
+      }
+  if (max_err > tol)
+    fail_msg ("max error %g > %g", max_err, tol);
+}
+
+static void
+run_forward (Case *t, const SqConfig *c, gint64 tile)
+{
+  g_autoptr (GError) error = NULL;
+  gboolean ok = tile < 0 ? sq_forward (c, &t->vq, &t->vk, &t->vv, &t->vo, t->lse, &error)
+                         : sq_forward_tiled (c, tile, &t->vq, &t->vk, &t->vv, &t->vo, t->lse, &error);
+  assert_null (error);
+  assert_true (ok);
+}
+
+static void
+test_dense_when_window_covers (void **state)
+{
+  (void) state;
+  for (int causal = 0; causal < 2; causal++)
+    {
+      Case t;
+      case_init (&t, 4, 2, 32, 150, 7);
+      SqConfig c;
+      sq_config_default (&c);
+      c.causal = causal;
+      c.window = 200; /* covers the sequence */
+      c.landmarks = FALSE;
+      run_forward (&t, &c, -1);
+      check_against_reference (&t, &c, TRUE, 2e-5);
+      run_forward (&t, &c, 16);
+      check_against_reference (&t, &c, TRUE, 2e-5);
+      case_clear (&t);
+    }
+}
+
+static void
+test_single_token_attends_itself (void **state)
+{
+  (void) state;
+  Case t;
+  case_init (&t, 2, 1, 64, 1, 3);
+  SqConfig c;
+  sq_config_default (&c);
+  run_forward (&t, &c, -1);
+  for (gint32 h = 0; h < 2; h++)
+    {
+      double dot = 0.0;
+      for (gint32 x = 0; x < 64; x++)
+        {
+          assert_float_equal (t.out[h * 64 + x], t.v[x], 1e-6);
+          dot += t.q[h * 64 + x] * t.k[x];
+        }
+      assert_float_equal (t.lse[h], dot / 8.0, 1e-5);
+    }
+  case_clear (&t);
+}
+
+static void
+test_sparse_matches_reference (void **state)
+{
+  (void) state;
+  static const gint64 globals[] = { 0, 37, 5000 };
+  for (int variant = 0; variant < 5; variant++)
+    {
+      Case t;
+      case_init (&t, 4, variant == 3 ? 4 : 2, 64, 300, 11 + variant);
+      SqConfig c;
+      sq_config_default (&c);
+      c.window = 16;
+      c.block_size = 8;
+      c.globals = globals;
+      c.n_globals = G_N_ELEMENTS (globals);
+      if (variant == 1)
+        c.causal = FALSE;
+      if (variant == 2)
+        c.block_size = 1;
+      if (variant == 4)
+        c.sort_candidates = TRUE;
+      run_forward (&t, &c, -1);
+      check_against_reference (&t, &c, FALSE, 2e-5);
+      run_forward (&t, &c, 32);
+      check_against_reference (&t, &c, FALSE, 2e-5);
+      case_clear (&t);
+    }
+}
+
+/* SIMD and scalar paths, and the tiled walk, agree within 1e-5. */
+static void
+test_paths_agree (void **state)
+{
+  (void) state;
+  static const gint32 dims[] = { 64, 48, 128, 32, 20 };
+  for (gsize x = 0; x < G_N_ELEMENTS (dims); x++)
+    {
+      Case t;
+      case_init (&t, 8, 2, dims[x], 700, 5);
+      SqConfig c;
+      sq_config_default (&c);
+      gsize n = (gsize) t.qh * t.seq * t.d;
+      g_autofree float *fast = g_new (float, n);
+      g_autofree float *tiled = g_new (float, n);
+      run_forward (&t, &c, -1);
+      memcpy (fast, t.out, n * sizeof (float));
+      run_forward (&t, &c, 64);
+      memcpy (tiled, t.out, n * sizeof (float));
+      /* The scalar function is the reference. */
+      SqState st = { .acc = g_new (float, t.d) };
+      double e_fast = 0.0, e_tiled = 0.0;
+      for (gint32 h = 0; h < t.qh; h++)
+        for (gint64 i = 0; i < t.seq; i += 7)
+          {
+            SqStamp ts, bs;
+            sq_stamp_init (&ts);
+            sq_stamp_init (&bs);
+            sq_stamp_next (&ts, t.seq);
+            sq_stamp_next (&bs, t.seq);
+            g_autofree gint64 *tok = g_new (gint64, sq_max_token_candidates (&c, t.seq));
+            gint64 blk[64];
+            gsize nt = sq_token_candidates (&c, i, t.seq, &ts, tok);
+            gsize nb = sq_landmark_candidates (&c, i, t.seq, &bs, blk);
+            g_autofree gint32 *idx = g_new (gint32, nt + 1);
+            gint32 lidx[64];
+            for (gsize y = 0; y < nt; y++)
+              idx[y] = (gint32) tok[y];
+            for (gsize y = 0; y < nb; y++)
+              lidx[y] = (gint32) blk[y];
+            gint64 n_blocks = (t.seq + c.block_size - 1) / c.block_size;
+            g_autofree float *lk = g_new (float, (gsize) t.kvh * n_blocks * t.d);
+            g_autofree float *lv = g_new (float, (gsize) t.kvh * n_blocks * t.d);
+            sq_landmarks_compute (&t.vk, &t.vv, c.block_size, lk, lv);
+            gint32 g = h / (t.qh / t.kvh);
+            const float *q = t.q + (h * t.seq + i) * t.d;
+            float scale = 1.0f / sqrtf ((float) t.d);
+            sq_state_reset (&st, t.d);
+            sq_accumulate_scalar (&st, q, t.d, scale, t.k + g * t.seq * t.d, t.v + g * t.seq * t.d,
+                                  t.d, idx, nt);
+            sq_accumulate_scalar (&st, q, t.d, scale, lk + g * n_blocks * t.d, lv + g * n_blocks * t.d,
+                                  t.d, lidx, nb);
+            float o[128], lse;
+            sq_state_finish (&st, t.d, o, &lse);
+            for (gint32 y = 0; y < t.d; y++)
+              {
+                e_fast = MAX (e_fast, fabs (o[y] - fast[(h * t.seq + i) * t.d + y]));
+                e_tiled = MAX (e_tiled, fabs (o[y] - tiled[(h * t.seq + i) * t.d + y]));
+              }
+            sq_stamp_clear (&ts);
+            sq_stamp_clear (&bs);
+          }
+      g_free (st.acc);
+      if (e_fast > 1e-5 || e_tiled > 1e-5)
+        fail_msg ("d %d: fast %g, tiled %g off the scalar path", dims[x], e_fast, e_tiled);
+      case_clear (&t);
+    }
+}
+
+static void
+test_bad_shapes (void **state)
+{
+  (void) state;
+  Case t;
+  case_init (&t, 3, 2, 16, 10, 1); /* 3 q heads over 2 kv heads */
+  SqConfig c;
+  sq_config_default (&c);
+  g_autoptr (GError) error = NULL;
+  assert_false (sq_forward (&c, &t.vq, &t.vk, &t.vv, &t.vo, t.lse, &error));
+  assert_true (g_error_matches (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_SHAPE));
+  g_clear_error (&error);
+  c.block_size = 0;
+  t.vq.n_heads = 2;
+  t.vo.n_heads = 2;
+  assert_false (sq_forward (&c, &t.vq, &t.vk, &t.vv, &t.vo, t.lse, &error));
+  assert_true (g_error_matches (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID));
+  case_clear (&t);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_count_table),
+    cmocka_unit_test (test_lists_match_rules),
+    cmocka_unit_test (test_dense_when_window_covers),
+    cmocka_unit_test (test_single_token_attends_itself),
+    cmocka_unit_test (test_sparse_matches_reference),
+    cmocka_unit_test (test_paths_agree),
+    cmocka_unit_test (test_bad_shapes),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}

@@ -1,0 +1,561 @@
+/* XAttention scoring, selection and vote, against brute-force references
+ * written from the definitions (docs/policies/xattn_bsa.md). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <sift/sift.h>
+
+#include "xattn-score.h"
+
+typedef struct {
+  XattnGeometry geo;
+  gint64 n_tokens;   /* keys 0 .. n_tokens - 1 */
+  float *q;          /* [n_q_heads][n_tokens][d]: queries at every position */
+  float *k;          /* [n_kv_heads][n_tokens][d] */
+} Data;
+
+static Data *
+data_new (const XattnGeometry *geo, gint64 n_tokens, guint32 seed)
+{
+  Data *d = g_new0 (Data, 1);
+  d->geo = *geo;
+  d->n_tokens = n_tokens;
+  gsize nq = (gsize) geo->n_q_heads * (gsize) n_tokens * (gsize) geo->head_dim;
+  gsize nk = (gsize) geo->n_kv_heads * (gsize) n_tokens * (gsize) geo->head_dim;
+  d->q = g_new (float, nq);
+  d->k = g_new (float, nk);
+  GRand *r = g_rand_new_with_seed (seed);
+  /* Spread logits: some structure so scores are far from uniform. */
+  for (gsize i = 0; i < nq; i++)
+    d->q[i] = (float) g_rand_double_range (r, -2.0, 2.0);
+  for (gsize i = 0; i < nk; i++)
+    d->k[i] = (float) g_rand_double_range (r, -2.0, 2.0);
+  g_rand_free (r);
+  return d;
+}
+
+static void
+data_free (Data *d)
+{
+  g_free (d->q);
+  g_free (d->k);
+  g_free (d);
+}
+
+static const float *
+q_row (const Data *d, gint32 h, gint64 pos)
+{
+  return d->q + ((gsize) h * (gsize) d->n_tokens + (gsize) pos) * (gsize) d->geo.head_dim;
+}
+
+static const float *
+k_row (const Data *d, gint32 g, gint64 pos)
+{
+  return d->k + ((gsize) g * (gsize) d->n_tokens + (gsize) pos) * (gsize) d->geo.head_dim;
+}
+
+/* The definition, term by term: reshaped row r of the chunk [q_pos, kv_end)
+ * against column c sums q[rS+S-1-t] . k[cS+t] over t, missing tokens being
+ * zero; softmax over c <= r in double; block sums. [H][n_qb][n_kb]. */
+static double *
+oracle_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 *n_qb_out, gint64 *n_kb_out)
+{
+  const XattnGeometry *g = &d->geo;
+  const gint64 S = g->stride, B = g->block, D = g->head_dim;
+  const gint64 qb0 = q_pos / B, n_qb = (kv_end - 1) / B - qb0 + 1, n_kb = (kv_end + B - 1) / B;
+  const gint64 row0 = q_pos / S, row_end = (kv_end + S - 1) / S;
+  double *out = g_new0 (double, (gsize) g->n_q_heads * (gsize) n_qb * (gsize) n_kb);
+  double *x = g_new (double, (gsize) row_end);
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 r = row0; r < row_end; r++)
+      {
+        double m = -INFINITY;
+        for (gint64 c = 0; c <= r; c++)
+          {
+            double acc = 0.0;
+            for (gint64 t = 0; t < S; t++)
+              {
+                gint64 qp = r * S + S - 1 - t, kp = c * S + t;
+                if (qp < q_pos || qp >= kv_end || kp >= kv_end)
+                  continue;
+                for (gint64 e = 0; e < D; e++)
+                  acc += (double) q_row (d, h, qp)[e] * (double) k_row (d, h / (g->n_q_heads / g->n_kv_heads), kp)[e];
+              }
+            x[c] = acc * g->scale / (double) S;
+            m = MAX (m, x[c]);
+          }
+        double total = 0.0;
+        for (gint64 c = 0; c <= r; c++)
+          total += exp (x[c] - m);
+        gint64 qb = r * S / B - qb0;
+        for (gint64 c = 0; c <= r; c++)
+          out[((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) n_kb + (gsize) (c * S / B)] += exp (x[c] - m) / total;
+      }
+  g_free (x);
+  *n_qb_out = n_qb;
+  *n_kb_out = n_kb;
+  return out;
+}
+
+/* Runs the scorer: history [0, q_pos) in pieces of `piece` tokens, then the
+ * chunk. With as_f16 the history goes in as f16 and token-major
+ * ([tokens][heads][d]). Pieces go in reverse order through add_keys (order
+ * does not matter), or in order through stage_keys when `staged`. */
+static float *
+scorer_scores_ex (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16, gboolean staged)
+{
+  const XattnGeometry *g = &d->geo;
+  g_autoptr (XattnScorer) s = xattn_scorer_new (g);
+  SiftView q = sift_view_htd (d->q, SIFT_DTYPE_F32, g->n_q_heads, d->n_tokens, g->head_dim);
+  q = sift_view_tokens (&q, q_pos, kv_end - q_pos);
+  xattn_scorer_begin (s, &q, q_pos, kv_end - q_pos);
+  SiftView k = sift_view_htd (d->k, SIFT_DTYPE_F32, g->n_kv_heads, d->n_tokens, g->head_dim);
+  g_autofree guint16 *k16 = NULL;
+  SiftView k16v = { 0 };
+  if (as_f16)
+    {
+      k16 = g_new (guint16, (gsize) d->n_tokens * (gsize) g->n_kv_heads * (gsize) g->head_dim);
+      for (gint64 t = 0; t < d->n_tokens; t++)
+        for (gint32 h = 0; h < g->n_kv_heads; h++)
+          for (gint32 e = 0; e < g->head_dim; e++)
+            k16[((gsize) t * (gsize) g->n_kv_heads + (gsize) h) * (gsize) g->head_dim + (gsize) e]
+              = sift_f32_to_f16 (k_row (d, h, t)[e]);
+      k16v = sift_view_thd (k16, SIFT_DTYPE_F16, d->n_tokens, g->n_kv_heads, g->head_dim);
+    }
+  gint64 n_pieces = (q_pos + piece - 1) / piece;
+  for (gint64 i = 0; i < n_pieces; i++)
+    {
+      gint64 p = (staged ? i : n_pieces - 1 - i) * piece, n = MIN (piece, q_pos - p);
+      SiftView part = sift_view_tokens (as_f16 ? &k16v : &k, p, n);
+      if (staged)
+        xattn_scorer_stage_keys (s, &part, p, n);
+      else
+        xattn_scorer_add_keys (s, &part, p, n);
+    }
+  SiftView local = sift_view_tokens (&k, q_pos, kv_end - q_pos);
+  xattn_scorer_add_keys (s, &local, q_pos, kv_end - q_pos);
+  gint64 n = (gint64) g->n_q_heads * xattn_scorer_n_qb (s) * xattn_scorer_n_kb (s);
+  float *out = g_new (float, (gsize) n);
+  xattn_scorer_finish (s, out);
+  return out;
+}
+
+static float *
+scorer_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16)
+{
+  return scorer_scores_ex (d, q_pos, kv_end, piece, as_f16, FALSE);
+}
+
+static const XattnGeometry small_geo = {
+  .n_q_heads = 4, .n_kv_heads = 2, .head_dim = 16, .stride = 4, .block = 16, .scale = 0.25f,
+};
+
+static void
+check_against_oracle (gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16, gboolean scalar)
+{
+  Data *d = data_new (&small_geo, kv_end, 11);
+  if (as_f16)
+    /* The oracle sees what the scorer sees: keys rounded to f16. */
+    for (gsize i = 0; i < (gsize) small_geo.n_kv_heads * (gsize) kv_end * (gsize) small_geo.head_dim; i++)
+      d->k[i] = sift_f16_to_f32 (sift_f32_to_f16 (d->k[i]));
+  xattn_dots_force_scalar (scalar);
+  gint64 n_qb, n_kb;
+  g_autofree double *want = oracle_scores (d, q_pos, kv_end, &n_qb, &n_kb);
+  for (int staged = 0; staged < 2; staged++)
+    {
+      g_autofree float *got = scorer_scores_ex (d, q_pos, kv_end, piece, as_f16, staged);
+      for (gint64 i = 0; i < (gint64) small_geo.n_q_heads * n_qb * n_kb; i++)
+        if (fabs (got[i] - want[i]) > 1e-4 * MAX (1.0, fabs (want[i])))
+          fail_msg ("score %" G_GINT64_FORMAT " (staged %d): got %g, want %g", i, staged, (double) got[i], want[i]);
+    }
+  xattn_dots_force_scalar (FALSE);
+  data_free (d);
+}
+
+static void
+test_scores_match_oracle (void **state)
+{
+  (void) state;
+  /* History in engine blocks of 8 (smaller than B = 16) and 32 (larger),
+   * a chunk starting mid key block, a partial tail, no history at all. */
+  check_against_oracle (48, 85, 8, FALSE, FALSE);
+  check_against_oracle (48, 85, 32, FALSE, FALSE);
+  check_against_oracle (40, 96, 8, FALSE, FALSE);
+  check_against_oracle (0, 61, 8, FALSE, FALSE);
+  check_against_oracle (64, 130, 16, TRUE, FALSE);
+  check_against_oracle (48, 85, 8, FALSE, TRUE);
+}
+
+static void
+test_full_rows_sum_to_b_over_s (void **state)
+{
+  (void) state;
+  const XattnGeometry geo = { 8, 2, 32, 8, 64, 0.17677669f };
+  const gint64 q_pos = 128, kv_end = 128 + 200;
+  Data *d = data_new (&geo, kv_end, 5);
+  g_autofree float *got = NULL;
+  {
+    XattnScorer *s = xattn_scorer_new (&geo);
+    SiftView q = sift_view_htd (d->q, SIFT_DTYPE_F32, geo.n_q_heads, kv_end, geo.head_dim);
+    q = sift_view_tokens (&q, q_pos, kv_end - q_pos);
+    xattn_scorer_begin (s, &q, q_pos, kv_end - q_pos);
+    SiftView k = sift_view_htd (d->k, SIFT_DTYPE_F32, geo.n_kv_heads, kv_end, geo.head_dim);
+    SiftView hist = sift_view_tokens (&k, 0, q_pos), local = sift_view_tokens (&k, q_pos, kv_end - q_pos);
+    xattn_scorer_add_keys (s, &hist, 0, q_pos);
+    xattn_scorer_add_keys (s, &local, q_pos, kv_end - q_pos);
+    gint64 n_qb = xattn_scorer_n_qb (s), n_kb = xattn_scorer_n_kb (s);
+    assert_int_equal (xattn_scorer_first_qb (s), 2);
+    assert_int_equal (n_qb, 4);   /* blocks 2, 3, 4 full; 5 holds 8 of 64 tokens */
+    assert_int_equal (n_kb, 6);
+    got = g_new (float, (gsize) geo.n_q_heads * (gsize) n_qb * (gsize) n_kb);
+    xattn_scorer_finish (s, got);
+    for (gint32 h = 0; h < geo.n_q_heads; h++)
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        {
+          double sum = 0.0;
+          for (gint64 kb = 0; kb < n_kb; kb++)
+            {
+              float v = got[((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) n_kb + (gsize) kb];
+              if (kb > qb + 2)
+                assert_true (v == 0.0f); /* future blocks get nothing */
+              sum += v;
+            }
+          double want = qb < 3 ? geo.block / geo.stride : 1.0; /* partial block: its one row */
+          assert_true (fabs (sum - want) < 1e-4);
+        }
+    xattn_scorer_free (s);
+  }
+  data_free (d);
+}
+
+typedef void (*DotsFunc) (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
+                          gsize col_stride, gint64 n_cols, gsize len, float *out);
+
+/* One SIMD path against the scalar reference, over lengths with and without
+ * a vector tail and tiles cut at every edge. Rounding in a length-n float
+ * sum scales with |a| |b| (not with the dot, which may cancel to ~0), so the
+ * squared error is normalized by the sum of (|a_i| |b_j|)^2. */
+static void
+check_dots (DotsFunc f)
+{
+  GRand *r = g_rand_new_with_seed (3);
+  const gsize lens[] = { 8, 13, 16, 64, 1024, 1031 };
+  for (gsize li = 0; li < G_N_ELEMENTS (lens); li++)
+    for (gint64 nr = 1; nr <= 9; nr += 2)
+      for (gint64 nc = 1; nc <= 9; nc += 2)
+        {
+          gsize len = lens[li], rs = len + 3, cs = len + 5;
+          g_autofree float *a = g_new (float, (gsize) nr * rs);
+          g_autofree float *b = g_new (float, (gsize) nc * cs);
+          for (gsize i = 0; i < (gsize) nr * rs; i++)
+            a[i] = (float) g_rand_double_range (r, -1, 1);
+          for (gsize i = 0; i < (gsize) nc * cs; i++)
+            b[i] = (float) g_rand_double_range (r, -1, 1);
+          g_autofree float *x = g_new (float, (gsize) (nr * nc));
+          g_autofree float *y = g_new (float, (gsize) (nr * nc));
+          xattn_dots_scalar (a, rs, nr, b, cs, nc, len, x);
+          f (a, rs, nr, b, cs, nc, len, y);
+          double num = 0, den = 0;
+          for (gint64 i = 0; i < nr * nc; i++)
+            {
+              double na = 0, nb = 0;
+              for (gsize t = 0; t < len; t++)
+                {
+                  na += (double) a[(gsize) (i / nc) * rs + t] * a[(gsize) (i / nc) * rs + t];
+                  nb += (double) b[(gsize) (i % nc) * cs + t] * b[(gsize) (i % nc) * cs + t];
+                }
+              num += (x[i] - y[i]) * (double) (x[i] - y[i]);
+              den += na * nb;
+            }
+          if (num > 1e-12 * den)
+            fail_msg ("len %zu, %" G_GINT64_FORMAT " x %" G_GINT64_FORMAT ": squared error %g of %g", len, nr, nc, num, den);
+        }
+  g_rand_free (r);
+}
+
+/* Each SIMD path the CPU can run (whatever sift_isa_active () says, so the
+ * paths are compared even where kernels are forced scalar). */
+static void
+test_simd_matches_scalar (void **state)
+{
+  (void) state;
+  int checked = 0;
+#if defined(XATTN_HAVE_AVX2) || defined(XATTN_HAVE_AVX512)
+  __builtin_cpu_init ();
+#endif
+#ifdef XATTN_HAVE_AVX2
+  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma"))
+    {
+      check_dots (xattn_dots_avx2);
+      checked++;
+    }
+#endif
+#ifdef XATTN_HAVE_AVX512
+  if (__builtin_cpu_supports ("avx512f"))
+    {
+      check_dots (xattn_dots_avx512);
+      checked++;
+    }
+#endif
+  if (checked == 0)
+    {
+      print_message ("no SIMD path built or supported here; scalar only\n");
+      skip ();
+    }
+}
+
+/* ---- Selection ------------------------------------------------------------ */
+
+static void
+test_select_constructed (void **state)
+{
+  (void) state;
+  /* Key blocks 6, 7 are future for query block 5 and must never be chosen.
+   * Row total over 0..5 is 1.0; the forced sink and diagonal hold 0.23;
+   * sorted optional blocks: 2 (0.40), 4 (0.30), 1 (0.05), 3 (0.02). */
+  const float row[8] = { 0.10f, 0.05f, 0.40f, 0.02f, 0.30f, 0.13f, 0.9f, 0.9f };
+  static const struct {
+    gint64 qb;
+    double threshold;
+    guint8 want[8];
+  } cases[] = {
+    { 5, 0.9, { 1, 0, 1, 0, 1, 1, 0, 0 } },   /* 0.63 < 0.9, 0.93 reaches it */
+    { 5, 0.6, { 1, 0, 1, 0, 0, 1, 0, 0 } },   /* 0.63 reaches 0.6 */
+    { 5, 0.95, { 1, 1, 1, 0, 1, 1, 0, 0 } },  /* one more: 0.05 before 0.02 */
+    { 5, 1e-9, { 1, 0, 0, 0, 0, 1, 0, 0 } },  /* -> 0: sink and diagonal */
+    { 5, 1.0, { 1, 1, 1, 1, 1, 1, 0, 0 } },   /* every causal block */
+    { 0, 0.9, { 1, 0, 0, 0, 0, 0, 0, 0 } },   /* the sink is the diagonal */
+  };
+  guint8 sel[8];
+  gint64 order[8];
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      xattn_select_row (row, 8, cases[i].qb, cases[i].threshold, sel, order);
+      assert_memory_equal (sel, cases[i].want, 8);
+    }
+}
+
+/* On real scores: the selection reaches the threshold, is minimal (dropping
+ * its smallest optional block falls below), threshold 1 keeps everything
+ * causal, threshold -> 0 keeps only sink + diagonal. */
+static void
+test_select_properties (void **state)
+{
+  (void) state;
+  const XattnGeometry *g = &small_geo;
+  const gint64 q_pos = 96, kv_end = 160;
+  Data *d = data_new (g, kv_end, 9);
+  g_autofree float *scores = scorer_scores (d, q_pos, kv_end, 16, FALSE);
+  const gint64 qb0 = q_pos / g->block, n_qb = (kv_end - 1) / g->block - qb0 + 1, n_kb = kv_end / g->block;
+  guint8 sel[16];
+  gint64 order[16];
+  const double thresholds[] = { 0.5, 0.8, 0.9, 0.99 };
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 i = 0; i < n_qb; i++)
+      {
+        const float *row = scores + ((gsize) h * (gsize) n_qb + (gsize) i) * (gsize) n_kb;
+        gint64 qb = qb0 + i;
+        double total = 0;
+        for (gint64 kb = 0; kb <= qb; kb++)
+          total += row[kb];
+        for (gsize ti = 0; ti < G_N_ELEMENTS (thresholds); ti++)
+          {
+            xattn_select_row (row, n_kb, qb, thresholds[ti], sel, order);
+            double mass = 0, smallest = INFINITY;
+            assert_true (sel[0] && sel[qb]);
+            for (gint64 kb = 0; kb < n_kb; kb++)
+              if (sel[kb])
+                {
+                  assert_true (kb <= qb);
+                  mass += row[kb];
+                  if (kb != 0 && kb != qb)
+                    smallest = MIN (smallest, row[kb]);
+                }
+            assert_true (mass >= thresholds[ti] * total - 1e-6);
+            if (smallest < INFINITY)
+              assert_true (mass - smallest < thresholds[ti] * total);
+          }
+        xattn_select_row (row, n_kb, qb, 1.0, sel, order);
+        for (gint64 kb = 0; kb < n_kb; kb++)
+          assert_int_equal (sel[kb], kb <= qb);
+        xattn_select_row (row, n_kb, qb, 1e-12, sel, order);
+        for (gint64 kb = 0; kb < n_kb; kb++)
+          assert_int_equal (sel[kb], kb == 0 || kb == qb);
+      }
+  data_free (d);
+}
+
+/* ---- Vote ----------------------------------------------------------------- */
+
+static void
+test_vote_constructed (void **state)
+{
+  (void) state;
+  /* 4 q heads in 2 kv groups ({0,1}, {2,3}); 2 query blocks (4, 5) of B = 16;
+   * key blocks 0..5; engine blocks of 8 tokens: ids 0..7 cover key blocks 0..3
+   * (two engine blocks per key block). */
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const gint64 n_qb = 2, n_kb = 6, n_ids = 8;
+  SiftBlockMeta meta[8];
+  gint64 ids[8];
+  for (gint64 e = 0; e < n_ids; e++)
+    {
+      meta[e] = (SiftBlockMeta) { e * 8, 8, SIFT_PHASE_PREFILL };
+      ids[e] = e;
+    }
+  guint8 sel[4 * 2 * 6] = { 0 };
+#define SEL(h, qb, kb) sel[((h) * n_qb + (qb)) * n_kb + (kb)]
+  /* Key block 1 (engine 2, 3): head 0 in both query blocks, head 2 in qb 0:
+   * votes (g0,qb0) (g0,qb1) (g1,qb0) = 3 of 4. */
+  SEL (0, 0, 1) = SEL (0, 1, 1) = SEL (2, 0, 1) = 1;
+  /* Key block 2 (engine 4, 5): heads 0 and 1 in qb 0: one group, one block: 1 vote. */
+  SEL (0, 0, 2) = SEL (1, 0, 2) = 1;
+  /* Key block 3 (engine 6, 7): head 3 in both: 2 votes (exactly half). */
+  SEL (3, 0, 3) = SEL (3, 1, 3) = 1;
+#undef SEL
+
+  XattnPlan plan;
+  xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  const gint64 want_votes[8] = { 0, 0, 3, 3, 1, 1, 2, 2 };
+  assert_memory_equal (plan.votes, want_votes, sizeof want_votes);
+
+  static const struct {
+    XattnVote vote;
+    double threshold;
+    guint8 load[8];
+    guint8 attend[4][8];
+  } cases[] = {
+    /* > 0.5 x 4 votes: only key block 1, plus first and last. Head 0 chose
+     * key blocks 1 (loaded) and 2 (not loaded). */
+    { XATTN_VOTE_MAJORITY, 0.5, { 1, 0, 1, 1, 0, 0, 0, 1 },
+      { { 1, 0, 1, 1, 0, 0, 0, 1 }, { 1, 0, 0, 0, 0, 0, 0, 1 },
+        { 1, 0, 1, 1, 0, 0, 0, 1 }, { 1, 0, 0, 0, 0, 0, 0, 1 } } },
+    /* A lower bar keeps key block 3 (2 votes > 1.2), still not key block 2. */
+    { XATTN_VOTE_MAJORITY, 0.3, { 1, 0, 1, 1, 0, 0, 1, 1 },
+      { { 1, 0, 1, 1, 0, 0, 0, 1 }, { 1, 0, 0, 0, 0, 0, 0, 1 },
+        { 1, 0, 1, 1, 0, 0, 0, 1 }, { 1, 0, 0, 0, 0, 0, 1, 1 } } },
+    /* any: every chosen block loads; each head attends exactly its own. */
+    { XATTN_VOTE_ANY, 0.5, { 1, 0, 1, 1, 1, 1, 1, 1 },
+      { { 1, 0, 1, 1, 1, 1, 0, 1 }, { 1, 0, 0, 0, 1, 1, 0, 1 },
+        { 1, 0, 1, 1, 0, 0, 0, 1 }, { 1, 0, 0, 0, 0, 0, 1, 1 } } },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, &plan);
+      assert_memory_equal (plan.load, cases[i].load, 8);
+      assert_memory_equal (plan.attend, cases[i].attend, sizeof cases[i].attend);
+      /* Per query block: loaded, and chosen for that query block (engine
+       * block e of 8 tokens lies in key block e / 2), or first or last. */
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        for (gint32 h = 0; h < 4; h++)
+          for (gint64 e = 0; e < n_ids; e++)
+            assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
+                              cases[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0 || e == 7));
+    }
+  xattn_plan_clear (&plan);
+
+  /* Engine blocks larger than B: ids 0, 1 of 32 tokens cover key blocks
+   * {0, 1} and {2, 3}; a subset of ids (only id 1) is allowed. */
+  SiftBlockMeta big[2] = { { 0, 32, SIFT_PHASE_PREFILL }, { 32, 32, SIFT_PHASE_PREFILL } };
+  gint64 only1[1] = { 1 };
+  xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  /* key blocks 2 and 3 together: (g0,qb0) (g1,qb0) (g1,qb1) = 3 votes. */
+  assert_int_equal (plan.votes[0], 3);
+  assert_int_equal (plan.load[0], 1);
+  xattn_plan_clear (&plan);
+}
+
+/* Threshold 1 attends every (head, stored block), so block-sparse attention
+ * over the plan equals dense attention; threshold -> 0 leaves each head the
+ * sink, the first and last stored blocks and the chunk. */
+static void
+test_threshold_extremes_in_attention (void **state)
+{
+  (void) state;
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const gint64 bs = 8, q_pos = 64, kv_end = 100, n_ids = q_pos / bs;
+  Data *d = data_new (&geo, kv_end, 17);
+  g_autofree float *scores = scorer_scores (d, q_pos, kv_end, bs, FALSE);
+  const gint64 qb0 = q_pos / geo.block, n_qb = (kv_end - 1) / geo.block - qb0 + 1, n_kb = (kv_end + 15) / 16;
+  SiftBlockMeta meta[8];
+  gint64 ids[8];
+  for (gint64 e = 0; e < n_ids; e++)
+    {
+      meta[e] = (SiftBlockMeta) { e * bs, (gint32) bs, SIFT_PHASE_PREFILL };
+      ids[e] = e;
+    }
+  g_autofree guint8 *sel = g_new (guint8, (gsize) (geo.n_q_heads * n_qb * n_kb));
+  gint64 order[16];
+  const double thresholds[] = { 1.0, 1e-12 };
+  for (gsize ti = 0; ti < 2; ti++)
+    {
+      for (gint64 row = 0; row < geo.n_q_heads * n_qb; row++)
+        xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, thresholds[ti], sel + row * n_kb, order);
+      XattnPlan plan;
+      xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+
+      /* Attention over the plan: per head, the attended blocks' rows and the chunk. */
+      const gint64 n_q = kv_end - q_pos;
+      SiftView q = sift_view_htd (d->q, SIFT_DTYPE_F32, geo.n_q_heads, kv_end, geo.head_dim);
+      q = sift_view_tokens (&q, q_pos, n_q);
+      SiftView k = sift_view_htd (d->k, SIFT_DTYPE_F32, geo.n_kv_heads, kv_end, geo.head_dim);
+      SiftView v = sift_view_htd (d->k, SIFT_DTYPE_F32, geo.n_kv_heads, kv_end, geo.head_dim);
+      g_autofree float *dense = g_new (float, (gsize) (geo.n_q_heads * n_q * geo.head_dim));
+      g_autofree float *dense_lse = g_new (float, (gsize) (geo.n_q_heads * n_q));
+      SiftView dense_v = sift_view_htd (dense, SIFT_DTYPE_F32, geo.n_q_heads, n_q, geo.head_dim);
+      SiftAttnOpts causal = { geo.scale, TRUE, q_pos };
+      assert_true (sift_attn_dense (&q, &k, &v, &causal, &dense_v, dense_lse, NULL));
+      gsize n_blocks_attended = 0;
+      for (gint32 h = 0; h < geo.n_q_heads; h++)
+        {
+          g_autofree gint64 *rows = g_new (gint64, (gsize) kv_end);
+          gsize n_rows = 0;
+          for (gint64 e = 0; e < n_ids; e++)
+            if (plan.attend[h * n_ids + e])
+              {
+                n_blocks_attended++;
+                for (gint64 t = 0; t < bs; t++)
+                  rows[n_rows++] = e * bs + t;
+              }
+          for (gint64 t = q_pos; t < kv_end; t++)
+            rows[n_rows++] = t;
+          gint32 kvh = h / (geo.n_q_heads / geo.n_kv_heads);
+          SiftView qh = sift_view_heads (&q, h, 1), kh = sift_view_heads (&k, kvh, 1), vh = sift_view_heads (&v, kvh, 1);
+          g_autofree float *o = g_new (float, (gsize) (n_q * geo.head_dim));
+          g_autofree float *lse = g_new (float, (gsize) n_q);
+          SiftView ov = sift_view_htd (o, SIFT_DTYPE_F32, 1, n_q, geo.head_dim);
+          assert_true (sift_attn_gather (&qh, &kh, &vh, rows, n_rows, &causal, &ov, lse, NULL));
+          if (ti == 0)
+            for (gint64 i = 0; i < n_q * geo.head_dim; i++)
+              assert_true (fabsf (o[i] - dense[h * n_q * geo.head_dim + i]) <= 1e-5f * (1.0f + fabsf (o[i])));
+        }
+      if (ti == 0)
+        assert_int_equal (n_blocks_attended, geo.n_q_heads * n_ids);
+      else /* the engine blocks of key block 0 (the sink), and the last stored block */
+        assert_int_equal (n_blocks_attended, geo.n_q_heads * (geo.block / bs + 1));
+      xattn_plan_clear (&plan);
+    }
+  data_free (d);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_scores_match_oracle),
+    cmocka_unit_test (test_full_rows_sum_to_b_over_s),
+    cmocka_unit_test (test_simd_matches_scalar),
+    cmocka_unit_test (test_select_constructed),
+    cmocka_unit_test (test_select_properties),
+    cmocka_unit_test (test_vote_constructed),
+    cmocka_unit_test (test_threshold_extremes_in_attention),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
