@@ -46,7 +46,7 @@ typedef struct {
   { "config", 'c', 0, G_OPTION_ARG_FILENAME_ARRAY, &(opts)->configs,                                 \
     "YAML config; several are merged in order, their policy setups side by side (repeatable)", "FILE" }
 #define SIFT_CLI_SET_ENTRY(opts)                                                                     \
-  { "set", 's', 0, G_OPTION_ARG_STRING_ARRAY, &(opts)->sets,                                         \
+  { "set", 's', 0, G_OPTION_ARG_FILENAME_ARRAY, &(opts)->sets, /* bytes as given: YAML checks them */ \
     "Override a key: kv.block_size=128, policy.decode.params.token_budget=1024, "                    \
     "policies.LABEL.decode=quest (repeatable)", "KEY=VALUE" }
 

@@ -22,6 +22,7 @@ s 'policies.nolabel.decode=full' "no setup labelled 'nolabel'"
 s 'policies=[]' "the list is empty"
 s 'policy.decode=nosuch' "no policy named 'nosuch'"
 s 'harness.lengths=[]' "harness.lengths is empty"
+s "$(printf 'kv.block_size=1\377')" "--set:1:16: invalid YAML: invalid leading UTF-8 octet"
 # Policy parameters: a number too large is out of range, not of the wrong type.
 GOOD_DIR=$3
 p () { SIFT_POLICY_PATH="$GOOD_DIR:$SIFT_POLICY_PATH" expect 2 "$2" "$SIFT" config check c.yaml --set policy.decode=good --set "$1"; }
