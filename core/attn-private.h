@@ -58,7 +58,8 @@ extern const SiftAttnKernels sift_attn_kernels_avx512;
 static inline gint64
 sift_attn_limit (const SiftAttnArgs *a, gint64 i)
 {
-  if (!a->causal)
+  /* q_offset is caller input: compare before adding so no value overflows. */
+  if (!a->causal || a->q_offset >= a->k->n_tokens)
     return a->k->n_tokens;
   return CLAMP (a->q_offset + i + 1, 0, a->k->n_tokens);
 }

@@ -140,6 +140,13 @@ emit_table (GString *out, const Key *table, gconstpointer base, const SiftConfig
           emit_table (out, k->section, base, config, depth + 1);
           continue;
         }
+      if (k->offset == G_STRUCT_OFFSET (Config, store_path) && config->store_path == NULL)
+        {
+          /* Unset: derived from the output directory in use, so not pinned here. */
+          g_autofree char *d = g_build_filename (config->harness.out_dir, "kv.store", NULL);
+          g_string_append_printf (out, "# %s: %s  (default: <harness.out>/kv.store)\n", k->name, d);
+          continue;
+        }
       g_string_append_printf (out, "%s: ", k->name);
       if (k->offset == G_STRUCT_OFFSET (Config, scale))
         {
@@ -148,7 +155,7 @@ emit_table (GString *out, const Key *table, gconstpointer base, const SiftConfig
         }
       else if (k->offset == G_STRUCT_OFFSET (Config, store_path))
         {
-          g_autofree char *t = sift_yaml_quote (config->store_path ? config->store_path : "");
+          g_autofree char *t = sift_yaml_quote (config->store_path);
           g_string_append (out, t);
         }
       else

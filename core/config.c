@@ -1311,7 +1311,9 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
     return FALSE;
 
   shape->scale = cfg->scale > 0 ? (float) cfg->scale : (float) (1.0 / sqrt ((double) shape->head_dim));
+  /* An unset offload.path stays unset: the harness derives it from the output
+   * directory it really uses (`--out` may move it after validation). */
   g_free (p->store_path);
-  p->store_path = cfg->store_path ? g_strdup (cfg->store_path) : g_build_filename (h->out_dir, "kv.store", NULL);
+  p->store_path = g_strdup (cfg->store_path);
   return TRUE;
 }

@@ -250,6 +250,25 @@ sq_accumulate (SqState *st, const float *q, gint32 head_dim, float scale, const 
 
 /* ---- Landmarks ---------------------------------------------------------- */
 
+/* Block b of kv head g: its mean key and value into ko, vo [d]. */
+static void
+landmark_block (const SiftView *k, const SiftView *v, gint64 block_size, gint32 g, gint64 b, float *ko,
+                float *vo)
+{
+  const gint32 d = k->head_dim;
+  gint64 t0 = b * block_size, t1 = MIN (t0 + block_size, k->n_tokens);
+  memset (ko, 0, (gsize) d * sizeof (float));
+  memset (vo, 0, (gsize) d * sizeof (float));
+  for (gint64 t = t0; t < t1; t++)
+    {
+      sq_add_row (ko, sift_view_row (k, g, t), d);
+      sq_add_row (vo, sift_view_row (v, g, t), d);
+    }
+  float inv = 1.0f / (float) (t1 - t0);
+  sq_scale_row (ko, ko, inv, d);
+  sq_scale_row (vo, vo, inv, d);
+}
+
 typedef struct {
   const SiftView *k, *v;
   gint64 block_size, n_blocks;
@@ -262,27 +281,9 @@ landmark_blocks (gint64 begin, gint64 end, gint worker, gpointer user_data)
   (void) worker;
   const LandmarkJob *job = user_data;
   const gint32 d = job->k->head_dim;
-  const gint64 seq = job->k->n_tokens;
   for (gint64 x = begin; x < end; x++)
-    {
-      gint32 g = (gint32) (x / job->n_blocks);
-      gint64 b = x % job->n_blocks;
-      float *ko = job->lk + x * d, *vo = job->lv + x * d;
-      gint64 t0 = b * job->block_size, t1 = MIN (t0 + job->block_size, seq);
-      memset (ko, 0, (gsize) d * sizeof (float));
-      memset (vo, 0, (gsize) d * sizeof (float));
-      for (gint64 t = t0; t < t1; t++)
-        {
-          sq_add_row (ko, sift_view_row (job->k, g, t), d);
-          sq_add_row (vo, sift_view_row (job->v, g, t), d);
-        }
-      float inv = 1.0f / (float) (t1 - t0);
-      for (gint32 c = 0; c < d; c++)
-        {
-          ko[c] *= inv;
-          vo[c] *= inv;
-        }
-    }
+    landmark_block (job->k, job->v, job->block_size, (gint32) (x / job->n_blocks), x % job->n_blocks,
+                    job->lk + x * d, job->lv + x * d);
 }
 
 void
@@ -344,6 +345,8 @@ typedef struct {
   gint32 *idx, *lidx;  /* the same as row indices */
   gint32 *band_idx;    /* [window + SQ_BAND_ROWS] */
   const float **kp, **vp; /* [SQ_BAND_ROWS][max_tok + max_blk] */
+  float *lk, *lv;      /* causal forward: this worker's landmarks, [kv_heads][n_blocks][d] */
+  gint64 lm_done;      /* blocks [0, lm_done) of lk, lv are computed */
   float *ring;         /* band panels: [kv_heads][ring_n][d][16], or NULL */
   gint64 ring_n, ring_next; /* panels [ring_next - ring_n, ring_next) are packed */
   float *acc;          /* [head_dim], or [tile][head_dim] for the tiled forward */
@@ -361,7 +364,8 @@ typedef struct {
   float scale;
   gint64 seq, n_blocks, tile, n_tiles;
   gsize max_tok, max_blk;
-  float *lk, *lv;      /* f32 [kv_heads][n_blocks][d] */
+  float *lk, *lv;      /* f32 [kv_heads][n_blocks][d] (computed up front unless lazy_landmarks) */
+  gboolean lazy_landmarks; /* causal band forward: each worker computes blocks as its rows reach them */
   Worker *workers;
 } Forward;
 
@@ -379,6 +383,11 @@ worker_alloc (Worker *w, const Forward *f, gboolean tiled)
   w->acc = g_new (float, (gsize) d * rows);
   w->band_idx = g_new (gint32, f->c->window + SQ_BAND_ROWS + 1);
   w->kp = g_new (const float *, SQ_BAND_ROWS * (f->max_tok + f->max_blk));
+  if (f->lazy_landmarks)
+    {
+      w->lk = g_new (float, (gsize) f->k->n_heads * f->n_blocks * d);
+      w->lv = g_new (float, (gsize) f->k->n_heads * f->n_blocks * d);
+    }
   w->vp = g_new (const float *, SQ_BAND_ROWS * (f->max_tok + f->max_blk));
   if (!tiled && f->c->causal && sq_simd_band (d) != NULL)
     {
@@ -408,6 +417,8 @@ worker_free (Worker *w)
   g_free (w->acc);
   g_free (w->band_idx);
   g_free (w->kp);
+  g_free (w->lk);
+  g_free (w->lv);
   g_free (w->vp);
   g_aligned_free (w->ring);
   g_free (w->m);
@@ -579,6 +590,19 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
                                 w->ring + (g * w->ring_n + w->ring_next % w->ring_n) * 16 * d);
               }
         }
+      /* Landmarks as the rows reach them: a block is computed when its last
+       * token is in this tile's windows (its rows are still cached), or on
+       * the first tile of a range that starts further on. */
+      if (f->lazy_landmarks)
+        {
+          gint64 need = MIN (f->n_blocks, (t0 + nr) / f->c->block_size);
+          for (; w->lm_done < need; w->lm_done++)
+            for (gint32 g = 0; g < f->k->n_heads; g++)
+              {
+                gsize at = ((gsize) g * f->n_blocks + w->lm_done) * d;
+                landmark_block (f->k, f->v, f->c->block_size, g, w->lm_done, w->lk + at, w->lv + at);
+              }
+        }
       SqTile t = {
         .q = sift_view_tokens (f->q, t0, nr),
         .out = sift_view_tokens (f->out, t0, nr),
@@ -587,7 +611,8 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         .panels = w->ring, .panel_stride = w->ring_n * 16 * d, .ring = w->ring_n,
         .scale = f->scale,
         .idx = w->idx, .idx_start = tok_start,
-        .lk = f->lk, .lv = f->lv, .l_n = f->n_blocks,
+        .lk = f->lazy_landmarks ? w->lk : f->lk, .lv = f->lazy_landmarks ? w->lv : f->lv,
+        .l_n = f->n_blocks,
         .lidx = w->lidx, .lidx_start = blk_start,
         .lse = f->lse ? f->lse + t0 : NULL, .lse_stride = f->seq,
         .acc = w->acc, .band_idx = w->band_idx,
@@ -698,10 +723,11 @@ forward_run (const SqConfig *c, gint64 tile, const SiftView *q, const SiftView *
     .max_tok = sq_max_token_candidates (c, seq),
     .max_blk = sq_max_landmark_candidates (c, seq),
   };
-  gsize lm = c->landmarks ? (gsize) k->n_heads * (gsize) f.n_blocks * (gsize) q->head_dim : 0;
+  f.lazy_landmarks = tile == 0 && c->causal && c->landmarks;
+  gsize lm = c->landmarks && !f.lazy_landmarks ? (gsize) k->n_heads * (gsize) f.n_blocks * (gsize) q->head_dim : 0;
   g_autofree float *lk = g_new (float, lm + 1);
   g_autofree float *lv = g_new (float, lm + 1);
-  if (c->landmarks)
+  if (lm > 0)
     sq_landmarks_compute (k, v, c->block_size, lk, lv);
   f.lk = lk;
   f.lv = lv;

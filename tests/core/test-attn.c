@@ -115,7 +115,7 @@ reference (const Case *c, const Data *x, double *o_ref, double *lse_ref)
       {
         const float *q = sift_view_row (&x->qv, h, i);
         double *o = o_ref + ((gsize) h * c->n_q + i) * d;
-        gint64 limit = c->causal ? c->q_offset + i + 1 : G_MAXINT64;
+        gint64 limit = !c->causal || c->q_offset >= c->n_kv ? G_MAXINT64 : c->q_offset + i + 1;
         double m = -INFINITY;
         for (gint64 n = 0; n < nkeys; n++)
           {
@@ -340,6 +340,11 @@ test_single_and_empty (void **state)
       check_case (&none, 32);
       Case before = { kind, 64, 2, 1, 5, 50, SIFT_DTYPE_F32, TRUE, -3, FALSE, 1.0f, 2 };
       check_case (&before, 33); /* rows 0..2 see nothing */
+      /* Offsets at the ends of gint64: every key, or none, and no overflow. */
+      Case all = { kind, 64, 1, 4, 3, 70, SIFT_DTYPE_BF16, TRUE, G_MAXINT64, FALSE, 1.0f, 1 };
+      check_case (&all, 34);
+      Case nothing = { kind, 64, 1, 4, 3, 70, SIFT_DTYPE_BF16, TRUE, G_MININT64, FALSE, 1.0f, 1 };
+      check_case (&nothing, 35);
     }
   for (gsize i = 0; i < G_N_ELEMENTS (all_isas); i++)
     {

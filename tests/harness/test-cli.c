@@ -212,6 +212,24 @@ test_config_error_exits_2 (void **state)
   result_clear (&r);
 }
 
+/* An unset offload.path follows --out, not the config's harness.out: the
+ * config's out points where nothing can be created, --out where it can. */
+static void
+test_file_store_follows_out (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "offload.store=file",
+                         "--set", "offload.keep=true", "--set", "harness.out=/nonexistent/dir", NULL };
+  Result r = sift (args);
+  if (r.status != 0)
+    fail_msg ("exit %d: %s", r.status, r.err);
+  g_autofree char *store = g_build_filename (out, "kv.store", NULL);
+  assert_true (g_file_test (store, G_FILE_TEST_IS_REGULAR));
+  result_clear (&r);
+  remove_tree (out);
+}
+
 int
 main (void)
 {
@@ -222,6 +240,7 @@ main (void)
     cmocka_unit_test (test_full_failing_warns),
     cmocka_unit_test (test_bad_records_exit_2),
     cmocka_unit_test (test_config_error_exits_2),
+    cmocka_unit_test (test_file_store_follows_out),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
