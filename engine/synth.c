@@ -9,7 +9,10 @@
  * sqrt(S / scale) along one direction in both, so scale * q . k gains S.
  * Locality is a constant vector in the rotary dims shared by q and k: after
  * rotation q_i . k_j = sum_f A_f^2 cos((i - j) theta_f), a kernel of i - j
- * only, with A_f chosen so it decays over locality_scale tokens. */
+ * only, with A_f chosen so it decays over locality_scale tokens. Ordinary
+ * tokens also carry drifting content (add_drift): a per-segment gaussian
+ * topic shared by q and k, so recent keys and whole far segments, not
+ * scattered single tokens, take what the sinks and heavy hitters leave. */
 #include <math.h>
 #include <string.h>
 
