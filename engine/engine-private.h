@@ -111,16 +111,26 @@ void sift_engine_begin_call (SiftEngine *engine, SiftPhase phase, const char *po
  * prefill buffer, after the layer's previous chunk was stored. */
 gboolean sift_engine_put_prefill (SiftEngine *engine, gint32 layer, gint64 pos0, gint64 n,
                                   const float *k, const float *v, GError **error);
+/* The policies of one layer that see its blocks before they are stored:
+ * its prefill and its decode policy (either may be NULL; one instance in
+ * both places is called once). A decode policy such as Quest keeps its
+ * block metadata from the prompt's blocks even when another policy ran the
+ * prefill. */
+typedef struct {
+  SiftPolicy *prefill;
+  SiftPolicy *decode;
+} SiftLayerPolicies;
+
 /* Offloads the prefill buffer as blocks (the last possibly partial),
- * calling policy's on_prefill_offload for each first (policy may be NULL). */
+ * calling each layer policy's on_prefill_offload for each first. */
 gboolean sift_engine_offload_prefill (SiftEngine *engine, const SiftPolicyContext *ctx,
-                                      SiftPolicy *policy, GError **error);
+                                      const SiftLayerPolicies *policies, GError **error);
 /* Appends decode rows to the layer's decode buffer. */
 gboolean sift_engine_put_decode (SiftEngine *engine, gint32 layer, gint64 pos0, gint64 n,
                                  const float *k, const float *v, GError **error);
 /* Offloads one full block of the decode buffer if it holds block_size tokens. */
 gboolean sift_engine_offload_decode (SiftEngine *engine, const SiftPolicyContext *ctx,
-                                     SiftPolicy *policy, GError **error);
+                                     const SiftLayerPolicies *policies, GError **error);
 /* Waits for every queued store; reports the first failed one. */
 gboolean sift_engine_sync (SiftEngine *engine, GError **error);
 /* Fills the block table part of a context for `layer`. */

@@ -644,10 +644,27 @@ check_layer (SiftEngine *e, gint32 layer, GError **error)
   return invalid (error, "layer %d is outside the model's %d layers", layer, e->config.shape.n_layers);
 }
 
-/* Appends one stored block of `layer`: allocates an id, calls the policy's
- * offload hook, queues the store. */
+/* Calls one policy's offload hook for the block about to be stored. */
 static gboolean
-offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, gint32 layer,
+call_offload_hook (SiftPolicy *policy, SiftPhase phase, const SiftPolicyContext *ctx,
+                   const SiftBlockInfo *info, GError **error)
+{
+  gboolean (*hook) (SiftPolicy *, const SiftPolicyContext *, const SiftBlockInfo *, GError **)
+    = phase == SIFT_PHASE_PREFILL ? policy->ops->on_prefill_offload : policy->ops->on_decode_offload;
+  GError *local = NULL;
+  if (hook == NULL || hook (policy, ctx, info, &local))
+    return TRUE;
+  g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY, "policy '%s': %s failed: %s",
+               policy->ops->name, phase == SIFT_PHASE_PREFILL ? "on_prefill_offload" : "on_decode_offload",
+               local ? local->message : "(no message)");
+  g_clear_error (&local);
+  return FALSE;
+}
+
+/* Appends one stored block of `layer`: allocates an id, calls the layer
+ * policies' offload hooks, queues the store. */
+static gboolean
+offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolicies *policies, gint32 layer,
                SiftPhase phase, gint64 first_token, gint32 n_valid, guint8 *k, guint8 *v, gint64 cap,
                GError **error)
 {
@@ -694,22 +711,14 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy, 
     .k = { k, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
     .v = { v, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
   };
-  if (policy != NULL)
-    {
-      gboolean (*hook) (SiftPolicy *, const SiftPolicyContext *, const SiftBlockInfo *, GError **)
-        = phase == SIFT_PHASE_PREFILL ? policy->ops->on_prefill_offload : policy->ops->on_decode_offload;
-      GError *local = NULL;
-      if (hook != NULL && !hook (policy, ctx, &info, &local))
-        {
-          g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY, "policy '%s': %s failed: %s",
-                       policy->ops->name,
-                       phase == SIFT_PHASE_PREFILL ? "on_prefill_offload" : "on_decode_offload",
-                       local ? local->message : "(no message)");
-          g_clear_error (&local);
-          sift_store_release (e->store, id);
-          return FALSE;
-        }
-    }
+  SiftPolicy *const seen[] = { policies ? policies->prefill : NULL,
+                               policies && policies->decode != policies->prefill ? policies->decode : NULL };
+  for (gsize i = 0; i < G_N_ELEMENTS (seen); i++)
+    if (seen[i] != NULL && !call_offload_hook (seen[i], phase, ctx, &info, error))
+      {
+        sift_store_release (e->store, id);
+        return FALSE;
+      }
   g_array_append_val (ids, id);
   e->stored_tokens[layer] = first_token + n_valid;
   Job *j = g_new0 (Job, 1);
@@ -765,8 +774,8 @@ sift_engine_put_prefill (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, con
 }
 
 gboolean
-sift_engine_offload_prefill (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy,
-                             GError **error)
+sift_engine_offload_prefill (SiftEngine *e, const SiftPolicyContext *ctx,
+                             const SiftLayerPolicies *policies, GError **error)
 {
   const gint32 layer = ctx->layer;
   if (!check_layer (e, layer, error))
@@ -776,7 +785,7 @@ sift_engine_offload_prefill (SiftEngine *e, const SiftPolicyContext *ctx, SiftPo
   for (gint64 t = 0; t < n; t += s->block_size)
     {
       gsize off = (gsize) (t * s->head_dim) * e->es;
-      if (!offload_block (e, ctx, policy, layer, SIFT_PHASE_PREFILL, e->prefill_pos[layer] + t,
+      if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_PREFILL, e->prefill_pos[layer] + t,
                           (gint32) MIN (s->block_size, n - t), e->prefill_k[layer] + off,
                           e->prefill_v[layer] + off, s->chunk_size, error))
         return FALSE;
@@ -830,8 +839,8 @@ sift_engine_put_decode (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, cons
 }
 
 gboolean
-sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *policy,
-                            GError **error)
+sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx,
+                            const SiftLayerPolicies *policies, GError **error)
 {
   const gint32 layer = ctx->layer;
   if (!check_layer (e, layer, error))
@@ -840,7 +849,7 @@ sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx, SiftPol
   if (e->decode_len[layer] < s->block_size)
     return TRUE;
   gsize off = (gsize) e->decode_start[layer] * (gsize) s->head_dim * e->es;
-  if (!offload_block (e, ctx, policy, layer, SIFT_PHASE_DECODE, e->stored_tokens[layer] /* before */,
+  if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_DECODE, e->stored_tokens[layer] /* before */,
                       s->block_size, e->decode_k[layer] + off, e->decode_v[layer] + off, e->decode_cap,
                       error))
     return FALSE;

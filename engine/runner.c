@@ -257,12 +257,13 @@ make_context (SiftRunner *r, SiftPolicyContext *ctx, SiftPhase phase, gint32 l, 
 }
 
 static gboolean
-finish_layer (SiftRunner *r, SiftPolicy *p, const SiftPolicyContext *ctx, SiftView *out, GError **error)
+finish_layer (SiftRunner *r, const SiftPolicyContext *ctx, SiftView *out, GError **error)
 {
   if (r->observer.attention != NULL)
     r->observer.attention (r->user_data, ctx, out, r->lse);
-  return ctx->phase == SIFT_PHASE_PREFILL ? sift_engine_offload_prefill (r->engine, ctx, p, error)
-                                          : sift_engine_offload_decode (r->engine, ctx, p, error);
+  const SiftLayerPolicies layer = { r->prefill[ctx->layer], r->decode[ctx->layer] };
+  return ctx->phase == SIFT_PHASE_PREFILL ? sift_engine_offload_prefill (r->engine, ctx, &layer, error)
+                                          : sift_engine_offload_decode (r->engine, ctx, &layer, error);
 }
 
 /* One layer of one prefill chunk or (ring) decode step. */
@@ -287,7 +288,7 @@ run_layer (SiftRunner *r, SiftPhase phase, gint32 l, gint64 pos0, gint64 n, GErr
   SiftView out = sift_view_htd (r->out, SIFT_DTYPE_F32, s->n_q_heads, n, s->head_dim);
   ok = has_compute (p, phase) ? policy_compute (p, &ctx, &out, r->lse, error)
                               : sift_engine_attend_default (e, &ctx, sel, &out, r->lse, error);
-  return ok && finish_layer (r, p, &ctx, &out, error);
+  return ok && finish_layer (r, &ctx, &out, error);
 }
 
 static gboolean
@@ -378,7 +379,7 @@ decode_cross_layer (SiftRunner *r, gint64 pos0, gint64 n, GError **error)
         ok = has_compute (p, SIFT_PHASE_DECODE)
                ? policy_compute (p, &ctx[l], &out, r->lse, error)
                : sift_engine_attend_loaded (e, &ctx[l], sel[l], &k, &v, nb, &out, r->lse, error);
-      ok = ok && finish_layer (r, p, &ctx[l], &out, error);
+      ok = ok && finish_layer (r, &ctx[l], &out, error);
     }
   sift_engine_pipeline_end (e);
   return ok;

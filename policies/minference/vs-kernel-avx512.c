@@ -259,7 +259,7 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
 /* Scores of the few lanes in vis for one row, as dot products against the
  * untransposed keys: cheaper than a 16-lane pass when at most
  * SPARSE_LANES lanes are needed. */
-#define SPARSE_LANES VS_SPARSE_LANES
+#define SPARSE_LANES 6
 
 /* q . k over d (a multiple of 16), two chains. */
 static inline float

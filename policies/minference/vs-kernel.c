@@ -336,7 +336,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
                               a->acc + row * a->d, 0 };
 #ifdef VS_HAVE_AVX512
-              if (pend && __builtin_popcount (mask) <= VS_SPARSE_LANES)
+              if (pend && __builtin_popcount (mask) <= VS_PENDING_LANES)
                 vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &grp);
               else
 #endif

@@ -150,12 +150,12 @@ void vs_group_attend_avx2 (VsTile *t, const VsGroup *g);
 #ifdef VS_HAVE_AVX512
 void vs_group_attend_avx512 (VsTile *t, const VsGroup *g);
 
-/* Groups with at most VS_SPARSE_LANES keys (lone diagonals, stray
+/* Groups with at most VS_PENDING_LANES keys (lone diagonals, stray
  * columns) for tiles of at most 4 rows: their scores are dot products put
  * aside until VS_KEY_GROUP keys have gathered, so the softmax step and the
  * accumulator pass are paid once per 32 keys rather than once per group.
  * Every pending key is flushed before the tile's state is read. */
-#define VS_SPARSE_LANES 6
+#define VS_PENDING_LANES 16
 typedef struct {
   float s[4][VS_KEY_GROUP];            /* scores of the pending keys, per row */
   const float *vrow[VS_KEY_GROUP];

@@ -284,6 +284,48 @@ test_per_head_selection (void **state)
       }
 }
 
+/* A decode policy sees the prompt's blocks through on_prefill_offload even
+ * when another policy (here dense, NULL) runs the prefill; a policy in both
+ * phases is called once per block, two instances once each. */
+static void
+test_hooks_reach_every_layer_policy (void **state)
+{
+  (void) state;
+  const gint64 prompt = 150, steps = 40;
+  for (int both = 0; both < 2; both++)
+    {
+      Fix f;
+      fix_open (&f, &select_ops, MODE_PER_Q_HEAD, SIFT_PIPELINE_RING, 4, 2, prompt + steps);
+      sift_runner_free (f.runner);
+      g_autoptr (GError) error = NULL;
+      TestPolicy *pre = both ? (TestPolicy *) sift_policy_new (&select_ops, NULL, &f.shape, &error) : NULL;
+      g_assert_no_error (error);
+      if (pre != NULL)
+        pre->mode = MODE_PER_Q_HEAD;
+      SiftPolicy *prefill[2] = { pre ? &pre->parent : NULL, pre ? &pre->parent : NULL };
+      SiftPolicy *decode[2] = { &f.policy->parent, &f.policy->parent };
+      f.runner = sift_runner_new (f.engine, f.src, prefill, decode, &error);
+      g_assert_no_error (error);
+      assert_true (sift_runner_prefill (f.runner, prompt, &error));
+      for (gint64 i = 0; i < steps; i++)
+        assert_true (sift_runner_decode (f.runner, 1, &error));
+      g_assert_no_error (error);
+      const gint64 prompt_blocks = (prompt + 15) / 16 * 2; /* two layers */
+      const gint64 decode_blocks = (prompt + steps) / 16 * 2 - prompt / 16 * 2;
+      assert_int_equal (f.policy->prefill_offloads, prompt_blocks);
+      assert_int_equal (f.policy->decode_offloads, decode_blocks);
+      if (pre != NULL)
+        {
+          assert_int_equal (pre->prefill_offloads, prompt_blocks);
+          assert_int_equal (pre->decode_offloads, decode_blocks);
+          sift_runner_free (f.runner);
+          f.runner = NULL;
+          sift_policy_free (&pre->parent);
+        }
+      fix_close (&f);
+    }
+}
+
 static void
 test_own_compute (void **state)
 {
@@ -342,6 +384,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_bad_selections),
     cmocka_unit_test (test_per_head_selection),
+    cmocka_unit_test (test_hooks_reach_every_layer_policy),
     cmocka_unit_test (test_own_compute),
     cmocka_unit_test (test_phase_support),
   };

@@ -127,6 +127,13 @@ test_dense_layers_recall (void **state)
   assert_true (c.recall_by_layer[0] == 1.0 && c.recall_by_layer[1] == 0.0);  /* prefill */
   assert_true (c.recall_by_layer[2] == 1.0 && c.recall_by_layer[3] == 0.0);  /* decode */
   assert_true (fabs (c.prefill_recall - 0.5) < 1e-12);
+  /* Per head: [phase][layer][head], every head of the dense layer covered,
+   * none of the windowed one (the plugin selects for all heads alike). */
+  assert_int_equal (c.n_q_heads, cfg->shape.n_q_heads);
+  for (gint32 ph = 0; ph < 2; ph++)
+    for (gint32 l = 0; l < 2; l++)
+      for (gint32 h = 0; h < c.n_q_heads; h++)
+        assert_true (c.recall_by_head[(ph * 2 + l) * c.n_q_heads + h] == (l == 0 ? 1.0 : 0.0));
   harness_cell_clear (&c);
 }
 

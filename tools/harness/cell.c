@@ -17,7 +17,7 @@ typedef struct {
   gint32 *seen_layers;       /* [n_rows] */
   /* Needle recall per phase (index phase - 1). */
   guint64 covered[2], asked[2];
-  guint64 *layer_covered, *layer_asked;  /* [2][n_layers] */
+  guint64 *head_covered, *head_asked;    /* [2][n_layers][n_q_heads] */
   guint64 unknown_calls[2];  /* question calls whose policy computes without a selection */
   gboolean selection_seen;   /* for the layer call in progress */
   SiftPolicy **prefill, **decode; /* [n_layers] */
@@ -58,13 +58,13 @@ count_recall (Capture *c, const SiftPolicyContext *ctx, const SiftSelection *sel
           block = b;
       for (gint32 h = 0; h < c->shape->n_q_heads; h++)
         {
-          gsize at = (gsize) ph * c->shape->n_layers + ctx->layer;
+          gsize at = ((gsize) ph * c->shape->n_layers + ctx->layer) * c->shape->n_q_heads + h;
           c->asked[ph]++;
-          c->layer_asked[at]++;
+          c->head_asked[at]++;
           if (block < 0 || sel == NULL || sift_selection_has (sel, block, h))
             {
               c->covered[ph]++;
-              c->layer_covered[at]++;
+              c->head_covered[at]++;
             }
         }
     }
@@ -265,8 +265,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   c.out = g_new0 (float, plane);
   c.seen = g_new0 (gboolean, c.n_rows);
   c.seen_layers = g_new0 (gint32, c.n_rows);
-  c.layer_covered = g_new0 (guint64, 2 * (gsize) L);
-  c.layer_asked = g_new0 (guint64, 2 * (gsize) L);
+  c.head_covered = g_new0 (guint64, 2 * (gsize) L * shape.n_q_heads);
+  c.head_asked = g_new0 (guint64, 2 * (gsize) L * shape.n_q_heads);
   g_autofree float *ref = g_new0 (float, plane);
   if (ok)
     {
@@ -310,9 +310,21 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       cell->prefill_recall = ratio (c.covered[0], c.asked[0]);
       cell->decode_recall = ratio (c.covered[1], c.asked[1]);
       cell->n_layers = L;
+      cell->n_q_heads = shape.n_q_heads;
       cell->recall_by_layer = g_new (double, 2 * (gsize) L);
+      cell->recall_by_head = g_new (double, 2 * (gsize) L * shape.n_q_heads);
       for (gsize i = 0; i < 2 * (gsize) L; i++)
-        cell->recall_by_layer[i] = ratio (c.layer_covered[i], c.layer_asked[i]);
+        {
+          guint64 covered = 0, asked = 0;
+          for (gsize h = 0; h < (gsize) shape.n_q_heads; h++)
+            {
+              gsize at = i * (gsize) shape.n_q_heads + h;
+              cell->recall_by_head[at] = ratio (c.head_covered[at], c.head_asked[at]);
+              covered += c.head_covered[at];
+              asked += c.head_asked[at];
+            }
+          cell->recall_by_layer[i] = ratio (covered, asked);
+        }
       cell->recall_note = recall_note (&c);
       cell->decode_steps = steps;
       cell->n_needle_positions = plan->n_needles;
@@ -333,8 +345,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   g_free (c.out);
   g_free (c.seen);
   g_free (c.seen_layers);
-  g_free (c.layer_covered);
-  g_free (c.layer_asked);
+  g_free (c.head_covered);
+  g_free (c.head_asked);
   if (!ok)
     harness_cell_clear (cell);
   return ok;
@@ -346,4 +358,5 @@ harness_cell_clear (HarnessCell *cell)
   g_clear_pointer (&cell->recall_note, g_free);
   g_clear_pointer (&cell->needle_positions, g_free);
   g_clear_pointer (&cell->recall_by_layer, g_free);
+  g_clear_pointer (&cell->recall_by_head, g_free);
 }

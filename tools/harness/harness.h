@@ -43,7 +43,8 @@ typedef struct {
   double prefill_recall, decode_recall;
   char *recall_note;         /* how recall was known (owned) */
   double *recall_by_layer;   /* [2][n_layers] prefill then decode, NAN where unknown (owned; NULL when resumed) */
-  gint32 n_layers;
+  double *recall_by_head;    /* [2][n_layers][n_q_heads], likewise */
+  gint32 n_layers, n_q_heads;
   double prefill_rel_error, decode_rel_error;  /* ||o - o_dense|| / ||o_dense|| at the question rows */
   double prefill_density, decode_density;      /* tokens attended / tokens available */
   double prefill_seconds, decode_seconds;

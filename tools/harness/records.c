@@ -154,6 +154,24 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
         }
       json_end_object (&w);
     }
+  if (cell->recall_by_head != NULL)
+    {
+      /* prefill / decode: one array per layer, one value per query head. */
+      json_begin_object (&w, "recall_by_head");
+      for (int ph = 0; ph < 2; ph++)
+        {
+          json_begin_array (&w, ph == 0 ? "prefill" : "decode");
+          for (gint32 l = 0; l < cell->n_layers; l++)
+            {
+              json_begin_array (&w, NULL);
+              for (gint32 h = 0; h < cell->n_q_heads; h++)
+                json_double (&w, NULL, cell->recall_by_head[((gsize) ph * cell->n_layers + l) * cell->n_q_heads + h]);
+              json_end_array (&w);
+            }
+          json_end_array (&w);
+        }
+      json_end_object (&w);
+    }
   json_double (&w, "prefill_rel_error", cell->prefill_rel_error);
   json_double (&w, "decode_rel_error", cell->decode_rel_error);
   json_double (&w, "prefill_density", cell->prefill_density);
