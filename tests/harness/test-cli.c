@@ -206,6 +206,13 @@ test_config_error_exits_2 (void **state)
   result_clear (&r);
   remove_tree (out);
 
+  /* A config named without --config must not silently run the default one. */
+  const char *stray[] = { SOURCE_DIR "/tiny.yaml", NULL };
+  r = sift (stray);
+  assert_int_equal (r.status, 2);
+  assert_non_null (strstr (r.err, "--config"));
+  result_clear (&r);
+
   const char *usage[] = { "--no-such-option", NULL };
   r = sift (usage);
   assert_int_equal (r.status, 2);
