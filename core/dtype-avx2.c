@@ -1,0 +1,23 @@
+/* AVX2 + F16C conversions: dtype-simd.h on 8 lanes (built with -mavx2
+ * -mf16c, called only when the CPU has them). */
+#include <glib.h>
+#include <immintrin.h>
+
+#define VL 8
+#define KERNELS sift_dtype_kernels_avx2
+
+typedef float vf __attribute__ ((vector_size (32)));
+
+static inline vf
+vcvt_ph_ps (const guint16 *p)
+{
+  return (vf) _mm256_cvtph_ps (_mm_loadu_si128 ((const __m128i *) p));
+}
+
+static inline void
+vcvt_ps_ph (guint16 *p, vf x)
+{
+  _mm_storeu_si128 ((__m128i *) p, _mm256_cvtps_ph ((__m256) x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+#include "dtype-simd.h"
