@@ -20,4 +20,16 @@ vcvt_ps_ph (guint16 *p, vf x)
   _mm_storeu_si128 ((__m128i *) p, _mm256_cvtps_ph ((__m256) x, _MM_FROUND_TO_NEAREST_INT));
 }
 
+static inline gboolean
+vany_nan (vf x)
+{
+  return _mm256_movemask_ps (_mm256_cmp_ps ((__m256) x, (__m256) x, _CMP_UNORD_Q)) != 0;
+}
+
+static inline vf
+vcvt_i8_ps (const gint8 *p)
+{
+  return (vf) _mm256_cvtepi32_ps (_mm256_cvtepi8_epi32 (_mm_loadl_epi64 ((const __m128i *) p)));
+}
+
 #include "dtype-simd.h"

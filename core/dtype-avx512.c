@@ -20,4 +20,16 @@ vcvt_ps_ph (guint16 *p, vf x)
   _mm256_storeu_si256 ((__m256i *) p, _mm512_cvtps_ph ((__m512) x, _MM_FROUND_TO_NEAREST_INT));
 }
 
+static inline gboolean
+vany_nan (vf x)
+{
+  return _mm512_cmp_ps_mask ((__m512) x, (__m512) x, _CMP_UNORD_Q) != 0;
+}
+
+static inline vf
+vcvt_i8_ps (const gint8 *p)
+{
+  return (vf) _mm512_cvtepi32_ps (_mm512_cvtepi8_epi32 (_mm_loadu_si128 ((const __m128i *) p)));
+}
+
 #include "dtype-simd.h"

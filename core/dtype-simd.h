@@ -4,6 +4,8 @@
  * the two hardware f16 conversions:
  *   vf   vcvt_ph_ps (const guint16 *p);      VL halves -> f32, exact
  *   void vcvt_ps_ph (guint16 *p, vf x);      VL f32 -> halves, round to nearest even
+ *   gboolean vany_nan (vf x);                 TRUE if a lane is NaN
+ *   vf   vcvt_i8_ps (const gint8 *p);        VL int8 -> f32, exact
  * Every kernel works on whole vectors and finishes a tail of n % VL through
  * a padded copy, so each lane sees the same operations: the result does not
  * depend on length or alignment. The scalar functions in dtype.c are the
@@ -15,7 +17,6 @@
 typedef guint32 vu __attribute__ ((vector_size (VL * 4)));
 typedef gint32 vi __attribute__ ((vector_size (VL * 4)));
 typedef guint16 vh __attribute__ ((vector_size (VL * 2)));
-typedef gint8 vq __attribute__ ((vector_size (VL)));
 
 static inline vu
 vsel (vi mask, vu a, vu b)
@@ -29,6 +30,11 @@ static inline void
 f16_vec (const guint16 *src, float *dst)
 {
   vf r = vcvt_ph_ps (src);
+  if (G_LIKELY (!vany_nan (r)))
+    {
+      memcpy (dst, &r, sizeof r);
+      return;
+    }
   vh h16;
   memcpy (&h16, src, sizeof h16);
   vu h = __builtin_convertvector (h16, vu);
@@ -113,21 +119,26 @@ f32_to_bf16 (const float *src, guint16 *dst, gsize n)
   CONVERT_LOOP (f32_bf16_vec, float, guint16, src, dst, n);
 }
 
-/* q8_0 -> f32: one multiply per element, d * (float) q, as the scalar path. */
+/* q8_0 -> f32: one multiply per element, d * (float) q, as the scalar path;
+ * the scales of VL blocks are converted together by f16_to_f32. */
 static void
 q8_0_to_f32 (const SiftBlockQ8_0 *src, float *dst, gsize n_blocks)
 {
   G_STATIC_ASSERT (SIFT_Q8_0_BLOCK % VL == 0);
-  for (gsize b = 0; b < n_blocks; b++)
+  for (gsize b0 = 0; b0 < n_blocks; b0 += VL)
     {
-      const float d = sift_f16_to_f32 (src[b].d);
-      for (int i = 0; i < SIFT_Q8_0_BLOCK; i += VL)
-        {
-          vq q;
-          memcpy (&q, src[b].qs + i, sizeof q);
-          vf x = __builtin_convertvector (__builtin_convertvector (q, vi), vf) * d;
-          memcpy (dst + b * SIFT_Q8_0_BLOCK + (gsize) i, &x, sizeof x);
-        }
+      const gsize m = MIN ((gsize) VL, n_blocks - b0);
+      guint16 dh[VL];
+      float d[VL];
+      for (gsize b = 0; b < m; b++)
+        dh[b] = src[b0 + b].d;
+      f16_to_f32 (dh, d, m);
+      for (gsize b = 0; b < m; b++)
+        for (int i = 0; i < SIFT_Q8_0_BLOCK; i += VL)
+          {
+            vf x = vcvt_i8_ps (src[b0 + b].qs + i) * d[b];
+            memcpy (dst + (b0 + b) * SIFT_Q8_0_BLOCK + (gsize) i, &x, sizeof x);
+          }
     }
 }
 
