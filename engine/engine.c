@@ -79,6 +79,11 @@ pack_half (SiftEngine *e, const guint8 *src, gint64 cap, guint8 *stored)
   const SiftModelShape *s = &e->config.shape;
   const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (e->store);
   const gsize n = (gsize) s->block_size * (gsize) s->head_dim;
+  if (cap == s->block_size) /* both layouts are the same contiguous run */
+    {
+      sift_convert (src, e->config.compute_dtype, stored, e->store->config.dtype, n * (gsize) s->n_kv_heads);
+      return;
+    }
   for (gint32 h = 0; h < s->n_kv_heads; h++)
     sift_convert (src + (gsize) h * (gsize) cap * (gsize) s->head_dim * e->es, e->config.compute_dtype,
                   stored + h * head_stored, e->store->config.dtype, n);
@@ -761,6 +766,12 @@ static void
 put_rows (SiftEngine *e, const float *src, gint64 n, guint8 *dst, gint64 cap, gint64 t0)
 {
   const SiftModelShape *s = &e->config.shape;
+  if (s->n_kv_heads == 1) /* token-major and head-major coincide: one run */
+    {
+      sift_convert (src, SIFT_DTYPE_F32, dst + (gsize) (t0 * s->head_dim) * e->es, e->config.compute_dtype,
+                    (gsize) (n * s->head_dim));
+      return;
+    }
   for (gint64 t = 0; t < n; t++)
     for (gint32 h = 0; h < s->n_kv_heads; h++)
       sift_convert (src + (t * s->n_kv_heads + h) * s->head_dim, SIFT_DTYPE_F32,
