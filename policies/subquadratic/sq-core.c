@@ -459,6 +459,9 @@ sq_attend_tile (const SqTile *t)
     {
       gint32 g = h / group;
       const float *kb = sift_view_row (&t->k, g, 0), *vb = sift_view_row (&t->v, g, 0);
+      if (t->prefetch_shift > 0 && h % group == 0)
+        sq_prefetch_rows (kb, vb, t->k.token_stride, t->v.token_stride, d, t->idx, t->idx_start[n],
+                          t->prefetch_shift, t->k.n_tokens);
       if (band != NULL)
         {
           SqBand b = {
@@ -617,6 +620,9 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         .lse = f->lse ? f->lse + t0 : NULL, .lse_stride = f->seq,
         .acc = w->acc, .band_idx = w->band_idx,
         .kp = w->kp, .vp = w->vp, .ptr_max = f->max_tok + f->max_blk,
+        /* The next tile's strides are these rows' shifted by its size; they are far
+         * behind the window, so fetch them while this tile computes. */
+        .prefetch_shift = SQ_BAND_ROWS,
       };
       sq_attend_tile (&t);
     }

@@ -10,6 +10,24 @@
 
 #include "sq-simd.h"
 
+void
+sq_prefetch_rows (const float *k, const float *v, gint64 k_stride, gint64 v_stride, gint32 d,
+                  const gint32 *idx, gsize n, gint64 shift, gint64 limit)
+{
+  for (gsize x = 0; x < n; x++)
+    {
+      gint64 j = idx[x] + shift;
+      if (j >= limit)
+        continue;
+      const char *kr = (const char *) (k + j * k_stride), *vr = (const char *) (v + j * v_stride);
+      for (gint32 b = 0; b < d * (gint32) sizeof (float); b += 64)
+        {
+          __builtin_prefetch (kr + b, 0, 2);
+          __builtin_prefetch (vr + b, 0, 2);
+        }
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 

@@ -64,3 +64,9 @@ SqBandFunc sq_simd_band (gint32 head_dim);
 SiftIsa sq_simd_isa (gint32 head_dim);
 /* The fastest path for head_dim on this CPU, or NULL for the scalar one. */
 SqAccumulateFunc sq_simd_accumulate (gint32 head_dim);
+
+/* Asks for key and value rows idx[x] + shift (x < n, rows below `limit`
+ * only) of one head in the L2 cache: rows far behind the window that the
+ * next tile reads. */
+void sq_prefetch_rows (const float *k, const float *v, gint64 k_stride, gint64 v_stride, gint32 d,
+                       const gint32 *idx, gsize n, gint64 shift, gint64 limit);
