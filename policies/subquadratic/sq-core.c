@@ -257,16 +257,8 @@ landmark_block (const SiftView *k, const SiftView *v, gint64 block_size, gint32 
 {
   const gint32 d = k->head_dim;
   gint64 t0 = b * block_size, t1 = MIN (t0 + block_size, k->n_tokens);
-  memset (ko, 0, (gsize) d * sizeof (float));
-  memset (vo, 0, (gsize) d * sizeof (float));
-  for (gint64 t = t0; t < t1; t++)
-    {
-      sq_add_row (ko, sift_view_row (k, g, t), d);
-      sq_add_row (vo, sift_view_row (v, g, t), d);
-    }
-  float inv = 1.0f / (float) (t1 - t0);
-  sq_scale_row (ko, ko, inv, d);
-  sq_scale_row (vo, vo, inv, d);
+  sq_mean_rows (ko, sift_view_row (k, g, t0), k->token_stride, t1 - t0, d);
+  sq_mean_rows (vo, sift_view_row (v, g, t0), v->token_stride, t1 - t0, d);
 }
 
 typedef struct {
@@ -459,15 +451,20 @@ sq_attend_tile (const SqTile *t)
     {
       gint32 g = h / group;
       const float *kb = sift_view_row (&t->k, g, 0), *vb = sift_view_row (&t->v, g, 0);
-      if (t->prefetch_shift > 0 && h % group == 0)
-        sq_prefetch_rows (kb, vb, t->k.token_stride, t->v.token_stride, d, t->idx, t->idx_start[n],
-                          t->prefetch_shift, t->k.n_tokens);
+      SqPrefetch pf = {
+        .k = (const char *) kb, .v = (const char *) vb,
+        .k_stride = t->k.token_stride * (gint64) sizeof (float),
+        .v_stride = t->v.token_stride * (gint64) sizeof (float),
+        .idx = t->idx, .n = t->prefetch_shift > 0 && h % group == 0 ? t->idx_start[n] : 0,
+        .shift = t->prefetch_shift, .limit = t->k.n_tokens, .row_bytes = d * (gint32) sizeof (float),
+      };
       if (band != NULL)
         {
           SqBand b = {
             .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
             .scale = t->scale, .panels = t->panels + g * t->panel_stride, .ring = t->ring,
             .v = vb, .v_stride = t->v.token_stride, .lo = t->lo, .hi = t->hi, .floor = t->floor,
+            .pf = &pf,
           };
           band (&b, st);
         }
@@ -481,6 +478,7 @@ sq_attend_tile (const SqTile *t)
             sq_accumulate (&st[r], sift_view_row (&t->q, h, r), d, t->scale, kb, vb, t->k.token_stride,
                            t->band_idx, (gsize) nb);
           }
+      sq_prefetch_rest (&pf);
       if (rows != NULL)
         {
           /* Every row's other keys, then its landmarks, side by side. */

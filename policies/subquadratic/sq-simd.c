@@ -10,22 +10,16 @@
 
 #include "sq-simd.h"
 
-void
-sq_prefetch_rows (const float *k, const float *v, gint64 k_stride, gint64 v_stride, gint32 d,
-                  const gint32 *idx, gsize n, gint64 shift, gint64 limit)
+static void
+mean_scalar (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  for (gsize x = 0; x < n; x++)
-    {
-      gint64 j = idx[x] + shift;
-      if (j >= limit)
-        continue;
-      const char *kr = (const char *) (k + j * k_stride), *vr = (const char *) (v + j * v_stride);
-      for (gint32 b = 0; b < d * (gint32) sizeof (float); b += 64)
-        {
-          __builtin_prefetch (kr + b, 0, 2);
-          __builtin_prefetch (vr + b, 0, 2);
-        }
-    }
+  memset (dst, 0, (gsize) d * sizeof (float));
+  for (gint64 t = 0; t < n; t++)
+    for (gint32 x = 0; x < d; x++)
+      dst[x] += src[t * stride + x];
+  float inv = 1.0f / (float) n;
+  for (gint32 x = 0; x < d; x++)
+    dst[x] *= inv;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -237,30 +231,44 @@ SQ_DEFINE_ACC (avx512, AVX512, 128, 8)
 
 /* ---- Band kernel (AVX-512) ----------------------------------------------- */
 
-/* e^x, 16 lanes: exp256 on each half. */
+/* e^x, 16 lanes, x <= 0 (the polynomial of exp256 in 512-bit registers,
+ * 2^n applied with scalef); lanes below -87 (and -inf) give exactly 0. */
 INLINE AVX512 __m512
 exp512 (__m512 x)
 {
-  __m256 lo = exp256 (_mm512_castps512_ps256 (x)), hi = exp256 (_mm512_extractf32x8_ps (x, 1));
-  return _mm512_insertf32x8 (_mm512_castps256_ps512 (lo), hi, 1);
+  __mmask16 live = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps (x, _mm512_set1_ps (-87.0f));
+  __m512 fx = _mm512_roundscale_ps (_mm512_fmadd_ps (x, _mm512_set1_ps (1.44269504088896341f), _mm512_set1_ps (0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps (fx, _mm512_set1_ps (0.693359375f), x);
+  x = _mm512_fnmadd_ps (fx, _mm512_set1_ps (-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps (1.9875691500e-4f);
+  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (1.3981999507e-3f));
+  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (8.3334519073e-3f));
+  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (4.1665795894e-2f));
+  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (1.6666665459e-1f));
+  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (5.0000001201e-1f));
+  y = _mm512_fmadd_ps (y, _mm512_mul_ps (x, x), _mm512_add_ps (x, _mm512_set1_ps (1.0f)));
+  return _mm512_maskz_scalef_ps (live, y, fx);
 }
 
 /* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
  * 16 scores are one vector: q . k for 8 rows x 16 keys is d steps of one
- * panel load and 8 broadcast FMAs, with no horizontal sums. Each row then
- * takes one online-softmax step per panel (max, one rescale, 16 exps), and
- * the weights meet each value row once for a group of rows. */
+ * panel load and 8 broadcast FMAs, with no horizontal sums. The band is
+ * taken in chunks of up to 16 panels (one chunk for window <= 232): all of
+ * a chunk's scores first, then one max per row, the chunk's exponentials
+ * against that max (so the running sums rescale at most once per chunk,
+ * not once per panel), then P . V for all rows at once, 32 floats of the
+ * head dimension at a time. */
 INLINE AVX512 void
 band_avx512 (const SqBand *b, SqState *st, int nv)
 {
-  enum { R = SQ_BAND_ROWS, L = 16 };
-  const int d = 16 * nv, G = nv <= 4 ? 4 : 2; /* PV: G rows' acc stay in registers */
+  enum { R = SQ_BAND_ROWS, L = 16, CH = 16 };
+  const int d = 16 * nv;
   const int n_rows = b->n_rows;
   float qs[R * 128] __attribute__ ((aligned (64)));
-  float pbuf[R][L] __attribute__ ((aligned (64)));
-  float m[R], rf[R];
-  __m512 l[R];
-  memset (pbuf, 0, sizeof pbuf);
+  float sb[R][CH * L] __attribute__ ((aligned (64))); /* scores, then weights */
+  float m[R], l[R], rf[R];
   for (int r = 0; r < R; r++)
     {
 #pragma GCC unroll 8
@@ -272,88 +280,110 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
       if (r < n_rows)
         memset (st[r].acc, 0, (gsize) d * sizeof (float));
       m[r] = -INFINITY;
-      l[r] = _mm512_setzero_ps ();
+      l[r] = 0.0f;
     }
   const gint64 j_lo = MAX (b->lo, b->floor), j_hi = b->hi + n_rows - 1; /* keys any row sees */
-  for (gint64 p = j_lo / L; p * L <= j_hi; p++)
+  const gint64 p_last = j_hi / L;
+  for (gint64 pc = j_lo / L; pc <= p_last; pc += CH)
     {
-      const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
-      const gint64 j0 = p * L;
-      __m512 s[R];
+      const int np = (int) MIN (CH, p_last - pc + 1);
+      __m512 mx[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++)
-        s[r] = _mm512_setzero_ps ();
-#pragma GCC unroll 4
-      for (int x = 0; x < d; x++)
+        mx[r] = _mm512_set1_ps (-INFINITY);
+      for (int q = 0; q < np; q++)
         {
-          __m512 kx = _mm512_load_ps (panel + x * L);
+          const gint64 p = pc + q, j0 = p * L;
+          const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
+          __m512 s[R];
 #pragma GCC unroll 8
           for (int r = 0; r < R; r++)
-            s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
-        }
-      __mmask16 any = 0;
-      for (int r = 0; r < n_rows; r++)
-        {
-          /* Row r sees keys [lo + r, hi + r]. */
-          gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
-          __mmask16 k = (__mmask16) (a < z ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
-          rf[r] = 1.0f;
-          if (k == 0)
+            s[r] = _mm512_setzero_ps ();
+#pragma GCC unroll 4
+          for (int x = 0; x < d; x++)
             {
-              _mm512_store_ps (pbuf[r], _mm512_setzero_ps ());
+              __m512 kx = _mm512_load_ps (panel + x * L);
+              /* Spread the next tile's far rows over the FMAs, one line a step. */
+              if (b->pf != NULL)
+                sq_prefetch_step (b->pf);
+#pragma GCC unroll 8
+              for (int r = 0; r < R; r++)
+                s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
+            }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            {
+              /* Row r sees keys [lo + r, hi + r]; the rest score -inf. */
+              gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
+              __mmask16 k = (__mmask16) (a < z && r < n_rows ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
+              __m512 sv = _mm512_mask_blend_ps (k, _mm512_set1_ps (-INFINITY), s[r]);
+              mx[r] = _mm512_max_ps (mx[r], sv);
+              _mm512_store_ps (&sb[r][q * L], sv);
+            }
+        }
+      for (int r = 0; r < R; r++)
+        {
+          if (r >= n_rows)
+            {
+              /* Padding rows weigh nothing (their accumulators are never stored). */
+              for (int q = 0; q < np; q++)
+                _mm512_store_ps (&sb[r][q * L], _mm512_setzero_ps ());
               continue;
             }
-          any |= k;
-          float mx = _mm512_mask_reduce_max_ps (k, s[r]);
-          if (mx > m[r])
+          float mn = MAX (m[r], _mm512_reduce_max_ps (mx[r]));
+          /* What was summed shrinks by e^(m_old - m_new); a row with no key yet has nothing to shrink. */
+          rf[r] = mn > m[r] ? expf (m[r] - mn) : 1.0f;
+          l[r] *= rf[r];
+          m[r] = mn;
+          __m512 base = _mm512_set1_ps (mn == -INFINITY ? 0.0f : mn), ls = _mm512_setzero_ps ();
+          for (int q = 0; q < np; q++)
             {
-              rf[r] = expf (m[r] - mx); /* what was summed shrinks by e^(m_old - m_new) */
-              l[r] = _mm512_mul_ps (l[r], _mm512_set1_ps (rf[r]));
-              m[r] = mx;
+              __m512 w = exp512 (_mm512_sub_ps (_mm512_load_ps (&sb[r][q * L]), base));
+              ls = _mm512_add_ps (ls, w);
+              _mm512_store_ps (&sb[r][q * L], w);
             }
-          __m512 pw = _mm512_maskz_mov_ps (k, exp512 (_mm512_sub_ps (s[r], _mm512_set1_ps (m[r]))));
-          l[r] = _mm512_add_ps (l[r], pw);
-          _mm512_store_ps (pbuf[r], pw);
+          l[r] += _mm512_reduce_add_ps (ls);
         }
-      for (int r0 = 0; r0 < n_rows; r0 += G)
+      const gint64 c_lo = MAX (j_lo, pc * L), c_hi = MIN (j_hi, (pc + np) * L - 1);
+      /* Two vectors of d at a time for all R rows: 2R accumulators stay in
+       * registers and each line of a value row is read once per head. */
+      for (int jv = 0; jv < nv; jv += 2)
         {
-          __m512 acc[4][8];
-#pragma GCC unroll 4
-          for (int g = 0; g < G; g++)
+          __m512 acc[R][2];
 #pragma GCC unroll 8
-            for (int j = 0; j < nv; j++)
-              acc[g][j] = r0 + g < n_rows
-                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r0 + g].acc + 16 * j), _mm512_set1_ps (rf[r0 + g]))
+          for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; j++)
+              acc[r][j] = r < n_rows
+                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
                             : _mm512_setzero_ps ();
-          for (unsigned bits = any; bits != 0; bits &= bits - 1)
+          for (gint64 jk = c_lo; jk <= c_hi; jk++)
             {
-              int c = __builtin_ctz (bits);
-              const float *v = b->v + (j0 + c) * b->v_stride;
-              __m512 vz[8];
+              const float *v = b->v + jk * b->v_stride + 16 * jv;
+              const gint64 c = jk - pc * L;
+              __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
 #pragma GCC unroll 8
-              for (int j = 0; j < nv; j++)
-                vz[j] = _mm512_loadu_ps (v + 16 * j);
-#pragma GCC unroll 4
-              for (int g = 0; g < G; g++)
+              for (int r = 0; r < R; r++)
                 {
-                  __m512 w = _mm512_set1_ps (pbuf[(r0 + g) % R][c]);
-#pragma GCC unroll 8
-                  for (int j = 0; j < nv; j++)
-                    acc[g][j] = _mm512_fmadd_ps (w, vz[j], acc[g][j]);
+                  __m512 w = _mm512_set1_ps (sb[r][c]);
+                  acc[r][0] = _mm512_fmadd_ps (w, v0, acc[r][0]);
+                  acc[r][1] = _mm512_fmadd_ps (w, v1, acc[r][1]);
                 }
             }
-#pragma GCC unroll 4
-          for (int g = 0; g < G; g++)
-            if (r0 + g < n_rows)
 #pragma GCC unroll 8
-              for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps (st[r0 + g].acc + 16 * j, acc[g][j]);
+          for (int r = 0; r < R; r++)
+            if (r < n_rows)
+#pragma GCC unroll 2
+              for (int j = 0; j < 2; j++)
+                _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
         }
     }
+  if (b->pf != NULL)
+    sq_prefetch_rest (b->pf);
   for (int r = 0; r < n_rows; r++)
     {
       st[r].m = m[r];
-      st[r].l = _mm512_reduce_add_ps (l[r]);
+      st[r].l = l[r];
     }
 }
 
@@ -493,11 +523,29 @@ pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
     }
 }
 
+/* Up to 128 floats of the rows at a time, the sums held in registers. */
 static AVX512 void
-add_avx512 (float *dst, const float *src, gint32 d)
+mean_avx512 (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  for (gint32 x = 0; x < d; x += 16)
-    _mm512_storeu_ps (dst + x, _mm512_add_ps (_mm512_loadu_ps (dst + x), _mm512_loadu_ps (src + x)));
+  const __m512 inv = _mm512_set1_ps (1.0f / (float) n);
+  for (gint32 x0 = 0; x0 < d; x0 += 128)
+    {
+      const int nv = MIN (8, (d - x0) / 16);
+      __m512 acc[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++)
+        acc[j] = _mm512_setzero_ps ();
+      for (gint64 t = 0; t < n; t++)
+        {
+          const float *row = src + t * stride + x0;
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; j++)
+            if (j < nv)
+              acc[j] = _mm512_add_ps (acc[j], _mm512_loadu_ps (row + 16 * j));
+        }
+      for (int j = 0; j < nv; j++)
+        _mm512_storeu_ps (dst + x0 + 16 * j, _mm512_mul_ps (acc[j], inv));
+    }
 }
 
 static AVX512 void
@@ -536,15 +584,14 @@ sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels
 }
 
 void
-sq_add_row (float *dst, const float *src, gint32 d)
+sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
   if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
     {
-      add_avx512 (dst, src, d);
+      mean_avx512 (dst, src, stride, n, d);
       return;
     }
-  for (gint32 x = 0; x < d; x++)
-    dst[x] += src[x];
+  mean_scalar (dst, src, stride, n, d);
 }
 
 /* The core's choice (SIFT_ISA, sift_isa_force) when the core has SIMD
@@ -651,10 +698,9 @@ sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels
 }
 
 void
-sq_add_row (float *dst, const float *src, gint32 d)
+sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  for (gint32 x = 0; x < d; x++)
-    dst[x] += src[x];
+  mean_scalar (dst, src, stride, n, d);
 }
 
 void
