@@ -29,6 +29,19 @@ mean_scalar (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 #define AVX512 __attribute__ ((target ("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 #define INLINE static inline __attribute__ ((always_inline))
 
+/* Cephes' polynomial for e^r, r = x - fx ln 2 (relative error about 1e-7),
+ * for the vector width of the prefix `P` (_mm256 or _mm512) and type `T`. */
+#define SQ_EXP_POLY(P, T, x, fx, y)                                               \
+  x = P##_fnmadd_ps (fx, P##_set1_ps (0.693359375f), x);                          \
+  x = P##_fnmadd_ps (fx, P##_set1_ps (-2.12194440e-4f), x);                       \
+  T y = P##_set1_ps (1.9875691500e-4f);                                           \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (1.3981999507e-3f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (8.3334519073e-3f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (4.1665795894e-2f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (1.6666665459e-1f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (5.0000001201e-1f));                        \
+  y = P##_fmadd_ps (y, P##_mul_ps (x, x), P##_add_ps (x, P##_set1_ps (1.0f)))
+
 /* e^x for x <= 0 (Cephes' polynomial: relative error about 1e-7). Lanes
  * below -87 come out as a tiny positive number; callers mask padding. */
 INLINE AVX2 __m256
@@ -37,15 +50,7 @@ exp256 (__m256 x)
   x = _mm256_max_ps (x, _mm256_set1_ps (-87.0f));
   __m256 fx = _mm256_floor_ps (_mm256_fmadd_ps (x, _mm256_set1_ps (1.44269504088896341f),
                                                 _mm256_set1_ps (0.5f)));
-  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (0.693359375f), x);
-  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps (1.9875691500e-4f);
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.3981999507e-3f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (8.3334519073e-3f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (4.1665795894e-2f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.6666665459e-1f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (5.0000001201e-1f));
-  y = _mm256_fmadd_ps (y, _mm256_mul_ps (x, x), _mm256_add_ps (x, _mm256_set1_ps (1.0f)));
+  SQ_EXP_POLY (_mm256, __m256, x, fx, y);
   __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (fx), _mm256_set1_epi32 (127)), 23);
   return _mm256_mul_ps (y, _mm256_castsi256_ps (e));
 }
@@ -240,15 +245,7 @@ exp512 (__m512 x)
   x = _mm512_max_ps (x, _mm512_set1_ps (-87.0f));
   __m512 fx = _mm512_roundscale_ps (_mm512_fmadd_ps (x, _mm512_set1_ps (1.44269504088896341f), _mm512_set1_ps (0.5f)),
                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps (fx, _mm512_set1_ps (0.693359375f), x);
-  x = _mm512_fnmadd_ps (fx, _mm512_set1_ps (-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps (1.9875691500e-4f);
-  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (1.3981999507e-3f));
-  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (8.3334519073e-3f));
-  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (4.1665795894e-2f));
-  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (1.6666665459e-1f));
-  y = _mm512_fmadd_ps (y, x, _mm512_set1_ps (5.0000001201e-1f));
-  y = _mm512_fmadd_ps (y, _mm512_mul_ps (x, x), _mm512_add_ps (x, _mm512_set1_ps (1.0f)));
+  SQ_EXP_POLY (_mm512, __m512, x, fx, y);
   return _mm512_maskz_scalef_ps (live, y, fx);
 }
 
