@@ -249,6 +249,61 @@ exp512 (__m512 x)
   return _mm512_maskz_scalef_ps (live, y, fx);
 }
 
+/* Scores of np (1 or 2) panels from p on for all rows, -inf where a row
+ * does not see the key, into sb (row r at sb + r * SQ_BAND_SB); mx takes
+ * the running maxima. Two panels a step: 2 loads and 8 broadcasts feed 16
+ * FMAs. */
+enum { SQ_BAND_CH = 16, SQ_BAND_SB = SQ_BAND_CH * 16 };
+
+INLINE AVX512 void
+band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *sb, __m512 *mx)
+{
+  enum { R = SQ_BAND_ROWS, L = 16 };
+  const int d = 16 * nv;
+  const float *panel[2];
+  __m512 s[2][R];
+#pragma GCC unroll 2
+  for (int u = 0; u < np; u++)
+    {
+      panel[u] = b->panels + (b->ring > 0 ? (p + u) % b->ring : p + u) * d * L;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        s[u][r] = _mm512_setzero_ps ();
+    }
+#pragma GCC unroll 2
+  for (int x = 0; x < d; x++)
+    {
+      /* Spread the next tile's far rows over the FMAs, one line a step. */
+      if (b->pf != NULL)
+        sq_prefetch_step (b->pf);
+      __m512 kx[2];
+#pragma GCC unroll 2
+      for (int u = 0; u < np; u++)
+        kx[u] = _mm512_load_ps (panel[u] + x * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        {
+          __m512 qb = _mm512_set1_ps (qs[r * d + x]);
+#pragma GCC unroll 2
+          for (int u = 0; u < np; u++)
+            s[u][r] = _mm512_fmadd_ps (kx[u], qb, s[u][r]);
+        }
+    }
+#pragma GCC unroll 2
+  for (int u = 0; u < np; u++)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+      {
+        /* Row r sees keys [lo + r, hi + r]; the rest score -inf. */
+        const gint64 j0 = (p + u) * L;
+        gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
+        __mmask16 k = (__mmask16) (a < z && r < b->n_rows ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
+        __m512 sv = _mm512_mask_blend_ps (k, _mm512_set1_ps (-INFINITY), s[u][r]);
+        mx[r] = _mm512_max_ps (mx[r], sv);
+        _mm512_store_ps (sb + r * SQ_BAND_SB + u * L, sv);
+      }
+}
+
 /* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
  * 16 scores are one vector: q . k for 8 rows x 16 keys is d steps of one
  * panel load and 8 broadcast FMAs, with no horizontal sums. The band is
@@ -260,7 +315,7 @@ exp512 (__m512 x)
 INLINE AVX512 void
 band_avx512 (const SqBand *b, SqState *st, int nv)
 {
-  enum { R = SQ_BAND_ROWS, L = 16, CH = 16 };
+  enum { R = SQ_BAND_ROWS, L = 16, CH = SQ_BAND_CH };
   const int d = 16 * nv;
   const int n_rows = b->n_rows;
   float qs[R * 128] __attribute__ ((aligned (64)));
@@ -288,36 +343,11 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++)
         mx[r] = _mm512_set1_ps (-INFINITY);
-      for (int q = 0; q < np; q++)
-        {
-          const gint64 p = pc + q, j0 = p * L;
-          const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
-          __m512 s[R];
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-            s[r] = _mm512_setzero_ps ();
-#pragma GCC unroll 4
-          for (int x = 0; x < d; x++)
-            {
-              __m512 kx = _mm512_load_ps (panel + x * L);
-              /* Spread the next tile's far rows over the FMAs, one line a step. */
-              if (b->pf != NULL)
-                sq_prefetch_step (b->pf);
-#pragma GCC unroll 8
-              for (int r = 0; r < R; r++)
-                s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
-            }
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-            {
-              /* Row r sees keys [lo + r, hi + r]; the rest score -inf. */
-              gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
-              __mmask16 k = (__mmask16) (a < z && r < n_rows ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
-              __m512 sv = _mm512_mask_blend_ps (k, _mm512_set1_ps (-INFINITY), s[r]);
-              mx[r] = _mm512_max_ps (mx[r], sv);
-              _mm512_store_ps (&sb[r][q * L], sv);
-            }
-        }
+      int q = 0;
+      for (; q + 2 <= np; q += 2)
+        band_scores (b, qs, nv, pc + q, 2, sb[0] + q * L, mx);
+      if (q < np)
+        band_scores (b, qs, nv, pc + q, 1, sb[0] + q * L, mx);
       for (int r = 0; r < R; r++)
         {
           if (r >= n_rows)
