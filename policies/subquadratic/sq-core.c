@@ -106,8 +106,11 @@ sq_max_landmark_candidates (const SqConfig *c, gint64 seq)
   return (gsize) (3 + (c->log_stride ? 2 * n_strides (n_blocks) : 0));
 }
 
-gsize
-sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out)
+/* sq_token_candidates, or with `window` FALSE only those outside the
+ * window (what the band kernel leaves to the other paths), in the same
+ * relative order. */
+static gsize
+token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out, gboolean window)
 {
   g_assert (i >= 0 && i < seq && stamp->capacity >= seq);
   gsize n = 0;
@@ -115,7 +118,7 @@ sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gi
   gint64 hi = c->causal ? i : MIN (i + c->window, seq - 1);
 
   /* The window is one range: it needs no marks, the others test against it. */
-  for (gint64 j = lo; j <= hi; j++)
+  for (gint64 j = lo; window && j <= hi; j++)
     out[n++] = j;
   for (gsize x = 0; x < c->n_globals; x++)
     {
@@ -134,6 +137,12 @@ sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gi
   if (c->sort_candidates)
     qsort (out, n, sizeof (gint64), cmp_gint64);
   return n;
+}
+
+gsize
+sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out)
+{
+  return token_candidates (c, i, seq, stamp, out, TRUE);
 }
 
 gsize
@@ -421,14 +430,15 @@ worker_free (Worker *w)
   g_free (w->row_start);
 }
 
-/* Candidates of row i into w->idx (n_tok) and w->lidx (n_blk) at the given offsets. */
+/* Candidates of row i into w->idx (n_tok) and w->lidx (n_blk) at the given
+ * offsets; with `window` FALSE only the tokens outside the window. */
 static void
 row_candidates (const Forward *f, Worker *w, gint64 i, gsize tok_at, gsize blk_at, gsize *n_tok,
-                gsize *n_blk)
+                gsize *n_blk, gboolean window)
 {
   sq_stamp_next (&w->ts, f->seq);
   sq_stamp_next (&w->bs, MAX (f->n_blocks, 1));
-  *n_tok = sq_token_candidates (f->c, i, f->seq, &w->ts, w->tok + tok_at);
+  *n_tok = token_candidates (f->c, i, f->seq, &w->ts, w->tok + tok_at, window);
   *n_blk = sq_landmark_candidates (f->c, i, f->seq, &w->bs, w->blk + blk_at);
   for (gsize x = 0; x < *n_tok; x++)
     w->idx[tok_at + x] = (gint32) w->tok[tok_at + x];
@@ -541,7 +551,7 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
       for (gint64 i = begin; i < end; i++)
         {
           gsize n_tok, n_blk;
-          row_candidates (f, w, i, 0, 0, &n_tok, &n_blk);
+          row_candidates (f, w, i, 0, 0, &n_tok, &n_blk, TRUE);
           for (gint32 h = 0; h < f->q->n_heads; h++)
             {
               gint32 g = h / group;
@@ -569,8 +579,8 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         {
           gsize n_tok, n_blk, kept = 0;
           gint64 i = t0 + r;
-          row_candidates (f, w, i, tok_start[r], blk_start[r], &n_tok, &n_blk);
-          /* The window [i - window, i] is the band's; keep the rest. */
+          row_candidates (f, w, i, tok_start[r], blk_start[r], &n_tok, &n_blk, FALSE);
+          /* The window [i - window, i] is the band's; the rest is what remains. */
           for (gsize x = 0; x < n_tok; x++)
             if (w->idx[tok_start[r] + x] < i - f->c->window)
               w->idx[tok_start[r] + kept++] = w->idx[tok_start[r] + x];
@@ -645,7 +655,7 @@ forward_tile (gint64 begin, gint64 end, gint worker, gpointer user_data)
       for (gint64 r = 0; r < nr; r++)
         {
           gsize n_tok, n_blk;
-          row_candidates (f, w, r0 + r, tok_start[r], blk_start[r], &n_tok, &n_blk);
+          row_candidates (f, w, r0 + r, tok_start[r], blk_start[r], &n_tok, &n_blk, TRUE);
           tok_start[r + 1] = tok_start[r] + n_tok;
           blk_start[r + 1] = blk_start[r] + n_blk;
         }
