@@ -535,6 +535,58 @@ SQ_DEFINE_TILE (rows_avx512, SqRows, 32, 2)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 64, 4)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
 
+/* 16 keys x 16 dimensions transposed in registers: two in-lane shuffle
+ * rounds give each 128-bit lane four keys of one dimension, two rounds of
+ * lane shuffles put the four lanes of a dimension together. Keys at or
+ * past n read as zeros. */
+static AVX512 void
+pack_transpose_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+{
+  for (gint64 p = 0; p * 16 < n; p++)
+    {
+      const float *base = k + p * 16 * stride;
+      for (gint32 x0 = 0; x0 < d; x0 += 16)
+        {
+          __m512 r[16], t[16];
+#pragma GCC unroll 16
+          for (int c = 0; c < 16; c++)
+            r[c] = _mm512_maskz_loadu_ps (p * 16 + c < n ? 0xffff : 0, base + c * stride + x0);
+#pragma GCC unroll 8
+          for (int i = 0; i < 8; i++)
+            {
+              t[2 * i] = _mm512_unpacklo_ps (r[2 * i], r[2 * i + 1]);
+              t[2 * i + 1] = _mm512_unpackhi_ps (r[2 * i], r[2 * i + 1]);
+            }
+#pragma GCC unroll 4
+          for (int b = 0; b < 4; b++)
+            {
+              r[4 * b] = _mm512_shuffle_ps (t[4 * b], t[4 * b + 2], 0x44);
+              r[4 * b + 1] = _mm512_shuffle_ps (t[4 * b], t[4 * b + 2], 0xee);
+              r[4 * b + 2] = _mm512_shuffle_ps (t[4 * b + 1], t[4 * b + 3], 0x44);
+              r[4 * b + 3] = _mm512_shuffle_ps (t[4 * b + 1], t[4 * b + 3], 0xee);
+            }
+          /* r[4b + j], lane L: keys 4b..4b+3 of dimension 4L + j. */
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; j++)
+            {
+              t[j] = _mm512_shuffle_f32x4 (r[j], r[4 + j], 0x88);
+              t[4 + j] = _mm512_shuffle_f32x4 (r[j], r[4 + j], 0xdd);
+              t[8 + j] = _mm512_shuffle_f32x4 (r[8 + j], r[12 + j], 0x88);
+              t[12 + j] = _mm512_shuffle_f32x4 (r[8 + j], r[12 + j], 0xdd);
+            }
+          float *out = panels + (p * d + x0) * 16;
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; j++)
+            {
+              _mm512_store_ps (out + (0 + j) * 16, _mm512_shuffle_f32x4 (t[j], t[8 + j], 0x88));
+              _mm512_store_ps (out + (4 + j) * 16, _mm512_shuffle_f32x4 (t[4 + j], t[12 + j], 0x88));
+              _mm512_store_ps (out + (8 + j) * 16, _mm512_shuffle_f32x4 (t[j], t[8 + j], 0xdd));
+              _mm512_store_ps (out + (12 + j) * 16, _mm512_shuffle_f32x4 (t[4 + j], t[12 + j], 0xdd));
+            }
+        }
+    }
+}
+
 static AVX512 void
 pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
@@ -599,6 +651,11 @@ sq_scale_row (float *dst, const float *src, float s, gint32 d)
 void
 sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
+  if (plugin_isa () >= SIFT_ISA_AVX512 && d % 16 == 0)
+    {
+      pack_transpose_avx512 (k, stride, n, d, panels);
+      return;
+    }
   if (plugin_isa () >= SIFT_ISA_AVX512 && stride * 16 <= G_MAXINT32)
     {
       pack_avx512 (k, stride, n, d, panels);
