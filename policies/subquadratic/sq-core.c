@@ -467,6 +467,7 @@ sq_attend_tile (const SqTile *t)
         .v_stride = t->v.token_stride * (gint64) sizeof (float),
         .idx = t->idx, .n = t->prefetch_shift > 0 && h % group == 0 ? t->idx_start[n] : 0,
         .shift = t->prefetch_shift, .limit = t->k.n_tokens, .row_bytes = d * (gint32) sizeof (float),
+        .next_lo = t->hi + n, .next_n = t->prefetch_shift > 0 && h % group == 0 ? t->prefetch_shift : 0,
       };
       if (band != NULL)
         {

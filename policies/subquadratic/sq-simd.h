@@ -8,7 +8,8 @@
 
 /* Rows to ask into the L2 cache while a kernel computes: key and value
  * rows idx[x] + shift (x < n, rows below `limit` only) of one head, far
- * behind the window, that the next tile reads. A kernel takes one step
+ * behind the window, that the next tile reads, and the rows the next tile
+ * adds to its window. A kernel takes one step
  * (the next 64 bytes of one key and one value row) at a time between its
  * FMAs; sq_prefetch_rest takes what is left. */
 typedef struct {
@@ -17,6 +18,7 @@ typedef struct {
   const gint32 *idx;
   gsize n;
   gint64 shift, limit;
+  gint64 next_lo, next_n;    /* then rows [next_lo, next_lo + next_n): the next tile's newest keys */
   gint32 row_bytes;
   gsize x;                   /* progress: row x, byte b */
   gint32 b;
@@ -25,9 +27,9 @@ typedef struct {
 static inline void
 sq_prefetch_step (SqPrefetch *p)
 {
-  if (p->x >= p->n)
+  if (p->x >= p->n + (gsize) p->next_n)
     return;
-  gint64 j = p->idx[p->x] + p->shift;
+  gint64 j = p->x < p->n ? p->idx[p->x] + p->shift : p->next_lo + (gint64) (p->x - p->n);
   if (j < p->limit)
     {
       __builtin_prefetch (p->k + j * p->k_stride + p->b, 0, 2);
@@ -44,7 +46,7 @@ sq_prefetch_step (SqPrefetch *p)
 static inline void
 sq_prefetch_rest (SqPrefetch *p)
 {
-  while (p->x < p->n)
+  while (p->x < p->n + (gsize) p->next_n)
     sq_prefetch_step (p);
 }
 
