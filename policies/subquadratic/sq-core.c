@@ -469,6 +469,13 @@ sq_attend_tile (const SqTile *t)
         .shift = t->prefetch_shift, .limit = t->k.n_tokens, .row_bytes = d * (gint32) sizeof (float),
         .next_lo = t->hi + n, .next_n = t->prefetch_shift > 0 && h % group == 0 ? t->prefetch_shift : 0,
       };
+      /* The next tile's query and output rows of this head. */
+      for (gint64 r = n; r < n + t->prefetch_shift && t->hi + r < t->k.n_tokens; r++)
+        for (gint32 x = 0; x < d; x += 16)
+          {
+            __builtin_prefetch ((const float *) sift_view_row (&t->q, h, r) + x, 0, 2);
+            __builtin_prefetch ((float *) sift_view_row (&t->out, h, r) + x, 1, 2);
+          }
       if (band != NULL)
         {
           SqBand b = {
