@@ -467,11 +467,6 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
               if ((int) c0 + c < nr[r])
                 {
                   const float *k = b->k[r * b->max + c0 + c];
-                  const char *vnext = (const char *) b->v[r * b->max + c0 + c];
-                  /* The value row is wanted right after this batch's scores; these
-                   * rows are far behind the window and rarely cached. */
-                  for (int line = 0; line < d * 4; line += 64)
-                    _mm_prefetch (vnext + line, _MM_HINT_T0);
                   __m512 z = _mm512_mul_ps (_mm512_load_ps (qs + r * d), _mm512_loadu_ps (k));
 #pragma GCC unroll 8
                   for (int j = 1; j < nv; j++)
