@@ -1,5 +1,6 @@
 /* Attention: argument checks, ISA dispatch, LSE merge. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,7 +10,9 @@
 
 static SiftIsa detected_isa = SIFT_ISA_SCALAR;
 static SiftIsa active_isa = SIFT_ISA_SCALAR;
-static gsize isa_once = 0;
+/* pthread_once rather than g_once: ThreadSanitizer sees pthread's ordering,
+ * not GLib's futex-based one, and pool workers reach this first. */
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 static SiftIsa
 cpu_isa (void)
@@ -32,27 +35,27 @@ cpu_isa (void)
 }
 
 static void
+isa_detect_once (void)
+{
+  detected_isa = cpu_isa ();
+  active_isa = detected_isa;
+  const char *env = g_getenv ("SIFT_ISA");
+  if (env == NULL)
+    return;
+  if (g_str_equal (env, "scalar"))
+    active_isa = SIFT_ISA_SCALAR;
+  else if (g_str_equal (env, "avx2") && detected_isa >= SIFT_ISA_AVX2)
+    active_isa = SIFT_ISA_AVX2;
+  else if (g_str_equal (env, "avx512") && detected_isa >= SIFT_ISA_AVX512)
+    active_isa = SIFT_ISA_AVX512;
+  else
+    g_warning ("SIFT_ISA=%s is unknown or unsupported by this CPU; using %s", env, sift_isa_name (detected_isa));
+}
+
+static void
 isa_init (void)
 {
-  if (g_once_init_enter (&isa_once))
-    {
-      detected_isa = cpu_isa ();
-      active_isa = detected_isa;
-      const char *env = g_getenv ("SIFT_ISA");
-      if (env != NULL)
-        {
-          if (g_str_equal (env, "scalar"))
-            active_isa = SIFT_ISA_SCALAR;
-          else if (g_str_equal (env, "avx2") && detected_isa >= SIFT_ISA_AVX2)
-            active_isa = SIFT_ISA_AVX2;
-          else if (g_str_equal (env, "avx512") && detected_isa >= SIFT_ISA_AVX512)
-            active_isa = SIFT_ISA_AVX512;
-          else
-            g_warning ("SIFT_ISA=%s is unknown or unsupported by this CPU; using %s", env,
-                       sift_isa_name (detected_isa));
-        }
-      g_once_init_leave (&isa_once, 1);
-    }
+  pthread_once (&isa_once, isa_detect_once);
 }
 
 SiftIsa

@@ -83,3 +83,12 @@ extern const EnumValue sift_config_dtype_values[];
 
 /* Sets every default (the values documented in config.h). */
 void sift_config_init_defaults (Config *c);
+
+/* Bytes a run keeps in memory at once (core/config-memory.c). */
+typedef struct {
+  double engine;  /* compute-side buffers, model source */
+  double store;   /* the host store's KV for the longest context (0: file store) */
+  double machine; /* physical memory (0: unknown) */
+} SiftConfigMemory;
+
+void sift_config_memory_estimate (const SiftConfig *config, gint64 longest, SiftConfigMemory *out);

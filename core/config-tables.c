@@ -32,16 +32,18 @@ static const EnumValue needles[] = {
 
 static const Key synthetic_keys[] = {
   { "sink_tokens", KEY_INT, OFF (pub.synthetic.sink_tokens), 0, 0, 1 << 20, NULL, NULL, "4; first tokens every query attends to (0: off)" },
-  { "sink_strength", KEY_FLOAT, OFF (pub.synthetic.sink_strength), 0, 0, 1e3, NULL, NULL, "4.0; logit boost of sink keys" },
-  { "locality", KEY_FLOAT, OFF (pub.synthetic.locality), 0, 0, 1e3, NULL, NULL, "1.0; strength of the recency bias (0: off)" },
+  { "sink_strength", KEY_FLOAT, OFF (pub.synthetic.sink_strength), 0, 0, 1e3, NULL, NULL, "11.5; logit boost of sink keys" },
+  { "locality", KEY_FLOAT, OFF (pub.synthetic.locality), 0, 0, 1e3, NULL, NULL, "2.0; strength of the rotary recency bias (0: off)" },
   { "locality_scale", KEY_FLOAT, OFF (pub.synthetic.locality_scale), 0, 1e-3, 1e9, NULL, NULL, "64.0; tokens over which recency decays" },
   { "heavy_hitters", KEY_INT, OFF (pub.synthetic.heavy_hitters), 0, 0, 1 << 20, NULL, NULL, "8; columns that attract attention everywhere (0: off)" },
-  { "heavy_hitter_strength", KEY_FLOAT, OFF (pub.synthetic.heavy_hitter_strength), 0, 0, 1e3, NULL, NULL, "2.0; logit boost of heavy-hitter keys" },
+  { "heavy_hitter_strength", KEY_FLOAT, OFF (pub.synthetic.heavy_hitter_strength), 0, 0, 1e3, NULL, NULL, "9.5; logit boost of heavy-hitter keys" },
   { "rope_dims", KEY_INT, OFF (pub.synthetic.rope_dims), 0, 0, 4096, NULL, NULL, "32; dims with rotary embedding (even, <= head_dim; 0: none)" },
   { "rope_base", KEY_FLOAT, OFF (pub.synthetic.rope_base), 0, 1.0, 1e12, NULL, NULL, "10000.0; rotary base" },
   { "retrieval_heads", KEY_FLOAT, OFF (pub.synthetic.retrieval_heads), 0, 0, 1, NULL, NULL, "0.25; fraction of heads whose question attends to the needle" },
-  { "needle_strength", KEY_FLOAT, OFF (pub.synthetic.needle_strength), 0, 0, 1e3, NULL, NULL, "8.0; logit of question . needle key in retrieval heads" },
-  { "noise", KEY_FLOAT, OFF (pub.synthetic.noise), 0, 0, 1e3, NULL, NULL, "1.0; scale of the random part of q and k" },
+  { "needle_strength", KEY_FLOAT, OFF (pub.synthetic.needle_strength), 0, 0, 1e3, NULL, NULL, "16.0; logit of question . needle key in retrieval heads" },
+  { "noise", KEY_FLOAT, OFF (pub.synthetic.noise), 0, 0, 1e3, NULL, NULL, "0.8; scale of the random part of q and k" },
+  { "drift", KEY_FLOAT, OFF (pub.synthetic.drift), 0, 0, 1e3, NULL, NULL, "6.0; logit of the drifting content q and k share at one position (0: off)" },
+  { "drift_scale", KEY_FLOAT, OFF (pub.synthetic.drift_scale), 0, 1, 1e9, NULL, NULL, "64.0; tokens over which the drifting content decorrelates" },
   { NULL },
 };
 
@@ -86,9 +88,9 @@ static const Key harness_keys[] = {
   { "depth_spacing", KEY_ENUM, OFF (pub.harness.depth_spacing), 0, NO_RANGE, spacings, NULL, "explicit; explicit | linear | sigmoid (depth_count over [0, 1])" },
   { "depth_count", KEY_INT, OFF (pub.harness.depth_count), 0, 1, 1000, NULL, NULL, "5; depths for linear/sigmoid spacing" },
   { "needle", KEY_ENUM, OFF (pub.harness.needle), 0, NO_RANGE, needles, NULL, "single; single | multikey | multivalue | multiquery" },
-  { "n_distractors", KEY_INT, OFF (pub.harness.n_distractors), 0, 0, 1000, NULL, NULL, "3; distractor needles (multikey)" },
-  { "n_values", KEY_INT, OFF (pub.harness.n_values), 0, 1, 1000, NULL, NULL, "3; values of the one key (multivalue)" },
-  { "n_queries", KEY_INT, OFF (pub.harness.n_queries), 0, 1, 1000, NULL, NULL, "2; needles asked for (multiquery)" },
+  { "n_distractors", KEY_INT, OFF (pub.harness.n_distractors), 0, 0, 64, NULL, NULL, "3; distractor needles (multikey)" },
+  { "n_values", KEY_INT, OFF (pub.harness.n_values), 0, 1, 64, NULL, NULL, "3; values of the one key (multivalue)" },
+  { "n_queries", KEY_INT, OFF (pub.harness.n_queries), 0, 1, 64, NULL, NULL, "2; needles asked for (multiquery)" },
   { "question_tokens", KEY_INT, OFF (pub.harness.question_tokens), 0, 1, 1 << 16, NULL, NULL, "4; last tokens of the prompt that ask" },
   { "decode_steps", KEY_INT, OFF (pub.harness.decode_steps), 0, 0, 1 << 24, NULL, NULL, "8; decode steps after prefill" },
   { "min_accuracy", KEY_FLOAT, OFF (pub.harness.min_accuracy), 0, 0, 1, NULL, NULL, "0.0; exit 1 below this fraction of cells passed" },
@@ -125,9 +127,9 @@ sift_config_init_defaults (Config *c)
   c->scale = 0.0;
   p->seed = 1;
   p->synthetic = (SiftSyntheticConfig) {
-    .sink_tokens = 4, .sink_strength = 4.0, .locality = 1.0, .locality_scale = 64.0,
-    .heavy_hitters = 8, .heavy_hitter_strength = 2.0, .rope_dims = 32, .rope_base = 10000.0,
-    .retrieval_heads = 0.25, .needle_strength = 8.0, .noise = 1.0,
+    .sink_tokens = 4, .sink_strength = 11.5, .locality = 2.0, .locality_scale = 64.0,
+    .heavy_hitters = 8, .heavy_hitter_strength = 9.5, .rope_dims = 32, .rope_base = 10000.0,
+    .retrieval_heads = 0.25, .needle_strength = 16.0, .noise = 0.8, .drift = 6.0, .drift_scale = 64.0,
   };
   p->store_dtype = SIFT_DTYPE_F16;
   p->compute_dtype = SIFT_DTYPE_F32;

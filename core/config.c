@@ -45,12 +45,27 @@ located (const Origin *at, const char *fallback, const char *message)
       gsize len = end ? (gsize) (end - line) : strlen (line);
       if (len > 0 && line[len - 1] == '\r')
         len--;
-      g_string_append_c (s, '\n');
-      g_string_append_len (s, line, (gssize) len);
-      g_string_append_c (s, '\n');
+      end = line + len;
+      /* A long line shows SHOWN characters either side of the column
+       * (next_char may step past the end over bytes that are not UTF-8). */
+      enum { SHOWN = 80 };
+      const char *at_char = line;
+      for (gint col = 1; col < at->col && at_char < end; col++)
+        at_char = MIN (g_utf8_next_char (at_char), end);
+      const char *from = at_char, *to = at_char;
+      for (gint i = 0; i < SHOWN && from > line; i++)
+        {
+          const char *prev = g_utf8_find_prev_char (line, from);
+          from = prev != NULL ? prev : line;
+        }
+      for (gint i = 0; i < SHOWN && to < end; i++)
+        to = MIN (g_utf8_next_char (to), end);
+      const char *lead = from > line ? "..." : "";
+      g_string_append_printf (s, "\n%s", lead);
+      g_string_append_len (s, from, (gssize) (to - from));
+      g_string_append_printf (s, "%s\n%s", to < end ? "..." : "", from > line ? "   " : "");
       /* The caret keeps the line's tabs and counts UTF-8 characters as one. */
-      const char *c = line;
-      for (gint col = 1; col < at->col && c < line + len; col++, c = g_utf8_next_char (c))
+      for (const char *c = from; c < at_char; c = g_utf8_next_char (c))
         g_string_append_c (s, *c == '\t' ? '\t' : ' ');
       g_string_append_c (s, '^');
     }
@@ -142,17 +157,19 @@ origin_at (const Config *cfg, gsize offset)
   return g_hash_table_lookup (cfg->origins, GSIZE_TO_POINTER (offset + 1));
 }
 
-/* The most recent of several fields' origins: the write that made a
- * combination impossible. */
+/* The most recent write among several fields (NULL: all defaults): the
+ * write that made a combination impossible. */
 static const Origin *
-latest (const Config *cfg, gsize a, gsize b)
+latest_of (const Config *cfg, const gsize *offsets, gsize n)
 {
-  const Origin *x = origin_at (cfg, a), *y = origin_at (cfg, b);
-  if (x == NULL)
-    return y;
-  if (y == NULL)
-    return x;
-  return x->seq >= y->seq ? x : y;
+  const Origin *best = NULL;
+  for (gsize i = 0; i < n; i++)
+    {
+      const Origin *o = origin_at (cfg, offsets[i]);
+      if (o != NULL && (best == NULL || o->seq > best->seq))
+        best = o;
+    }
+  return best;
 }
 
 /* ---- Setups ----------------------------------------------------------------- */
@@ -300,6 +317,12 @@ number (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gboolean inte
     }
   else if (ok)
     ok = sift_text_to_float (text, as_double);
+  if (!ok && !quoted (node) && sift_text_beyond_range (text, integer))
+    {
+      g_autofree char *range = sift_range_to_text (k->min, k->max, integer);
+      FAIL (RANGE, &at, "%s: %s is out of range %s", path, text, k->min <= k->max ? range : "(too large)");
+      return FALSE;
+    }
   if (!ok)
     {
       FAIL (TYPE, &at, "%s: expected %s, got '%s'", path, what, text);
@@ -524,6 +547,8 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
             node_kind (map));
       return FALSE;
     }
+  /* name -> its key node: many parameters cost linear time, not quadratic. */
+  g_autoptr (GHashTable) seen = g_hash_table_new (g_str_hash, g_str_equal);
   for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++)
     {
       yaml_node_t *key = yaml_document_get_node (c->doc, p->key);
@@ -534,16 +559,14 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
           FAIL (TYPE, &key_at, "%s.params: parameter names are scalars, got %s", path, node_kind (key));
           return FALSE;
         }
-      for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++)
+      const yaml_node_t *prev = g_hash_table_lookup (seen, scalar (key));
+      if (prev != NULL)
         {
-          yaml_node_t *prev = yaml_document_get_node (c->doc, q->key);
-          if (prev->type == YAML_SCALAR_NODE && strcmp (scalar (prev), scalar (key)) == 0)
-            {
-              FAIL (DUPLICATE_KEY, &key_at, "%s.params: duplicate parameter '%s' (first given at line %d)", path,
-                    scalar (key), (int) prev->start_mark.line + 1);
-              return FALSE;
-            }
+          FAIL (DUPLICATE_KEY, &key_at, "%s.params: duplicate parameter '%s' (first given at line %d)", path,
+                scalar (key), (int) prev->start_mark.line + 1);
+          return FALSE;
         }
+      g_hash_table_insert (seen, (gpointer) scalar (key), key);
       g_autofree char *ppath = g_strdup_printf ("%s.params.%s", path, scalar (key));
       RawParam *r = g_new0 (RawParam, 1);
       if (!param_text (c, value, ppath, &r->text, error))
@@ -554,7 +577,7 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
       r->key = g_strdup (scalar (key));
       r->key_at = key_at;
       r->value_at = origin_of (c, value);
-      raw_put (s->raw[phase], r);
+      g_ptr_array_add (s->raw[phase], r); /* emptied by parse_choice; the names are distinct */
     }
   return TRUE;
 }
@@ -799,10 +822,66 @@ clamp_to_text (Origin *at)
     }
 }
 
+/* Line and column (1-based, bytes) of a byte offset in text. */
+static void
+at_offset (const char *text, gsize offset, Origin *at)
+{
+  at->line = 1;
+  const char *line = text;
+  for (const char *c = text; c < text + offset && *c; c++)
+    if (*c == '\n')
+      {
+        at->line++;
+        line = c + 1;
+      }
+  at->col = (gint) (text + offset - line) + 1;
+}
+
+/* libyaml's scanner takes time quadratic in the nesting of flow
+ * collections (minutes for a few hundred thousand '['): a config never
+ * nests deeper than a few levels, so the events are read first and a deep
+ * document refused at its first level too many. Other errors are left to
+ * the loader, which reports them. */
+#define MAX_DEPTH 64
+
+static gboolean
+check_depth (const Source *src, const char *text, gint col_offset, GError **error)
+{
+  yaml_parser_t parser;
+  yaml_parser_initialize (&parser);
+  yaml_parser_set_input_string (&parser, (const unsigned char *) text, strlen (text));
+  gint depth = 0;
+  gboolean ok = TRUE, done = FALSE;
+  while (ok && !done)
+    {
+      yaml_event_t event;
+      if (!yaml_parser_parse (&parser, &event))
+        break;
+      if (event.type == YAML_SEQUENCE_START_EVENT || event.type == YAML_MAPPING_START_EVENT)
+        depth++;
+      else if (event.type == YAML_SEQUENCE_END_EVENT || event.type == YAML_MAPPING_END_EVENT)
+        depth--;
+      done = event.type == YAML_STREAM_END_EVENT;
+      if (depth > MAX_DEPTH)
+        {
+          Origin at = { src, (gint) event.start_mark.line + 1, (gint) event.start_mark.column + 1, 0 };
+          if (event.start_mark.line == 0)
+            at.col += col_offset;
+          FAIL (SYNTAX, &at, "nested deeper than %d levels", MAX_DEPTH);
+          ok = FALSE;
+        }
+      yaml_event_delete (&event);
+    }
+  yaml_parser_delete (&parser);
+  return ok;
+}
+
 /* Parses text as one YAML document into doc; FALSE with a located SYNTAX error. */
 static gboolean
 load_document (const Source *src, const char *text, gint col_offset, yaml_document_t *doc, GError **error)
 {
+  if (!check_depth (src, text, col_offset, error))
+    return FALSE;
   yaml_parser_t parser;
   yaml_parser_initialize (&parser);
   yaml_parser_set_input_string (&parser, (const unsigned char *) text, strlen (text));
@@ -832,6 +911,8 @@ load_document (const Source *src, const char *text, gint col_offset, yaml_docume
   if (!ok)
     {
       Origin at = { src, (gint) parser.problem_mark.line + 1, (gint) parser.problem_mark.column + 1, 0 };
+      if (parser.error == YAML_READER_ERROR)
+        at_offset (text, parser.problem_offset, &at); /* the reader's mark is not set: its offset is */
       if (parser.problem_mark.line == 0)
         at.col += col_offset;
       clamp_to_text (&at);
@@ -887,7 +968,10 @@ read_file (const char *path, char **text, GError **error)
     }
   if (strlen (*text) != len)
     {
-      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_SYNTAX, "%s: contains a NUL byte", path);
+      Origin at = { NULL, 0, 0, 0 };
+      at_offset (*text, strlen (*text), &at);
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_SYNTAX,
+                   "%s:%d:%d: contains a NUL byte (not a YAML text file)", path, at.line, at.col);
       g_clear_pointer (text, g_free);
       return FALSE;
     }
@@ -1191,8 +1275,26 @@ sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *regis
 
 /* ---- Checks across keys ----------------------------------------------------------- */
 
+/* The fields that size what a run keeps in memory. */
+static const gsize memory_keys[] = {
+  G_STRUCT_OFFSET (Config, pub.shape.n_layers),   G_STRUCT_OFFSET (Config, pub.shape.n_q_heads),
+  G_STRUCT_OFFSET (Config, pub.shape.n_kv_heads), G_STRUCT_OFFSET (Config, pub.shape.head_dim),
+  G_STRUCT_OFFSET (Config, pub.shape.block_size), G_STRUCT_OFFSET (Config, pub.shape.chunk_size),
+  G_STRUCT_OFFSET (Config, pub.ring_slots),       G_STRUCT_OFFSET (Config, pub.store),
+  G_STRUCT_OFFSET (Config, pub.store_dtype),      G_STRUCT_OFFSET (Config, pub.compute_dtype),
+  G_STRUCT_OFFSET (Config, pub.harness.lengths),  G_STRUCT_OFFSET (Config, pub.harness.length_max),
+  G_STRUCT_OFFSET (Config, pub.harness.decode_steps),
+};
+
+static char *
+size_text (double bytes)
+{
+  return g_format_size ((guint64) MIN (bytes, 1.8e19));
+}
+
 #define AT(field) origin_at (cfg, G_STRUCT_OFFSET (Config, field))
-#define LATEST(a, b) latest (cfg, G_STRUCT_OFFSET (Config, a), G_STRUCT_OFFSET (Config, b))
+#define LATEST(a, b) \
+  latest_of (cfg, (const gsize[]){ G_STRUCT_OFFSET (Config, a), G_STRUCT_OFFSET (Config, b) }, 2)
 
 static gboolean
 validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
@@ -1203,6 +1305,7 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
       g_ptr_array_add (cfg->pub.setups, setup_new ("policy"));
       cfg->implied_setup = TRUE;
     }
+  g_autoptr (GHashTable) labels = g_hash_table_new (g_str_hash, g_str_equal); /* borrowed */
   for (guint i = 0; i < cfg->pub.setups->len; i++)
     {
       Setup *s = cfg->pub.setups->pdata[i];
@@ -1213,16 +1316,12 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
                            ? g_strdup (s->pub.prefill.name)
                            : g_strdup_printf ("%s+%s", s->pub.prefill.name, s->pub.decode.name);
         }
-      for (guint j = 0; j < i; j++)
+      if (!g_hash_table_add (labels, s->pub.label))
         {
-          Setup *t = cfg->pub.setups->pdata[j];
-          if (strcmp (s->pub.label, t->pub.label) == 0)
-            {
-              const Origin *at = s->label_given ? &s->label_at : s->at.src ? &s->at : NULL;
-              fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, at, file,
-                       "%s: two setups are labelled '%s'; give each a distinct 'label'", s->where, s->pub.label);
-              return FALSE;
-            }
+          const Origin *at = s->label_given ? &s->label_at : s->at.src ? &s->at : NULL;
+          fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, at, file,
+                   "%s: two setups are labelled '%s'; give each a distinct 'label'", s->where, s->pub.label);
+          return FALSE;
         }
       for (gsize d = 0; d < s->pub.n_dense_layers; d++)
         {
@@ -1306,6 +1405,21 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
     return INVALID (LATEST (pub.capacity_tokens, pub.harness.lengths),
                     "kv.capacity_tokens = %" G_GINT64_FORMAT " cannot hold the longest context (%" G_GINT64_FORMAT
                     " tokens + %" G_GINT64_FORMAT " decode steps)", p->capacity_tokens, longest, h->decode_steps);
+  SiftConfigMemory mem;
+  sift_config_memory_estimate (p, longest, &mem);
+  if (mem.machine > 0 && mem.engine + mem.store > mem.machine)
+    {
+      g_autofree char *need = size_text (mem.engine + mem.store);
+      g_autofree char *engine = size_text (mem.engine);
+      g_autofree char *store = size_text (mem.store);
+      g_autofree char *machine = size_text (mem.machine);
+      return INVALID (latest_of (cfg, memory_keys, G_N_ELEMENTS (memory_keys)),
+                      "this config needs about %s of memory at once (%s of buffers, %s of KV in the host store for "
+                      "%" G_GINT64_FORMAT " tokens), more than this machine's %s: make model.layers, the heads, "
+                      "model.head_dim, kv.chunk_size or harness.lengths smaller%s",
+                      need, engine, store, longest, machine,
+                      mem.store > 0 ? ", or keep the KV in a file (offload.store: file)" : "");
+    }
 #undef INVALID
   if (!validate_setups (cfg, registry, error))
     return FALSE;

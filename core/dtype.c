@@ -4,6 +4,8 @@
 
 #include <sift/dtype.h>
 
+#include "dtype-private.h"
+
 static const char *const dtype_names[] = { "f32", "f16", "bf16", "q8_0" };
 
 const char *
@@ -158,53 +160,93 @@ q8_0_quantize (const float *src, SiftBlockQ8_0 *dst, gsize n)
     }
 }
 
+/* ---- Bulk kernels: the scalar table is the reference ------------------- */
+
 static void
-to_f32 (const void *src, SiftDType dt, float *dst, gsize n)
+f16_to_f32_scalar (const guint16 *src, float *dst, gsize n)
 {
-  switch (dt)
+  for (gsize i = 0; i < n; i++)
+    dst[i] = sift_f16_to_f32 (src[i]);
+}
+
+static void
+f32_to_f16_scalar (const float *src, guint16 *dst, gsize n)
+{
+  for (gsize i = 0; i < n; i++)
+    dst[i] = sift_f32_to_f16 (src[i]);
+}
+
+static void
+bf16_to_f32_scalar (const guint16 *src, float *dst, gsize n)
+{
+  for (gsize i = 0; i < n; i++)
+    dst[i] = sift_bf16_to_f32 (src[i]);
+}
+
+static void
+f32_to_bf16_scalar (const float *src, guint16 *dst, gsize n)
+{
+  for (gsize i = 0; i < n; i++)
+    dst[i] = sift_f32_to_bf16 (src[i]);
+}
+
+static void
+q8_0_to_f32_scalar (const SiftBlockQ8_0 *src, float *dst, gsize n_blocks)
+{
+  for (gsize b = 0; b < n_blocks; b++)
     {
-    case SIFT_DTYPE_F32:
-      memmove (dst, src, n * 4);
-      break;
-    case SIFT_DTYPE_F16:
-      for (gsize i = 0; i < n; i++)
-        dst[i] = sift_f16_to_f32 (((const guint16 *) src)[i]);
-      break;
-    case SIFT_DTYPE_BF16:
-      for (gsize i = 0; i < n; i++)
-        dst[i] = sift_bf16_to_f32 (((const guint16 *) src)[i]);
-      break;
-    case SIFT_DTYPE_Q8_0:
-      for (gsize b = 0; b < n / SIFT_Q8_0_BLOCK; b++)
-        {
-          const SiftBlockQ8_0 *q = (const SiftBlockQ8_0 *) src + b;
-          float d = sift_f16_to_f32 (q->d);
-          for (int i = 0; i < SIFT_Q8_0_BLOCK; i++)
-            dst[b * SIFT_Q8_0_BLOCK + i] = d * (float) q->qs[i];
-        }
-      break;
+      float d = sift_f16_to_f32 (src[b].d);
+      for (int i = 0; i < SIFT_Q8_0_BLOCK; i++)
+        dst[b * SIFT_Q8_0_BLOCK + (gsize) i] = d * (float) src[b].qs[i];
+    }
+}
+
+const SiftDTypeKernels sift_dtype_kernels_scalar = {
+  .f16_to_f32 = f16_to_f32_scalar,
+  .f32_to_f16 = f32_to_f16_scalar,
+  .bf16_to_f32 = bf16_to_f32_scalar,
+  .f32_to_bf16 = f32_to_bf16_scalar,
+  .q8_0_to_f32 = q8_0_to_f32_scalar,
+};
+
+/* The table of the ISA the kernels use now (sift_isa_active, so SIFT_ISA
+ * and sift_isa_force switch conversions together with attention). */
+static const SiftDTypeKernels *
+kernels (void)
+{
+  switch (sift_isa_active ())
+    {
+#ifdef SIFT_HAVE_AVX512
+    case SIFT_ISA_AVX512: return &sift_dtype_kernels_avx512;
+#endif
+#ifdef SIFT_HAVE_AVX2
+    case SIFT_ISA_AVX2: return &sift_dtype_kernels_avx2;
+#endif
+    default: return &sift_dtype_kernels_scalar;
     }
 }
 
 static void
-from_f32 (const float *src, void *dst, SiftDType dt, gsize n)
+to_f32 (const SiftDTypeKernels *kt, const void *src, SiftDType dt, float *dst, gsize n)
 {
   switch (dt)
     {
-    case SIFT_DTYPE_F32:
-      memmove (dst, src, n * 4);
-      break;
-    case SIFT_DTYPE_F16:
-      for (gsize i = 0; i < n; i++)
-        ((guint16 *) dst)[i] = sift_f32_to_f16 (src[i]);
-      break;
-    case SIFT_DTYPE_BF16:
-      for (gsize i = 0; i < n; i++)
-        ((guint16 *) dst)[i] = sift_f32_to_bf16 (src[i]);
-      break;
-    case SIFT_DTYPE_Q8_0:
-      q8_0_quantize (src, dst, n);
-      break;
+    case SIFT_DTYPE_F32: memmove (dst, src, n * 4); break;
+    case SIFT_DTYPE_F16: kt->f16_to_f32 (src, dst, n); break;
+    case SIFT_DTYPE_BF16: kt->bf16_to_f32 (src, dst, n); break;
+    case SIFT_DTYPE_Q8_0: kt->q8_0_to_f32 (src, dst, n / SIFT_Q8_0_BLOCK); break;
+    }
+}
+
+static void
+from_f32 (const SiftDTypeKernels *kt, const float *src, void *dst, SiftDType dt, gsize n)
+{
+  switch (dt)
+    {
+    case SIFT_DTYPE_F32: memmove (dst, src, n * 4); break;
+    case SIFT_DTYPE_F16: kt->f32_to_f16 (src, dst, n); break;
+    case SIFT_DTYPE_BF16: kt->f32_to_bf16 (src, dst, n); break;
+    case SIFT_DTYPE_Q8_0: q8_0_quantize (src, dst, n); break;
     }
 }
 
@@ -219,14 +261,15 @@ sift_convert (const void *src, SiftDType src_dtype, void *dst, SiftDType dst_dty
       memmove (dst, src, sift_dtype_row_bytes (src_dtype, n));
       return;
     }
+  const SiftDTypeKernels *kt = kernels ();
   if (src_dtype == SIFT_DTYPE_F32)
     {
-      from_f32 (src, dst, dst_dtype, n);
+      from_f32 (kt, src, dst, dst_dtype, n);
       return;
     }
   if (dst_dtype == SIFT_DTYPE_F32)
     {
-      to_f32 (src, src_dtype, dst, n);
+      to_f32 (kt, src, src_dtype, dst, n);
       return;
     }
   /* Between two narrow types: through f32 in pieces (exact: every f16,
@@ -238,8 +281,8 @@ sift_convert (const void *src, SiftDType src_dtype, void *dst, SiftDType dst_dty
       gsize m = MIN (n - done, G_N_ELEMENTS (tmp));
       gsize sb = sift_dtype_row_bytes (src_dtype, done);
       gsize db = sift_dtype_row_bytes (dst_dtype, done);
-      to_f32 ((const char *) src + sb, src_dtype, tmp, m);
-      from_f32 (tmp, (char *) dst + db, dst_dtype, m);
+      to_f32 (kt, (const char *) src + sb, src_dtype, tmp, m);
+      from_f32 (kt, tmp, (char *) dst + db, dst_dtype, m);
       done += m;
     }
 }

@@ -7,6 +7,8 @@
 gboolean sift_text_to_int (const char *text, gint64 *out);
 gboolean sift_text_to_float (const char *text, double *out);   /* ints too; finite only */
 gboolean sift_text_to_bool (const char *text, gboolean *out);  /* true/false, yes/no, on/off */
+/* A number too large (or small) for the type: a range error, not a type error. */
+gboolean sift_text_beyond_range (const char *text, gboolean integer);
 /* A flow list "[1, 2, 3]" (or "[]") of ints; *values freed with g_free. */
 gboolean sift_text_to_int_list (const char *text, gint64 **values, gsize *n);
 

@@ -62,6 +62,24 @@ sift_text_to_float (const char *text, double *out)
 }
 
 gboolean
+sift_text_beyond_range (const char *text, gboolean integer)
+{
+  if (text == NULL)
+    return FALSE;
+  if (integer)
+    {
+      const char *digits = text + (*text == '+' || *text == '-');
+      return *digits != '\0' && strspn (digits, "0123456789") == strlen (digits);
+    }
+  if (strspn (text, "+-0123456789.eE") != strlen (text))
+    return FALSE;
+  char *end = NULL;
+  errno = 0;
+  g_ascii_strtod (text, &end);
+  return end != text && *end == '\0' && errno == ERANGE;
+}
+
+gboolean
 sift_text_to_bool (const char *text, gboolean *out)
 {
   static const char *const yes[] = { "true", "yes", "on" };
@@ -252,6 +270,15 @@ parse_value (const SiftParamSpec *spec, const char *text, Value *out, GError **e
     case SIFT_PARAM_BOOL: ok = sift_text_to_bool (text, &v.b); break;
     case SIFT_PARAM_STRING: ok = text != NULL; break;
     case SIFT_PARAM_INT_LIST: ok = sift_text_to_int_list (text, &v.list.v, &v.list.n); break;
+    }
+  if (!ok && (spec->type == SIFT_PARAM_INT || spec->type == SIFT_PARAM_FLOAT)
+      && sift_text_beyond_range (text, spec->type == SIFT_PARAM_INT))
+    {
+      g_autofree char *range = has_range (spec) ? sift_range_to_text (spec->min, spec->max, spec->type == SIFT_PARAM_INT)
+                                                : g_strdup ("(too large for the type)");
+      g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE, "parameter '%s' = %s is out of range %s",
+                   spec->name, text, range);
+      return FALSE;
     }
   if (!ok)
     {

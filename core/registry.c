@@ -5,6 +5,8 @@
  * others) or when a listing asks for everything. Opened modules are kept in
  * a process-wide table, reference-counted across registries and made
  * resident, so ops tables stay valid however long a policy lives. */
+#include <elf.h>
+#include <link.h>
 #include <string.h>
 
 #include <gmodule.h>
@@ -15,6 +17,12 @@
 
 #ifndef SIFT_POLICY_DIR
 #error "SIFT_POLICY_DIR must be defined by the build"
+#endif
+
+#if __SIZEOF_POINTER__ == 8
+#define ELF_CLASS_HOST ELFCLASS64
+#else
+#define ELF_CLASS_HOST ELFCLASS32
 #endif
 
 /* ---- Process-wide table of opened modules -------------------------------- */
@@ -81,6 +89,43 @@ check_module (GModule *module, const char *path, const SiftPolicyOps *const **op
   return TRUE;
 }
 
+/* The loader maps a shared object's segments as its program headers say;
+ * one that reaches past the end of a truncated file faults with SIGBUS
+ * inside dlopen. Checks that every segment and header lies within the
+ * file first. Not an ELF file, or one of another class, is left to the
+ * loader, whose message says so. */
+static gboolean
+check_elf_extent (const char *path, GError **error)
+{
+  g_autoptr (GMappedFile) map = g_mapped_file_new (path, FALSE, NULL);
+  if (map == NULL)
+    return TRUE; /* the loader reports why it cannot be read */
+  const guint8 *data = (const guint8 *) g_mapped_file_get_contents (map);
+  const gsize size = g_mapped_file_get_length (map);
+  ElfW (Ehdr) eh;
+  if (size < sizeof eh || memcmp (data, ELFMAG, SELFMAG) != 0 || data[EI_CLASS] != ELF_CLASS_HOST)
+    return TRUE;
+  memcpy (&eh, data, sizeof eh);
+  const guint64 ph_end = (guint64) eh.e_phoff + (guint64) eh.e_phnum * eh.e_phentsize;
+  gboolean ok = eh.e_phentsize == sizeof (ElfW (Phdr)) && ph_end <= size;
+  guint64 end = ph_end;
+  for (gsize i = 0; ok && i < eh.e_phnum; i++)
+    {
+      ElfW (Phdr) ph;
+      memcpy (&ph, data + eh.e_phoff + i * sizeof ph, sizeof ph);
+      if (ph.p_type != PT_LOAD && ph.p_type != PT_DYNAMIC)
+        continue;
+      end = (guint64) ph.p_offset + ph.p_filesz;
+      ok = end >= ph.p_offset && end <= size;
+    }
+  if (ok)
+    return TRUE;
+  g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_OPEN,
+               "%s: cannot open: truncated or corrupt shared object (its headers reach byte %" G_GUINT64_FORMAT
+               ", the file has %" G_GSIZE_FORMAT " bytes)", path, end, size);
+  return FALSE;
+}
+
 /* Opens and checks a module, or takes another reference to it. */
 static Loaded *
 loaded_get (const char *path, GError **error)
@@ -96,6 +141,11 @@ loaded_get (const char *path, GError **error)
       return l;
     }
   GError *local = NULL;
+  if (!check_elf_extent (path, error))
+    {
+      g_mutex_unlock (&loaded_lock);
+      return NULL;
+    }
   GModule *module = g_module_open_full (path, G_MODULE_BIND_LAZY | G_MODULE_BIND_LOCAL, &local);
   if (module == NULL)
     {

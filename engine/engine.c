@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sift/attn.h>
 #include <sift/error.h>
@@ -76,6 +77,11 @@ pack_half (SiftEngine *e, const guint8 *src, gint64 cap, guint8 *stored)
   const SiftModelShape *s = &e->config.shape;
   const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (e->store);
   const gsize n = (gsize) s->block_size * (gsize) s->head_dim;
+  if (cap == s->block_size) /* both layouts are the same contiguous run */
+    {
+      sift_convert (src, e->config.compute_dtype, stored, e->store->config.dtype, n * (gsize) s->n_kv_heads);
+      return;
+    }
   for (gint32 h = 0; h < s->n_kv_heads; h++)
     sift_convert (src + (gsize) h * (gsize) cap * (gsize) s->head_dim * e->es, e->config.compute_dtype,
                   stored + h * head_stored, e->store->config.dtype, n);
@@ -360,6 +366,22 @@ check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
     return invalid (error, "max_tokens %" G_GINT64_FORMAT " is negative", c->max_tokens);
   if (!isfinite (s->scale) || s->scale < 0)
     return invalid (error, "scale %g is not a finite non-negative number", (double) s->scale);
+  /* What sift_engine_new allocates, computed before it does: a shape too
+   * large for the machine is an error here, not an abort or an OOM kill. */
+  const double es = (double) sift_dtype_size (c->compute_dtype);
+  const double rows = (double) c->n_slots * s->block_size
+                      + (double) s->n_layers * (s->chunk_size + s->block_size + SIFT_ATTN_DECODE_MAX_ROWS);
+  const double bytes = 2.0 * s->n_kv_heads * s->head_dim * es * rows
+                       + (double) s->n_q_heads * MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS) * (s->head_dim + 1) * 4.0;
+  const long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && bytes > (double) pages * (double) page)
+    {
+      g_autofree char *need = g_format_size ((guint64) MIN (bytes, 1.8e19));
+      g_autofree char *have = g_format_size ((guint64) pages * (guint64) page);
+      return invalid (error, "the buffers of %d layers x %d kv heads x head_dim %d (chunk %d, block %d, %d slots) "
+                      "need %s, more than this machine's %s", s->n_layers, s->n_kv_heads, s->head_dim,
+                      s->chunk_size, s->block_size, c->n_slots, need, have);
+    }
   const SiftStoreConfig *sc = sift_store_config (store);
   if (sc->n_kv_heads != s->n_kv_heads || sc->block_size != s->block_size || sc->head_dim != s->head_dim)
     return invalid (error,
@@ -717,6 +739,12 @@ static void
 put_rows (SiftEngine *e, const float *src, gint64 n, guint8 *dst, gint64 cap, gint64 t0)
 {
   const SiftModelShape *s = &e->config.shape;
+  if (s->n_kv_heads == 1) /* token-major and head-major coincide: one run */
+    {
+      sift_convert (src, SIFT_DTYPE_F32, dst + (gsize) (t0 * s->head_dim) * e->es, e->config.compute_dtype,
+                    (gsize) (n * s->head_dim));
+      return;
+    }
   for (gint64 t = 0; t < n; t++)
     for (gint32 h = 0; h < s->n_kv_heads; h++)
       sift_convert (src + (t * s->n_kv_heads + h) * s->head_dim, SIFT_DTYPE_F32,
@@ -1068,13 +1096,13 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
               {
                 guint8 *buf = which == 0 ? e->decode_k[layer] : e->decode_v[layer];
                 gint64 t = e->decode_start[layer] + (p - dec0);
-                sift_convert (buf + (gsize) ((h * e->decode_cap + t) * s->head_dim) * e->es,
+                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + t) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else if (p >= pf0 && p < pf1)
               {
                 guint8 *buf = which == 0 ? e->prefill_k[layer] : e->prefill_v[layer];
-                sift_convert (buf + (gsize) ((h * s->chunk_size + (p - pf0)) * s->head_dim) * e->es,
+                sift_convert (buf + (gsize) (((gint64) h * s->chunk_size + (p - pf0)) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else

@@ -267,9 +267,38 @@ file_finalize (SiftStore *store)
     {
       /* Remove only the file this store created (not one put there since). */
       struct stat st;
-      if (stat (store->config.path, &st) == 0 && st.st_ino == self->ino && st.st_dev == self->dev)
+      if (lstat (store->config.path, &st) == 0 && S_ISREG (st.st_mode) && st.st_ino == self->ino
+          && st.st_dev == self->dev)
         unlink (store->config.path);
     }
+}
+
+/* The store truncates and later removes its file: it never takes one that
+ * holds someone's data. An empty file, or with `keep` a store kept by an
+ * earlier run, is taken; a device, a directory or another non-empty file
+ * is refused. */
+static gboolean
+may_take (const SiftStoreConfig *config, GError **error)
+{
+  struct stat st;
+  if (stat (config->path, &st) != 0)
+    return TRUE; /* absent: created below (or open names the reason) */
+  if (!S_ISREG (st.st_mode))
+    {
+      g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_INVALID,
+                   "file store %s: exists and is not a regular file (offload.path names the store's own file)",
+                   config->path);
+      return FALSE;
+    }
+  if (st.st_size > 0 && !config->keep)
+    {
+      g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_INVALID,
+                   "file store %s: a file of %" G_GINT64_FORMAT " bytes is already there; the store would "
+                   "overwrite and then remove it (remove it, choose another offload.path, or set offload.keep "
+                   "to reuse a kept store file)", config->path, (gint64) st.st_size);
+      return FALSE;
+    }
+  return TRUE;
 }
 
 static const SiftStoreClass file_class = {
@@ -290,6 +319,8 @@ sift_store_file_new (const SiftStoreConfig *config, GError **error)
                            "file store: no path given");
       return NULL;
     }
+  if (!may_take (config, error))
+    return NULL;
   FileStore *self = (FileStore *) sift_store_construct (sizeof (FileStore), &file_class, config, error);
   if (self == NULL)
     return NULL;
@@ -298,9 +329,9 @@ sift_store_file_new (const SiftStoreConfig *config, GError **error)
   self->stride = config->direct
                    ? (store->block_bytes + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN
                    : store->block_bytes;
+  struct stat st;
   int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (config->direct ? O_DIRECT : 0);
   self->fd = open (config->path, flags, 0600);
-  struct stat st;
   if (self->fd < 0 || fstat (self->fd, &st) != 0)
     {
       int err = errno;

@@ -1,6 +1,7 @@
 /* The host store: blocks in RAM, each 64-byte aligned. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sift/error.h>
 
@@ -41,6 +42,17 @@ static gboolean
 host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
 {
   HostStore *self = (HostStore *) store;
+  /* Past physical memory the allocations still succeed (overcommit) and
+   * the kernel kills the process later: refuse while it can be said. */
+  const long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && (double) n_blocks * (double) store->block_bytes > (double) pages * (double) page)
+    {
+      g_autofree char *have = g_format_size ((guint64) pages * (guint64) page);
+      g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
+                   "host store: %" G_GINT64_FORMAT " blocks of %" G_GSIZE_FORMAT " bytes exceed this machine's "
+                   "memory (%s); keep the KV in a file store", n_blocks, store->block_bytes, have);
+      return FALSE;
+    }
   while ((gint64) self->blocks->len < n_blocks)
     {
       void *p = NULL;

@@ -113,6 +113,13 @@ sift_store_alloc (SiftStore *store, gint64 *id_out, GError **error)
           if (store->config.capacity_blocks > 0)
             want = MIN (want, store->config.capacity_blocks);
           ok = store->klass->reserve (store, want, error);
+          if (!ok && want > store->next_id + 1)
+            {
+              /* The doubled size may not fit (memory, disk) where the next block still does. */
+              g_clear_error (error);
+              want = store->next_id + 1;
+              ok = store->klass->reserve (store, want, error);
+            }
           if (ok)
             store->reserved = want;
         }

@@ -9,7 +9,10 @@
  * sqrt(S / scale) along one direction in both, so scale * q . k gains S.
  * Locality is a constant vector in the rotary dims shared by q and k: after
  * rotation q_i . k_j = sum_f A_f^2 cos((i - j) theta_f), a kernel of i - j
- * only, with A_f chosen so it decays over locality_scale tokens. */
+ * only, with A_f chosen so it decays over locality_scale tokens. Ordinary
+ * tokens also carry drifting content (add_drift): a per-segment gaussian
+ * topic shared by q and k, so recent keys and whole far segments, not
+ * scattered single tokens, take what the sinks and heavy hitters leave. */
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +21,7 @@
 
 #include "synth-private.h"
 
-enum { TAG_Q = 1, TAG_K = 2, TAG_V = 3, TAG_BASIS = 4, TAG_PHASE = 5 };
+enum { TAG_Q = 1, TAG_K = 2, TAG_V = 3, TAG_BASIS = 4, TAG_PHASE = 5, TAG_DRIFT = 6 };
 
 /* Heavy hitters are spread over this many tokens when there is no plan. */
 #define DEFAULT_CONTEXT 4096
@@ -38,6 +41,7 @@ typedef struct {
   gint64 *heavy;           /* [n_heavy] ascending */
   gsize n_heavy;
   float a_sink, a_heavy, a_needle; /* component lengths (same in q and k) */
+  float a_drift;           /* length of the drifting content per content dim */
   SiftNeedlePlan plan;     /* copy; plan.needles owned */
   gboolean has_plan;
   gint64 rope_offset;
@@ -108,9 +112,9 @@ void
 sift_synthetic_config_defaults (SiftSyntheticConfig *k)
 {
   *k = (SiftSyntheticConfig) {
-    .sink_tokens = 4, .sink_strength = 4.0, .locality = 1.0, .locality_scale = 64.0,
-    .heavy_hitters = 8, .heavy_hitter_strength = 2.0, .rope_dims = 32, .rope_base = 10000.0,
-    .retrieval_heads = 0.25, .needle_strength = 8.0, .noise = 1.0,
+    .sink_tokens = 4, .sink_strength = 11.5, .locality = 2.0, .locality_scale = 64.0,
+    .heavy_hitters = 8, .heavy_hitter_strength = 9.5, .rope_dims = 32, .rope_base = 10000.0,
+    .retrieval_heads = 0.25, .needle_strength = 16.0, .noise = 0.8, .drift = 6.0, .drift_scale = 64.0,
   };
 }
 
@@ -127,15 +131,15 @@ check_knobs (const SiftModelShape *s, const SiftSyntheticConfig *k, GError **err
   struct { const char *name; double v; } nonneg[] = {
     { "sink_strength", k->sink_strength }, { "locality", k->locality },
     { "heavy_hitter_strength", k->heavy_hitter_strength }, { "needle_strength", k->needle_strength },
-    { "noise", k->noise }, { "sink_tokens", (double) k->sink_tokens },
+    { "noise", k->noise }, { "drift", k->drift }, { "sink_tokens", (double) k->sink_tokens },
     { "heavy_hitters", (double) k->heavy_hitters },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (nonneg); i++)
     if (!(nonneg[i].v >= 0.0) || !isfinite (nonneg[i].v))
       return invalid (error, "model.synthetic.%s = %g: must be finite and >= 0", nonneg[i].name, nonneg[i].v);
-  if (!(k->locality_scale > 0.0) || !(k->rope_base > 1.0))
-    return invalid (error, "model.synthetic: locality_scale (%g) must be > 0 and rope_base (%g) > 1",
-                    k->locality_scale, k->rope_base);
+  if (!(k->locality_scale > 0.0) || !(k->rope_base > 1.0) || !(k->drift_scale >= 1.0 && k->drift_scale <= 1e9))
+    return invalid (error, "model.synthetic: locality_scale (%g) must be > 0, rope_base (%g) > 1"
+                    " and drift_scale (%g) within [1, 1e9]", k->locality_scale, k->rope_base, k->drift_scale);
   if (!(k->retrieval_heads >= 0.0 && k->retrieval_heads <= 1.0))
     return invalid (error, "model.synthetic.retrieval_heads = %g: must be within [0, 1]", k->retrieval_heads);
   if (k->locality > 0.0 && k->rope_dims == 0)
@@ -302,6 +306,28 @@ rotary (const SynthSource *s, gint32 layer, gint32 kv_head, gint64 position, flo
     }
 }
 
+/* The drifting content of kv head g at position p, added to x[0, nr): a
+ * gaussian "topic" per segment of drift_scale tokens, blended with the next
+ * segment's as p crosses its segment (cos/sin weights keep the variance),
+ * so q_i . k_j gains about drift * corr(i, j): drift at i = j, fading over
+ * drift_scale tokens, and a random logit of spread drift / sqrt(nr) between
+ * far segments, the same for every row of a segment (block structure). */
+static void
+add_drift (const SynthSource *s, gint32 layer, gint32 g, gint64 p, float *x)
+{
+  if (s->a_drift == 0.0f)
+    return;
+  gint64 len = (gint64) s->knobs.drift_scale;
+  gint64 seg = p / len;
+  double f = (double) (p % len) / (double) len;
+  float c0 = (float) cos (0.5 * G_PI * f) * s->a_drift, c1 = (float) sin (0.5 * G_PI * f) * s->a_drift;
+  g_autofree float *t = g_new (float, 2 * (gsize) s->nr);
+  sift_synth_gaussians (s->seed, TAG_DRIFT, layer, g, seg, t, (gsize) s->nr);
+  sift_synth_gaussians (s->seed, TAG_DRIFT, layer, g, seg + 1, t + s->nr, (gsize) s->nr);
+  for (gint32 i = 0; i < s->nr; i++)
+    x[i] += c0 * t[i] + c1 * t[s->nr + i];
+}
+
 /* Random content lives off the structural directions, so each feature's
  * logit is what its knob says and noise only decides among ordinary keys. */
 static void
@@ -311,6 +337,7 @@ noise_row (const SynthSource *s, guint32 tag, gint32 layer, gint32 head, gint32 
   sift_synth_gaussians (s->seed, tag, layer, head, p, x, (gsize) sh->head_dim);
   for (gint32 i = 0; i < sh->head_dim; i++)
     x[i] *= (float) s->knobs.noise;
+  add_drift (s, layer, g, p, x);
   for (gint32 r = 0; r < s->n_basis; r++)
     {
       const float *e = basis_row (s, layer, g, r);
@@ -485,6 +512,8 @@ sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed, const SiftS
   s->a_sink = sqrtf ((float) knobs->sink_strength / scale);
   s->a_heavy = sqrtf ((float) knobs->heavy_hitter_strength / scale);
   s->a_needle = sqrtf ((float) knobs->needle_strength / scale);
+  /* nr dims of unit gaussians: |t|^2 ~ nr, so scale * a^2 * nr = drift. */
+  s->a_drift = sqrtf ((float) knobs->drift / (scale * (float) nr));
   if (plan != NULL)
     {
       s->plan = *plan;

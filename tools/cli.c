@@ -1,4 +1,5 @@
 /* Helpers shared by the sift subcommands (see cli.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,5 +101,14 @@ sift_cli_fail (const char *command, const GError *error)
       return SIFT_EXIT_USAGE;
     }
   fprintf (stderr, "sift %s: %s\n", command, error->message);
+  return SIFT_EXIT_FAILED;
+}
+
+int
+sift_cli_done (const char *command, int status)
+{
+  if (fflush (stdout) == 0 && !ferror (stdout))
+    return status;
+  fprintf (stderr, "sift %s: cannot write the output: %s\n", command, g_strerror (errno));
   return SIFT_EXIT_FAILED;
 }

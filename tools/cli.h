@@ -46,7 +46,7 @@ typedef struct {
   { "config", 'c', 0, G_OPTION_ARG_FILENAME_ARRAY, &(opts)->configs,                                 \
     "YAML config; several are merged in order, their policy setups side by side (repeatable)", "FILE" }
 #define SIFT_CLI_SET_ENTRY(opts)                                                                     \
-  { "set", 's', 0, G_OPTION_ARG_STRING_ARRAY, &(opts)->sets,                                         \
+  { "set", 's', 0, G_OPTION_ARG_FILENAME_ARRAY, &(opts)->sets, /* bytes as given: YAML checks them */ \
     "Override a key: kv.block_size=128, policy.decode.params.token_budget=1024, "                    \
     "policies.LABEL.decode=quest (repeatable)", "KEY=VALUE" }
 
@@ -77,5 +77,9 @@ const char *sift_cli_default_config (void);
  * errors verbatim ("file:line:col: message", source line, caret) with
  * SIFT_EXIT_USAGE; others as "sift COMMAND: message" with SIFT_EXIT_FAILED. */
 int sift_cli_fail (const char *command, const GError *error);
+
+/* Flushes stdout: a command whose output could not be written (a full
+ * disk, a closed pipe) says so and returns SIFT_EXIT_FAILED, else status. */
+int sift_cli_done (const char *command, int status);
 
 G_END_DECLS

@@ -29,6 +29,13 @@ sift_cmd_needle (int argc, char **argv)
       sift_cli_options_clear (&cli);
       return SIFT_EXIT_USAGE;
     }
+  if (argc > 1)
+    {
+      /* `sift needle configs/x.yaml` would silently run the default config. */
+      fprintf (stderr, "sift needle: unexpected argument '%s' (a config file is given with --config FILE)\n", argv[1]);
+      sift_cli_options_clear (&cli);
+      return SIFT_EXIT_USAGE;
+    }
   g_autoptr (SiftRegistry) registry = sift_cli_registry (&cli);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftConfig) config = sift_cli_load_config (&cli, registry, sift_cli_default_config (), &error);

@@ -18,16 +18,19 @@ typedef struct _SiftRegistry SiftRegistry;
 /* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md). */
 typedef struct {
   gint64 sink_tokens;            /* 4; first tokens every query attends to (0: off) */
-  double sink_strength;          /* 4.0; logit boost of sink keys */
-  double locality;               /* 1.0; strength of the recency bias (0: off) */
+  double sink_strength;          /* 11.5; logit boost of sink keys */
+  double locality;               /* 2.0; strength of the rotary recency bias (0: off) */
   double locality_scale;         /* 64.0; tokens over which recency decays */
   gint64 heavy_hitters;          /* 8; columns that attract attention everywhere (0: off) */
-  double heavy_hitter_strength;  /* 2.0 */
+  double heavy_hitter_strength;  /* 9.5; logit boost of heavy-hitter keys */
   gint64 rope_dims;              /* 32; dims with rotary embedding (0: none; even, <= head_dim) */
   double rope_base;              /* 10000.0 */
   double retrieval_heads;        /* 0.25; fraction of heads whose question attends to the needle */
-  double needle_strength;        /* 8.0; logit of question . needle key in retrieval heads */
-  double noise;                  /* 1.0; scale of the random part of q and k */
+  double needle_strength;        /* 16.0; logit of question . needle key in retrieval heads */
+  double noise;                  /* 0.8; scale of the random part of q and k */
+  double drift;                  /* 6.0; logit a key gets from a query at its own position through the
+                                  * slowly drifting content q and k share (0: off) */
+  double drift_scale;            /* 64.0; tokens over which the drifting content decorrelates */
 } SiftSyntheticConfig;
 
 typedef enum {

@@ -2,7 +2,8 @@
  *
  * A seeded, deterministic SiftModelSource whose attention looks like a real
  * model's where sparse policies care: attention sinks, locality (a rotary
- * "drift" shared by q and k), heavy-hitter columns, relative-position
+ * kernel and slowly drifting content shared by q and k), heavy-hitter
+ * columns, relative-position
  * structure (RoPE on the last rope_dims dims) and retrieval heads in which
  * question queries attend to planted needle keys. Every value is a function
  * of (seed, layer, head, position): any range is generated on demand and the

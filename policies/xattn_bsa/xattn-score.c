@@ -46,6 +46,7 @@ xattn_dots_isa (void)
   if (isa >= SIFT_ISA_AVX2)
     return SIFT_ISA_AVX2;
 #endif
+  (void) isa; /* built without SIMD paths */
   return SIFT_ISA_SCALAR;
 }
 

@@ -206,6 +206,20 @@ test_config_error_exits_2 (void **state)
   result_clear (&r);
   remove_tree (out);
 
+  /* An output folder that cannot be written is refused before any cell runs. */
+  const char *bad_out[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", "/proc/sift-cannot-be-here", NULL };
+  r = sift (bad_out);
+  assert_int_equal (r.status, 2);
+  assert_non_null (strstr (r.err, "cannot be written"));
+  result_clear (&r);
+
+  /* A config named without --config must not silently run the default one. */
+  const char *stray[] = { SOURCE_DIR "/tiny.yaml", NULL };
+  r = sift (stray);
+  assert_int_equal (r.status, 2);
+  assert_non_null (strstr (r.err, "--config"));
+  result_clear (&r);
+
   const char *usage[] = { "--no-such-option", NULL };
   r = sift (usage);
   assert_int_equal (r.status, 2);

@@ -1,5 +1,6 @@
 /* `sift needle`: the grid for every setup, records, table, heatmaps. */
 #include <errno.h>
+#include <unistd.h>
 #include <math.h>
 #include <string.h>
 
@@ -138,10 +139,13 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
     }
   const char *out_dir = o->out_dir != NULL ? o->out_dir : cfg->harness.out_dir;
   g_autofree char *records_path = g_build_filename (out_dir, "records.jsonl", NULL);
-  if (g_mkdir_with_parents (out_dir, 0755) != 0)
+  /* An output folder that cannot be made or written is a usage error found
+   * before the first cell runs, not after it. */
+  if (out_dir[0] == '\0' || g_mkdir_with_parents (out_dir, 0755) != 0 || access (out_dir, W_OK | X_OK) != 0)
     {
-      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", out_dir,
-                   g_strerror (errno));
+      int err = out_dir[0] == '\0' ? ENOENT : errno;
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID, "output folder '%s' cannot be written: %s",
+                   out_dir, g_strerror (err));
       harness_grid_clear (&grid);
       return FALSE;
     }

@@ -240,7 +240,7 @@ typedef void (*DotsFunc) (const float *rows, gsize row_stride, gint64 n_rows, co
  * sum scales with |a| |b| (not with the dot, which may cancel to ~0), so the
  * squared error is normalized by the sum of (|a_i| |b_j|)^2. */
 static void
-check_dots (DotsFunc f)
+G_GNUC_UNUSED check_dots (DotsFunc f)
 {
   GRand *r = g_rand_new_with_seed (3);
   const gsize lens[] = { 8, 13, 16, 64, 1024, 1031 };
