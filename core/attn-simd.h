@@ -309,7 +309,7 @@ kv_load (const void *row, gsize c, const SiftDType dt)
 
 ALWAYS_INLINE void
 decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gint32 min_lim,
-             const int nr, const SiftDType dt)
+             const int nr, const int nb, const SiftDType dt)
 {
   const SiftAttnArgs *a = p->a;
   const gsize dp = (gsize) p->dp;
@@ -331,20 +331,24 @@ decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gi
             }
           const void *krow = sift_view_row (a->k, g, t);
           vrow[j] = sift_view_row (a->v, g, t);
-          vf acc[MR];
+          /* Two accumulators per row halve the FMA dependency chain. */
+          vf acc[MR][2];
 #pragma GCC unroll 4
           for (int i = 0; i < nr; i++)
-            acc[i] = vzero ();
-          for (gsize c = 0; c < dp; c += VL)
+            acc[i][0] = acc[i][1] = vzero ();
+          for (gsize c = 0; c < dp; c += 2 * VL)
             {
-              vf kv = kv_load (krow, c, dt);
+              vf k0 = kv_load (krow, c, dt), k1 = kv_load (krow, c + VL, dt);
 #pragma GCC unroll 4
               for (int i = 0; i < nr; i++)
-                acc[i] = vfma (vload (s->qt + (gsize) i * dp + c), kv, acc[i]);
+                {
+                  acc[i][0] = vfma (vload (s->qt + (gsize) i * dp + c), k0, acc[i][0]);
+                  acc[i][1] = vfma (vload (s->qt + (gsize) i * dp + c + VL), k1, acc[i][1]);
+                }
             }
 #pragma GCC unroll 4
           for (int i = 0; i < nr; i++)
-            sc[i][j] = vhsum (acc[i]);
+            sc[i][j] = vhsum (vadd (acc[i][0], acc[i][1]));
         }
       const gboolean mask = a->causal && j0 + nk - 1 >= min_lim;
 #pragma GCC unroll 4
@@ -375,32 +379,36 @@ decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gi
           s->l[i] += vhsum (pv);
           s->m[i] = m_new;
         }
-      for (gsize c = 0; c < dp; c += 2 * VL)
+      /* nb vectors of head_dim per pass: 4 for one or two rows, so that
+       * there are enough independent FMA chains. */
+      for (gsize c = 0; c < dp; c += (gsize) nb * VL)
         {
-          vf o0[MR], o1[MR];
+          vf o[MR][4];
 #pragma GCC unroll 4
           for (int i = 0; i < nr; i++)
-            {
-              o0[i] = vload (s->o + (gsize) i * dp + c);
-              o1[i] = vload (s->o + (gsize) i * dp + c + VL);
-            }
+#pragma GCC unroll 4
+            for (int n = 0; n < nb; n++)
+              o[i][n] = vload (s->o + (gsize) i * dp + c + (gsize) n * VL);
           for (int j = 0; j < nk; j++)
             {
-              vf v0 = kv_load (vrow[j], c, dt), v1 = kv_load (vrow[j], c + VL, dt);
+              vf v[4];
+#pragma GCC unroll 4
+              for (int n = 0; n < nb; n++)
+                v[n] = kv_load (vrow[j], c + (gsize) n * VL, dt);
 #pragma GCC unroll 4
               for (int i = 0; i < nr; i++)
                 {
                   vf pj = vset1 (pr[i][j]);
-                  o0[i] = vfma (pj, v0, o0[i]);
-                  o1[i] = vfma (pj, v1, o1[i]);
+#pragma GCC unroll 4
+                  for (int n = 0; n < nb; n++)
+                    o[i][n] = vfma (pj, v[n], o[i][n]);
                 }
             }
 #pragma GCC unroll 4
           for (int i = 0; i < nr; i++)
-            {
-              vstore (s->o + (gsize) i * dp + c, o0[i]);
-              vstore (s->o + (gsize) i * dp + c + VL, o1[i]);
-            }
+#pragma GCC unroll 4
+            for (int n = 0; n < nb; n++)
+              vstore (s->o + (gsize) i * dp + c + (gsize) n * VL, o[i][n]);
         }
     }
 }
@@ -408,10 +416,20 @@ decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gi
 #define DECODE_CASE(dt)                                                              \
   switch (R)                                                                         \
     {                                                                                \
-    case 1: decode_keys (p, g, s, kb, ke, min_lim, 1, dt); break;                   \
-    case 2: decode_keys (p, g, s, kb, ke, min_lim, 2, dt); break;                   \
-    case 3: decode_keys (p, g, s, kb, ke, min_lim, 3, dt); break;                   \
-    default: decode_keys (p, g, s, kb, ke, min_lim, MR, dt); break;                 \
+    case 1:                                                                          \
+      if (wide)                                                                      \
+        decode_keys (p, g, s, kb, ke, min_lim, 1, 4, dt);                            \
+      else                                                                           \
+        decode_keys (p, g, s, kb, ke, min_lim, 1, 2, dt);                            \
+      break;                                                                         \
+    case 2:                                                                          \
+      if (wide)                                                                      \
+        decode_keys (p, g, s, kb, ke, min_lim, 2, 4, dt);                            \
+      else                                                                           \
+        decode_keys (p, g, s, kb, ke, min_lim, 2, 2, dt);                            \
+      break;                                                                         \
+    case 3: decode_keys (p, g, s, kb, ke, min_lim, 3, 2, dt); break;                 \
+    default: decode_keys (p, g, s, kb, ke, min_lim, MR, 2, dt); break;               \
     }
 
 /* decode_keys with the row count and dtype as constants. */
@@ -419,6 +437,7 @@ static void
 decode_run (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gint32 min_lim,
             gsize R)
 {
+  const gboolean wide = p->d % (4 * VL) == 0;
   switch (p->a->k->dtype)
     {
     case SIFT_DTYPE_F32: DECODE_CASE (SIFT_DTYPE_F32); break;
