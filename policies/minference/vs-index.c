@@ -8,9 +8,8 @@
  * key window at a time, straight from the sorted distances. */
 #include "vs.h"
 
-/* First index i in a[0..n) with a[i] >= x. */
-static gsize
-lower_bound (const gint64 *a, gsize n, gint64 x)
+gsize
+vs_lower_bound (const gint64 *a, gsize n, gint64 x)
 {
   gsize lo = 0, hi = n;
   while (lo < hi)
@@ -31,8 +30,8 @@ vs_tile_ranges (const VsPattern *p, gint64 a, gint64 b, gint64 k0, gint64 k1, Vs
   if (lo >= hi || p->n_slash == 0)
     return 0;
   /* Diagonal d meets [lo, hi) iff a - hi < d < b - lo. */
-  gsize first = lower_bound (p->slash, p->n_slash, a - hi + 1);
-  gsize last = lower_bound (p->slash, p->n_slash, b - lo); /* exclusive */
+  gsize first = vs_lower_bound (p->slash, p->n_slash, a - hi + 1);
+  gsize last = vs_lower_bound (p->slash, p->n_slash, b - lo); /* exclusive */
   gsize n = 0;
   /* Descending d gives ascending starts. */
   for (gsize i = last; i-- > first;)

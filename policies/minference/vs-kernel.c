@@ -367,22 +367,6 @@ chunk_range (gint64 begin, gint64 end, gint worker, gpointer data)
     chunk_item (data, item, worker);
 }
 
-/* lower bound of x in a[0..n) */
-static gsize
-first_at_least (const gint64 *a, gsize n, gint64 x)
-{
-  gsize lo = 0, hi = n;
-  while (lo < hi)
-    {
-      gsize mid = lo + (hi - lo) / 2;
-      if (a[mid] < x)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-  return lo;
-}
-
 void
 vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
 {
@@ -414,7 +398,7 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
       const VsPattern *p = &a->pattern[h];
-      for (gsize c = first_at_least (p->vertical, p->n_vertical, key0);
+      for (gsize c = vs_lower_bound (p->vertical, p->n_vertical, key0);
            c < p->n_vertical && p->vertical[c] < key0 + k->n_tokens; c++)
         {
           gint64 off = p->vertical[c] - key0;

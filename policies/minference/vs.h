@@ -80,6 +80,9 @@ typedef struct {
   gsize n_slash;
 } VsPattern;
 
+/* First index i in a[0..n) (ascending) with a[i] >= x. */
+gsize vs_lower_bound (const gint64 *a, gsize n, gint64 x);
+
 /* The merged slash ranges of tile rows [a, b) inside keys [k0, k1),
  * ascending; out needs room for n_slash ranges. Returns how many. */
 gsize vs_tile_ranges (const VsPattern *p, gint64 a, gint64 b, gint64 k0, gint64 k1, VsRange *out);

@@ -106,8 +106,11 @@ sq_max_landmark_candidates (const SqConfig *c, gint64 seq)
   return (gsize) (3 + (c->log_stride ? 2 * n_strides (n_blocks) : 0));
 }
 
-gsize
-sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out)
+/* sq_token_candidates, or with `window` FALSE only those outside the
+ * window (what the band kernel leaves to the other paths), in the same
+ * relative order. */
+static gsize
+token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out, gboolean window)
 {
   g_assert (i >= 0 && i < seq && stamp->capacity >= seq);
   gsize n = 0;
@@ -115,7 +118,7 @@ sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gi
   gint64 hi = c->causal ? i : MIN (i + c->window, seq - 1);
 
   /* The window is one range: it needs no marks, the others test against it. */
-  for (gint64 j = lo; j <= hi; j++)
+  for (gint64 j = lo; window && j <= hi; j++)
     out[n++] = j;
   for (gsize x = 0; x < c->n_globals; x++)
     {
@@ -134,6 +137,12 @@ sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gi
   if (c->sort_candidates)
     qsort (out, n, sizeof (gint64), cmp_gint64);
   return n;
+}
+
+gsize
+sq_token_candidates (const SqConfig *c, gint64 i, gint64 seq, SqStamp *stamp, gint64 *out)
+{
+  return token_candidates (c, i, seq, stamp, out, TRUE);
 }
 
 gsize
@@ -257,16 +266,8 @@ landmark_block (const SiftView *k, const SiftView *v, gint64 block_size, gint32 
 {
   const gint32 d = k->head_dim;
   gint64 t0 = b * block_size, t1 = MIN (t0 + block_size, k->n_tokens);
-  memset (ko, 0, (gsize) d * sizeof (float));
-  memset (vo, 0, (gsize) d * sizeof (float));
-  for (gint64 t = t0; t < t1; t++)
-    {
-      sq_add_row (ko, sift_view_row (k, g, t), d);
-      sq_add_row (vo, sift_view_row (v, g, t), d);
-    }
-  float inv = 1.0f / (float) (t1 - t0);
-  sq_scale_row (ko, ko, inv, d);
-  sq_scale_row (vo, vo, inv, d);
+  sq_mean_rows (ko, sift_view_row (k, g, t0), k->token_stride, t1 - t0, d);
+  sq_mean_rows (vo, sift_view_row (v, g, t0), v->token_stride, t1 - t0, d);
 }
 
 typedef struct {
@@ -429,14 +430,15 @@ worker_free (Worker *w)
   g_free (w->row_start);
 }
 
-/* Candidates of row i into w->idx (n_tok) and w->lidx (n_blk) at the given offsets. */
+/* Candidates of row i into w->idx (n_tok) and w->lidx (n_blk) at the given
+ * offsets; with `window` FALSE only the tokens outside the window. */
 static void
 row_candidates (const Forward *f, Worker *w, gint64 i, gsize tok_at, gsize blk_at, gsize *n_tok,
-                gsize *n_blk)
+                gsize *n_blk, gboolean window)
 {
   sq_stamp_next (&w->ts, f->seq);
   sq_stamp_next (&w->bs, MAX (f->n_blocks, 1));
-  *n_tok = sq_token_candidates (f->c, i, f->seq, &w->ts, w->tok + tok_at);
+  *n_tok = token_candidates (f->c, i, f->seq, &w->ts, w->tok + tok_at, window);
   *n_blk = sq_landmark_candidates (f->c, i, f->seq, &w->bs, w->blk + blk_at);
   for (gsize x = 0; x < *n_tok; x++)
     w->idx[tok_at + x] = (gint32) w->tok[tok_at + x];
@@ -459,12 +461,28 @@ sq_attend_tile (const SqTile *t)
     {
       gint32 g = h / group;
       const float *kb = sift_view_row (&t->k, g, 0), *vb = sift_view_row (&t->v, g, 0);
+      SqPrefetch pf = {
+        .k = (const char *) kb, .v = (const char *) vb,
+        .k_stride = t->k.token_stride * (gint64) sizeof (float),
+        .v_stride = t->v.token_stride * (gint64) sizeof (float),
+        .idx = t->idx, .n = t->prefetch_shift > 0 && h % group == 0 ? t->idx_start[n] : 0,
+        .shift = t->prefetch_shift, .limit = t->k.n_tokens, .row_bytes = d * (gint32) sizeof (float),
+        .next_lo = t->hi + n, .next_n = t->prefetch_shift > 0 && h % group == 0 ? t->prefetch_shift : 0,
+      };
+      /* The next tile's query and output rows of this head. */
+      for (gint64 r = n; r < n + t->prefetch_shift && t->hi + r < t->k.n_tokens; r++)
+        for (gint32 x = 0; x < d; x += 16)
+          {
+            __builtin_prefetch ((const float *) sift_view_row (&t->q, h, r) + x, 0, 2);
+            __builtin_prefetch ((float *) sift_view_row (&t->out, h, r) + x, 1, 2);
+          }
       if (band != NULL)
         {
           SqBand b = {
             .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
             .scale = t->scale, .panels = t->panels + g * t->panel_stride, .ring = t->ring,
             .v = vb, .v_stride = t->v.token_stride, .lo = t->lo, .hi = t->hi, .floor = t->floor,
+            .pf = &pf,
           };
           band (&b, st);
         }
@@ -478,6 +496,7 @@ sq_attend_tile (const SqTile *t)
             sq_accumulate (&st[r], sift_view_row (&t->q, h, r), d, t->scale, kb, vb, t->k.token_stride,
                            t->band_idx, (gsize) nb);
           }
+      sq_prefetch_rest (&pf);
       if (rows != NULL)
         {
           /* Every row's other keys, then its landmarks, side by side. */
@@ -540,7 +559,7 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
       for (gint64 i = begin; i < end; i++)
         {
           gsize n_tok, n_blk;
-          row_candidates (f, w, i, 0, 0, &n_tok, &n_blk);
+          row_candidates (f, w, i, 0, 0, &n_tok, &n_blk, TRUE);
           for (gint32 h = 0; h < f->q->n_heads; h++)
             {
               gint32 g = h / group;
@@ -568,8 +587,8 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         {
           gsize n_tok, n_blk, kept = 0;
           gint64 i = t0 + r;
-          row_candidates (f, w, i, tok_start[r], blk_start[r], &n_tok, &n_blk);
-          /* The window [i - window, i] is the band's; keep the rest. */
+          row_candidates (f, w, i, tok_start[r], blk_start[r], &n_tok, &n_blk, FALSE);
+          /* The window [i - window, i] is the band's; the rest is what remains. */
           for (gsize x = 0; x < n_tok; x++)
             if (w->idx[tok_start[r] + x] < i - f->c->window)
               w->idx[tok_start[r] + kept++] = w->idx[tok_start[r] + x];
@@ -617,6 +636,9 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         .lse = f->lse ? f->lse + t0 : NULL, .lse_stride = f->seq,
         .acc = w->acc, .band_idx = w->band_idx,
         .kp = w->kp, .vp = w->vp, .ptr_max = f->max_tok + f->max_blk,
+        /* The next tile's strides are these rows' shifted by its size; they are far
+         * behind the window, so fetch them while this tile computes. */
+        .prefetch_shift = SQ_BAND_ROWS,
       };
       sq_attend_tile (&t);
     }
@@ -641,7 +663,7 @@ forward_tile (gint64 begin, gint64 end, gint worker, gpointer user_data)
       for (gint64 r = 0; r < nr; r++)
         {
           gsize n_tok, n_blk;
-          row_candidates (f, w, r0 + r, tok_start[r], blk_start[r], &n_tok, &n_blk);
+          row_candidates (f, w, r0 + r, tok_start[r], blk_start[r], &n_tok, &n_blk, TRUE);
           tok_start[r + 1] = tok_start[r] + n_tok;
           blk_start[r + 1] = blk_start[r] + n_blk;
         }

@@ -114,6 +114,7 @@ typedef struct {
   gint32 *band_idx;           /* scratch [hi - lo + 1] (rows path) */
   const float **kp, **vp;     /* scratch [SQ_BAND_ROWS][ptr_max]: >= most idx + lidx of a row */
   gsize ptr_max;
+  gint64 prefetch_shift;      /* > 0: while a head runs, fetch its idx + shift rows and rows [hi + n, hi + n + shift) into L2 (the next tile's) */
 } SqTile;
 
 void sq_attend_tile (const SqTile *t);

@@ -10,12 +10,37 @@
 
 #include "sq-simd.h"
 
+static void
+mean_scalar (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
+{
+  memset (dst, 0, (gsize) d * sizeof (float));
+  for (gint64 t = 0; t < n; t++)
+    for (gint32 x = 0; x < d; x++)
+      dst[x] += src[t * stride + x];
+  float inv = 1.0f / (float) n;
+  for (gint32 x = 0; x < d; x++)
+    dst[x] *= inv;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
 #define AVX2 __attribute__ ((target ("avx2,fma")))
 #define AVX512 __attribute__ ((target ("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 #define INLINE static inline __attribute__ ((always_inline))
+
+/* Cephes' polynomial for e^r, r = x - fx ln 2 (relative error about 1e-7),
+ * for the vector width of the prefix `P` (_mm256 or _mm512) and type `T`. */
+#define SQ_EXP_POLY(P, T, x, fx, y)                                               \
+  x = P##_fnmadd_ps (fx, P##_set1_ps (0.693359375f), x);                          \
+  x = P##_fnmadd_ps (fx, P##_set1_ps (-2.12194440e-4f), x);                       \
+  T y = P##_set1_ps (1.9875691500e-4f);                                           \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (1.3981999507e-3f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (8.3334519073e-3f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (4.1665795894e-2f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (1.6666665459e-1f));                        \
+  y = P##_fmadd_ps (y, x, P##_set1_ps (5.0000001201e-1f));                        \
+  y = P##_fmadd_ps (y, P##_mul_ps (x, x), P##_add_ps (x, P##_set1_ps (1.0f)))
 
 /* e^x for x <= 0 (Cephes' polynomial: relative error about 1e-7). Lanes
  * below -87 come out as a tiny positive number; callers mask padding. */
@@ -25,15 +50,7 @@ exp256 (__m256 x)
   x = _mm256_max_ps (x, _mm256_set1_ps (-87.0f));
   __m256 fx = _mm256_floor_ps (_mm256_fmadd_ps (x, _mm256_set1_ps (1.44269504088896341f),
                                                 _mm256_set1_ps (0.5f)));
-  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (0.693359375f), x);
-  x = _mm256_fnmadd_ps (fx, _mm256_set1_ps (-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps (1.9875691500e-4f);
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.3981999507e-3f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (8.3334519073e-3f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (4.1665795894e-2f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (1.6666665459e-1f));
-  y = _mm256_fmadd_ps (y, x, _mm256_set1_ps (5.0000001201e-1f));
-  y = _mm256_fmadd_ps (y, _mm256_mul_ps (x, x), _mm256_add_ps (x, _mm256_set1_ps (1.0f)));
+  SQ_EXP_POLY (_mm256, __m256, x, fx, y);
   __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (fx), _mm256_set1_epi32 (127)), 23);
   return _mm256_mul_ps (y, _mm256_castsi256_ps (e));
 }
@@ -219,30 +236,91 @@ SQ_DEFINE_ACC (avx512, AVX512, 128, 8)
 
 /* ---- Band kernel (AVX-512) ----------------------------------------------- */
 
-/* e^x, 16 lanes: exp256 on each half. */
+/* e^x, 16 lanes, x <= 0 (the polynomial of exp256 in 512-bit registers,
+ * 2^n applied with scalef); lanes below -87 (and -inf) give exactly 0. */
 INLINE AVX512 __m512
 exp512 (__m512 x)
 {
-  __m256 lo = exp256 (_mm512_castps512_ps256 (x)), hi = exp256 (_mm512_extractf32x8_ps (x, 1));
-  return _mm512_insertf32x8 (_mm512_castps256_ps512 (lo), hi, 1);
+  __mmask16 live = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps (x, _mm512_set1_ps (-87.0f));
+  __m512 fx = _mm512_roundscale_ps (_mm512_fmadd_ps (x, _mm512_set1_ps (1.44269504088896341f), _mm512_set1_ps (0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  SQ_EXP_POLY (_mm512, __m512, x, fx, y);
+  return _mm512_maskz_scalef_ps (live, y, fx);
+}
+
+/* Scores of np (1 or 2) panels from p on for all rows, -inf where a row
+ * does not see the key, into sb (row r at sb + r * SQ_BAND_SB); mx takes
+ * the running maxima. Two panels a step: 2 loads and 8 broadcasts feed 16
+ * FMAs. */
+enum { SQ_BAND_CH = 16, SQ_BAND_SB = SQ_BAND_CH * 16 };
+
+INLINE AVX512 void
+band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *sb, __m512 *mx)
+{
+  enum { R = SQ_BAND_ROWS, L = 16 };
+  const int d = 16 * nv;
+  const float *panel[2];
+  __m512 s[2][R];
+#pragma GCC unroll 2
+  for (int u = 0; u < np; u++)
+    {
+      panel[u] = b->panels + (b->ring > 0 ? (p + u) % b->ring : p + u) * d * L;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        s[u][r] = _mm512_setzero_ps ();
+    }
+#pragma GCC unroll 2
+  for (int x = 0; x < d; x++)
+    {
+      /* Spread the next tile's far rows over the FMAs, one line a step. */
+      if (b->pf != NULL)
+        sq_prefetch_step (b->pf);
+      __m512 kx[2];
+#pragma GCC unroll 2
+      for (int u = 0; u < np; u++)
+        kx[u] = _mm512_load_ps (panel[u] + x * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        {
+          __m512 qb = _mm512_set1_ps (qs[r * d + x]);
+#pragma GCC unroll 2
+          for (int u = 0; u < np; u++)
+            s[u][r] = _mm512_fmadd_ps (kx[u], qb, s[u][r]);
+        }
+    }
+#pragma GCC unroll 2
+  for (int u = 0; u < np; u++)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+      {
+        /* Row r sees keys [lo + r, hi + r]; the rest score -inf. */
+        const gint64 j0 = (p + u) * L;
+        gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
+        __mmask16 k = (__mmask16) (a < z && r < b->n_rows ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
+        __m512 sv = _mm512_mask_blend_ps (k, _mm512_set1_ps (-INFINITY), s[u][r]);
+        mx[r] = _mm512_max_ps (mx[r], sv);
+        _mm512_store_ps (sb + r * SQ_BAND_SB + u * L, sv);
+      }
 }
 
 /* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
  * 16 scores are one vector: q . k for 8 rows x 16 keys is d steps of one
- * panel load and 8 broadcast FMAs, with no horizontal sums. Each row then
- * takes one online-softmax step per panel (max, one rescale, 16 exps), and
- * the weights meet each value row once for a group of rows. */
+ * panel load and 8 broadcast FMAs, with no horizontal sums. The band is
+ * taken in chunks of up to 16 panels (one chunk for window <= 232): all of
+ * a chunk's scores first, then one max per row, the chunk's exponentials
+ * against that max (so the running sums rescale at most once per chunk,
+ * not once per panel), then P . V for all rows at once, 32 floats of the
+ * head dimension at a time. */
 INLINE AVX512 void
 band_avx512 (const SqBand *b, SqState *st, int nv)
 {
-  enum { R = SQ_BAND_ROWS, L = 16 };
-  const int d = 16 * nv, G = nv <= 4 ? 4 : 2; /* PV: G rows' acc stay in registers */
+  enum { R = SQ_BAND_ROWS, L = 16, CH = SQ_BAND_CH };
+  const int d = 16 * nv;
   const int n_rows = b->n_rows;
   float qs[R * 128] __attribute__ ((aligned (64)));
-  float pbuf[R][L] __attribute__ ((aligned (64)));
-  float m[R], rf[R];
-  __m512 l[R];
-  memset (pbuf, 0, sizeof pbuf);
+  float sb[R][CH * L] __attribute__ ((aligned (64))); /* scores, then weights */
+  float m[R], l[R], rf[R];
   for (int r = 0; r < R; r++)
     {
 #pragma GCC unroll 8
@@ -254,88 +332,85 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
       if (r < n_rows)
         memset (st[r].acc, 0, (gsize) d * sizeof (float));
       m[r] = -INFINITY;
-      l[r] = _mm512_setzero_ps ();
+      l[r] = 0.0f;
     }
   const gint64 j_lo = MAX (b->lo, b->floor), j_hi = b->hi + n_rows - 1; /* keys any row sees */
-  for (gint64 p = j_lo / L; p * L <= j_hi; p++)
+  const gint64 p_last = j_hi / L;
+  for (gint64 pc = j_lo / L; pc <= p_last; pc += CH)
     {
-      const float *panel = b->panels + (b->ring > 0 ? p % b->ring : p) * d * L;
-      const gint64 j0 = p * L;
-      __m512 s[R];
+      const int np = (int) MIN (CH, p_last - pc + 1);
+      __m512 mx[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++)
-        s[r] = _mm512_setzero_ps ();
-#pragma GCC unroll 4
-      for (int x = 0; x < d; x++)
+        mx[r] = _mm512_set1_ps (-INFINITY);
+      int q = 0;
+      for (; q + 2 <= np; q += 2)
+        band_scores (b, qs, nv, pc + q, 2, sb[0] + q * L, mx);
+      if (q < np)
+        band_scores (b, qs, nv, pc + q, 1, sb[0] + q * L, mx);
+      for (int r = 0; r < R; r++)
         {
-          __m512 kx = _mm512_load_ps (panel + x * L);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-            s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
-        }
-      __mmask16 any = 0;
-      for (int r = 0; r < n_rows; r++)
-        {
-          /* Row r sees keys [lo + r, hi + r]. */
-          gint64 a = CLAMP (MAX (b->lo + r, b->floor) - j0, 0, L), z = CLAMP (b->hi + r - j0 + 1, 0, L);
-          __mmask16 k = (__mmask16) (a < z ? ((1u << z) - 1u) & ~((1u << a) - 1u) : 0u);
-          rf[r] = 1.0f;
-          if (k == 0)
+          if (r >= n_rows)
             {
-              _mm512_store_ps (pbuf[r], _mm512_setzero_ps ());
+              /* Padding rows weigh nothing (their accumulators are never stored). */
+              for (int q = 0; q < np; q++)
+                _mm512_store_ps (&sb[r][q * L], _mm512_setzero_ps ());
               continue;
             }
-          any |= k;
-          float mx = _mm512_mask_reduce_max_ps (k, s[r]);
-          if (mx > m[r])
+          float mn = MAX (m[r], _mm512_reduce_max_ps (mx[r]));
+          /* What was summed shrinks by e^(m_old - m_new); a row with no key yet has nothing to shrink. */
+          rf[r] = mn > m[r] ? expf (m[r] - mn) : 1.0f;
+          l[r] *= rf[r];
+          m[r] = mn;
+          __m512 base = _mm512_set1_ps (mn == -INFINITY ? 0.0f : mn), ls = _mm512_setzero_ps ();
+          for (int q = 0; q < np; q++)
             {
-              rf[r] = expf (m[r] - mx); /* what was summed shrinks by e^(m_old - m_new) */
-              l[r] = _mm512_mul_ps (l[r], _mm512_set1_ps (rf[r]));
-              m[r] = mx;
+              __m512 w = exp512 (_mm512_sub_ps (_mm512_load_ps (&sb[r][q * L]), base));
+              ls = _mm512_add_ps (ls, w);
+              _mm512_store_ps (&sb[r][q * L], w);
             }
-          __m512 pw = _mm512_maskz_mov_ps (k, exp512 (_mm512_sub_ps (s[r], _mm512_set1_ps (m[r]))));
-          l[r] = _mm512_add_ps (l[r], pw);
-          _mm512_store_ps (pbuf[r], pw);
+          l[r] += _mm512_reduce_add_ps (ls);
         }
-      for (int r0 = 0; r0 < n_rows; r0 += G)
+      const gint64 c_lo = MAX (j_lo, pc * L), c_hi = MIN (j_hi, (pc + np) * L - 1);
+      /* Two vectors of d at a time for all R rows: 2R accumulators stay in
+       * registers and each line of a value row is read once per head. */
+      for (int jv = 0; jv < nv; jv += 2)
         {
-          __m512 acc[4][8];
-#pragma GCC unroll 4
-          for (int g = 0; g < G; g++)
+          __m512 acc[R][2];
 #pragma GCC unroll 8
-            for (int j = 0; j < nv; j++)
-              acc[g][j] = r0 + g < n_rows
-                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r0 + g].acc + 16 * j), _mm512_set1_ps (rf[r0 + g]))
+          for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; j++)
+              acc[r][j] = r < n_rows
+                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
                             : _mm512_setzero_ps ();
-          for (unsigned bits = any; bits != 0; bits &= bits - 1)
+          for (gint64 jk = c_lo; jk <= c_hi; jk++)
             {
-              int c = __builtin_ctz (bits);
-              const float *v = b->v + (j0 + c) * b->v_stride;
-              __m512 vz[8];
+              const float *v = b->v + jk * b->v_stride + 16 * jv;
+              const gint64 c = jk - pc * L;
+              __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
 #pragma GCC unroll 8
-              for (int j = 0; j < nv; j++)
-                vz[j] = _mm512_loadu_ps (v + 16 * j);
-#pragma GCC unroll 4
-              for (int g = 0; g < G; g++)
+              for (int r = 0; r < R; r++)
                 {
-                  __m512 w = _mm512_set1_ps (pbuf[(r0 + g) % R][c]);
-#pragma GCC unroll 8
-                  for (int j = 0; j < nv; j++)
-                    acc[g][j] = _mm512_fmadd_ps (w, vz[j], acc[g][j]);
+                  __m512 w = _mm512_set1_ps (sb[r][c]);
+                  acc[r][0] = _mm512_fmadd_ps (w, v0, acc[r][0]);
+                  acc[r][1] = _mm512_fmadd_ps (w, v1, acc[r][1]);
                 }
             }
-#pragma GCC unroll 4
-          for (int g = 0; g < G; g++)
-            if (r0 + g < n_rows)
 #pragma GCC unroll 8
-              for (int j = 0; j < nv; j++)
-                _mm512_storeu_ps (st[r0 + g].acc + 16 * j, acc[g][j]);
+          for (int r = 0; r < R; r++)
+            if (r < n_rows)
+#pragma GCC unroll 2
+              for (int j = 0; j < 2; j++)
+                _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
         }
     }
+  if (b->pf != NULL)
+    sq_prefetch_rest (b->pf);
   for (int r = 0; r < n_rows; r++)
     {
       st[r].m = m[r];
-      st[r].l = _mm512_reduce_add_ps (l[r]);
+      st[r].l = l[r];
     }
 }
 
@@ -392,11 +467,6 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
               if ((int) c0 + c < nr[r])
                 {
                   const float *k = b->k[r * b->max + c0 + c];
-                  const char *vnext = (const char *) b->v[r * b->max + c0 + c];
-                  /* The value row is wanted right after this batch's scores; these
-                   * rows are far behind the window and rarely cached. */
-                  for (int line = 0; line < d * 4; line += 64)
-                    _mm_prefetch (vnext + line, _MM_HINT_T0);
                   __m512 z = _mm512_mul_ps (_mm512_load_ps (qs + r * d), _mm512_loadu_ps (k));
 #pragma GCC unroll 8
                   for (int j = 1; j < nv; j++)
@@ -460,6 +530,58 @@ SQ_DEFINE_TILE (rows_avx512, SqRows, 32, 2)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 64, 4)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
 
+/* 16 keys x 16 dimensions transposed in registers: two in-lane shuffle
+ * rounds give each 128-bit lane four keys of one dimension, two rounds of
+ * lane shuffles put the four lanes of a dimension together. Keys at or
+ * past n read as zeros. */
+static AVX512 void
+pack_transpose_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+{
+  for (gint64 p = 0; p * 16 < n; p++)
+    {
+      const float *base = k + p * 16 * stride;
+      for (gint32 x0 = 0; x0 < d; x0 += 16)
+        {
+          __m512 r[16], t[16];
+#pragma GCC unroll 16
+          for (int c = 0; c < 16; c++)
+            r[c] = _mm512_maskz_loadu_ps (p * 16 + c < n ? 0xffff : 0, base + c * stride + x0);
+#pragma GCC unroll 8
+          for (int i = 0; i < 8; i++)
+            {
+              t[2 * i] = _mm512_unpacklo_ps (r[2 * i], r[2 * i + 1]);
+              t[2 * i + 1] = _mm512_unpackhi_ps (r[2 * i], r[2 * i + 1]);
+            }
+#pragma GCC unroll 4
+          for (int b = 0; b < 4; b++)
+            {
+              r[4 * b] = _mm512_shuffle_ps (t[4 * b], t[4 * b + 2], 0x44);
+              r[4 * b + 1] = _mm512_shuffle_ps (t[4 * b], t[4 * b + 2], 0xee);
+              r[4 * b + 2] = _mm512_shuffle_ps (t[4 * b + 1], t[4 * b + 3], 0x44);
+              r[4 * b + 3] = _mm512_shuffle_ps (t[4 * b + 1], t[4 * b + 3], 0xee);
+            }
+          /* r[4b + j], lane L: keys 4b..4b+3 of dimension 4L + j. */
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; j++)
+            {
+              t[j] = _mm512_shuffle_f32x4 (r[j], r[4 + j], 0x88);
+              t[4 + j] = _mm512_shuffle_f32x4 (r[j], r[4 + j], 0xdd);
+              t[8 + j] = _mm512_shuffle_f32x4 (r[8 + j], r[12 + j], 0x88);
+              t[12 + j] = _mm512_shuffle_f32x4 (r[8 + j], r[12 + j], 0xdd);
+            }
+          float *out = panels + (p * d + x0) * 16;
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; j++)
+            {
+              _mm512_store_ps (out + (0 + j) * 16, _mm512_shuffle_f32x4 (t[j], t[8 + j], 0x88));
+              _mm512_store_ps (out + (4 + j) * 16, _mm512_shuffle_f32x4 (t[4 + j], t[12 + j], 0x88));
+              _mm512_store_ps (out + (8 + j) * 16, _mm512_shuffle_f32x4 (t[j], t[8 + j], 0xdd));
+              _mm512_store_ps (out + (12 + j) * 16, _mm512_shuffle_f32x4 (t[4 + j], t[12 + j], 0xdd));
+            }
+        }
+    }
+}
+
 static AVX512 void
 pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
@@ -475,11 +597,29 @@ pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
     }
 }
 
+/* Up to 128 floats of the rows at a time, the sums held in registers. */
 static AVX512 void
-add_avx512 (float *dst, const float *src, gint32 d)
+mean_avx512 (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  for (gint32 x = 0; x < d; x += 16)
-    _mm512_storeu_ps (dst + x, _mm512_add_ps (_mm512_loadu_ps (dst + x), _mm512_loadu_ps (src + x)));
+  const __m512 inv = _mm512_set1_ps (1.0f / (float) n);
+  for (gint32 x0 = 0; x0 < d; x0 += 128)
+    {
+      const int nv = MIN (8, (d - x0) / 16);
+      __m512 acc[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++)
+        acc[j] = _mm512_setzero_ps ();
+      for (gint64 t = 0; t < n; t++)
+        {
+          const float *row = src + t * stride + x0;
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; j++)
+            if (j < nv)
+              acc[j] = _mm512_add_ps (acc[j], _mm512_loadu_ps (row + 16 * j));
+        }
+      for (int j = 0; j < nv; j++)
+        _mm512_storeu_ps (dst + x0 + 16 * j, _mm512_mul_ps (acc[j], inv));
+    }
 }
 
 static AVX512 void
@@ -506,6 +646,11 @@ sq_scale_row (float *dst, const float *src, float s, gint32 d)
 void
 sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
+  if (plugin_isa () >= SIFT_ISA_AVX512 && d % 16 == 0)
+    {
+      pack_transpose_avx512 (k, stride, n, d, panels);
+      return;
+    }
   if (plugin_isa () >= SIFT_ISA_AVX512 && stride * 16 <= G_MAXINT32)
     {
       pack_avx512 (k, stride, n, d, panels);
@@ -518,15 +663,14 @@ sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels
 }
 
 void
-sq_add_row (float *dst, const float *src, gint32 d)
+sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
   if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
     {
-      add_avx512 (dst, src, d);
+      mean_avx512 (dst, src, stride, n, d);
       return;
     }
-  for (gint32 x = 0; x < d; x++)
-    dst[x] += src[x];
+  mean_scalar (dst, src, stride, n, d);
 }
 
 /* The core's choice (SIFT_ISA, sift_isa_force) when the core has SIMD
@@ -633,10 +777,9 @@ sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels
 }
 
 void
-sq_add_row (float *dst, const float *src, gint32 d)
+sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  for (gint32 x = 0; x < d; x++)
-    dst[x] += src[x];
+  mean_scalar (dst, src, stride, n, d);
 }
 
 void

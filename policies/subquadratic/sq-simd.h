@@ -6,6 +6,50 @@
 
 #include "sq-core.h"
 
+/* Rows to ask into the L2 cache while a kernel computes: key and value
+ * rows idx[x] + shift (x < n, rows below `limit` only) of one head, far
+ * behind the window, that the next tile reads, and the rows the next tile
+ * adds to its window. A kernel takes one step
+ * (the next 64 bytes of one key and one value row) at a time between its
+ * FMAs; sq_prefetch_rest takes what is left. */
+typedef struct {
+  const char *k, *v;
+  gint64 k_stride, v_stride; /* bytes */
+  const gint32 *idx;
+  gsize n;
+  gint64 shift, limit;
+  gint64 next_lo, next_n;    /* then rows [next_lo, next_lo + next_n): the next tile's newest keys */
+  gint32 row_bytes;
+  gsize x;                   /* progress: row x, byte b */
+  gint32 b;
+} SqPrefetch;
+
+static inline void
+sq_prefetch_step (SqPrefetch *p)
+{
+  if (p->x >= p->n + (gsize) p->next_n)
+    return;
+  gint64 j = p->x < p->n ? p->idx[p->x] + p->shift : p->next_lo + (gint64) (p->x - p->n);
+  if (j < p->limit)
+    {
+      __builtin_prefetch (p->k + j * p->k_stride + p->b, 0, 2);
+      __builtin_prefetch (p->v + j * p->v_stride + p->b, 0, 2);
+    }
+  p->b += 64;
+  if (p->b >= p->row_bytes || j >= p->limit)
+    {
+      p->b = 0;
+      p->x++;
+    }
+}
+
+static inline void
+sq_prefetch_rest (SqPrefetch *p)
+{
+  while (p->x < p->n + (gsize) p->next_n)
+    sq_prefetch_step (p);
+}
+
 typedef void (*SqAccumulateFunc) (SqState *st, const float *q, gint32 head_dim, float scale,
                                   const float *base_k, const float *base_v, gint64 stride,
                                   const gint32 *idx, gsize n);
@@ -26,6 +70,7 @@ typedef struct {
   gint64 v_stride;
   gint64 lo, hi;
   gint64 floor;               /* no key below this one */
+  SqPrefetch *pf;             /* rows to ask into L2 while the band computes, or NULL */
 } SqBand;
 
 typedef void (*SqBandFunc) (const SqBand *band, SqState *st);
@@ -54,8 +99,9 @@ SqRowsFunc sq_simd_rows (gint32 head_dim);
 /* dst[0, d) = src[0, d) * s. */
 void sq_scale_row (float *dst, const float *src, float s, gint32 d);
 
-/* dst[0, d) += src[0, d). */
-void sq_add_row (float *dst, const float *src, gint32 d);
+/* dst[0, d) = the mean of rows src + t * stride, t < n (n >= 1): summed in
+ * order, then multiplied by 1 / n. */
+void sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d);
 
 /* The band kernel for head_dim on this CPU, or NULL (then rows go one by one). */
 SqBandFunc sq_simd_band (gint32 head_dim);
@@ -64,3 +110,4 @@ SqBandFunc sq_simd_band (gint32 head_dim);
 SiftIsa sq_simd_isa (gint32 head_dim);
 /* The fastest path for head_dim on this CPU, or NULL for the scalar one. */
 SqAccumulateFunc sq_simd_accumulate (gint32 head_dim);
+
