@@ -115,7 +115,7 @@ vexp2 (vf x)
 
 const SiftAttnKernels sift_attn_kernels_avx2 = {
   .dense = dense_simd,
-  .decode = dense_simd,
+  .decode = decode_simd,
   .gather = gather_simd,
   .exp2v = expv_simd,
 };

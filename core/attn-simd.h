@@ -35,6 +35,7 @@ enum { MODE_DENSE, MODE_GATHER };
 typedef struct {
   const SiftAttnArgs *a;
   int mode;
+  gboolean decode;      /* few rows may take the streaming decode path */
   gint32 d, dp;         /* head_dim and head_dim rounded up to VL */
   gint32 group;         /* query heads per kv head */
   gint32 heads;         /* query heads per item */
@@ -283,6 +284,178 @@ softmax_tile (const Scratch *s, gsize nk, gsize rp, gboolean mask)
     }
 }
 
+
+/* Decode path, for R <= MR rows of one kv head and head_dim a multiple of
+ * 2 VL: K and V rows are read straight from the cache (converted to f32 in
+ * registers, no staging copy) once for all rows. Per chunk of VL keys:
+ *   1. scores of every row by dot products, each key's K row loaded once;
+ *   2. one max and one rescale of O per row and chunk; the VL exponentials
+ *      of a row in one vector;
+ *   3. O += P V two vectors of head_dim at a time, the accumulators of all
+ *      rows in registers while the chunk's V rows stream through.
+ * Same numerics as the tiled path: base 2, m = -inf rows subtract 0. */
+#define DEC_PF 2 /* chunks ahead that K/V rows are prefetched */
+
+ALWAYS_INLINE vf
+kv_load (const void *row, gsize c, const SiftDType dt)
+{
+  switch (dt)
+    {
+    case SIFT_DTYPE_F32: return vload ((const float *) row + c);
+    case SIFT_DTYPE_F16: return vcvt_f16 ((const guint16 *) row + c);
+    default: return vcvt_bf16 ((const guint16 *) row + c);
+    }
+}
+
+ALWAYS_INLINE void
+decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gint32 min_lim,
+             const int nr, const int nb, const SiftDType dt)
+{
+  const SiftAttnArgs *a = p->a;
+  const gsize dp = (gsize) p->dp;
+  const gsize row_bytes = dp * (dt == SIFT_DTYPE_F32 ? 4 : 2);
+  float sc[MR][VL] __attribute__ ((aligned (64)));
+  float pr[MR][VL] __attribute__ ((aligned (64)));
+  const void *vrow[VL];
+  for (gint64 j0 = kb; j0 < ke; j0 += VL)
+    {
+      const int nk = (int) MIN ((gint64) VL, ke - j0);
+      for (int j = 0; j < nk; j++)
+        {
+          gint64 t = j0 + j;
+          gint64 tn = t + DEC_PF * VL;
+          if (tn < ke)
+            {
+              prefetch_row (a->k, g, tn, row_bytes);
+              prefetch_row (a->v, g, tn, row_bytes);
+            }
+          const void *krow = sift_view_row (a->k, g, t);
+          vrow[j] = sift_view_row (a->v, g, t);
+          /* Two accumulators per row halve the FMA dependency chain. */
+          vf acc[MR][2];
+#pragma GCC unroll 4
+          for (int i = 0; i < nr; i++)
+            acc[i][0] = acc[i][1] = vzero ();
+          for (gsize c = 0; c < dp; c += 2 * VL)
+            {
+              vf k0 = kv_load (krow, c, dt), k1 = kv_load (krow, c + VL, dt);
+#pragma GCC unroll 4
+              for (int i = 0; i < nr; i++)
+                {
+                  acc[i][0] = vfma (vload (s->qt + (gsize) i * dp + c), k0, acc[i][0]);
+                  acc[i][1] = vfma (vload (s->qt + (gsize) i * dp + c + VL), k1, acc[i][1]);
+                }
+            }
+#pragma GCC unroll 4
+          for (int i = 0; i < nr; i++)
+            sc[i][j] = vhsum (vadd (acc[i][0], acc[i][1]));
+        }
+      const gboolean mask = a->causal && j0 + nk - 1 >= min_lim;
+#pragma GCC unroll 4
+      for (int i = 0; i < nr; i++)
+        {
+          for (int j = nk; j < VL; j++)
+            sc[i][j] = -INFINITY;
+          if (mask)
+            for (int j = 0; j < nk; j++)
+              if (j0 + j >= s->lim[i])
+                sc[i][j] = -INFINITY;
+          float mx = sc[i][0];
+          for (int j = 1; j < VL; j++)
+            mx = MAX (mx, sc[i][j]);
+          const float m_old = s->m[i];
+          const float m_new = MAX (m_old, mx);
+          const float m_sub = m_new == -INFINITY ? 0.0f : m_new;
+          vf pv = vexp2 (vsub (vload (sc[i]), vset1 (m_sub)));
+          vstore (pr[i], pv);
+          if (m_new != m_old)
+            {
+              const float alpha = exp2f (m_old - m_sub);
+              float *o = s->o + (gsize) i * dp;
+              for (gsize c = 0; c < dp; c += VL)
+                vstore (o + c, vmul (vload (o + c), vset1 (alpha)));
+              s->l[i] *= alpha;
+            }
+          s->l[i] += vhsum (pv);
+          s->m[i] = m_new;
+        }
+      /* nb vectors of head_dim per pass: 4 for one or two rows, so that
+       * there are enough independent FMA chains. */
+      for (gsize c = 0; c < dp; c += (gsize) nb * VL)
+        {
+          vf o[MR][4];
+#pragma GCC unroll 4
+          for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+            for (int n = 0; n < nb; n++)
+              o[i][n] = vload (s->o + (gsize) i * dp + c + (gsize) n * VL);
+          for (int j = 0; j < nk; j++)
+            {
+              vf v[4];
+#pragma GCC unroll 4
+              for (int n = 0; n < nb; n++)
+                v[n] = kv_load (vrow[j], c + (gsize) n * VL, dt);
+#pragma GCC unroll 4
+              for (int i = 0; i < nr; i++)
+                {
+                  vf pj = vset1 (pr[i][j]);
+#pragma GCC unroll 4
+                  for (int n = 0; n < nb; n++)
+                    o[i][n] = vfma (pj, v[n], o[i][n]);
+                }
+            }
+#pragma GCC unroll 4
+          for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+            for (int n = 0; n < nb; n++)
+              vstore (s->o + (gsize) i * dp + c + (gsize) n * VL, o[i][n]);
+        }
+    }
+}
+
+#define DECODE_CASE(dt)                                                              \
+  switch (R)                                                                         \
+    {                                                                                \
+    case 1:                                                                          \
+      if (wide)                                                                      \
+        decode_keys (p, g, s, kb, ke, min_lim, 1, 4, dt);                            \
+      else                                                                           \
+        decode_keys (p, g, s, kb, ke, min_lim, 1, 2, dt);                            \
+      break;                                                                         \
+    case 2:                                                                          \
+      if (wide)                                                                      \
+        decode_keys (p, g, s, kb, ke, min_lim, 2, 4, dt);                            \
+      else                                                                           \
+        decode_keys (p, g, s, kb, ke, min_lim, 2, 2, dt);                            \
+      break;                                                                         \
+    case 3: decode_keys (p, g, s, kb, ke, min_lim, 3, 2, dt); break;                 \
+    default: decode_keys (p, g, s, kb, ke, min_lim, MR, 2, dt); break;               \
+    }
+
+/* decode_keys with the row count and dtype as constants. */
+static void
+decode_run (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gint32 min_lim,
+            gsize R)
+{
+  const gboolean wide = p->d % (4 * VL) == 0;
+  switch (p->a->k->dtype)
+    {
+    case SIFT_DTYPE_F32: DECODE_CASE (SIFT_DTYPE_F32); break;
+    case SIFT_DTYPE_F16: DECODE_CASE (SIFT_DTYPE_F16); break;
+    default: DECODE_CASE (SIFT_DTYPE_BF16); break;
+    }
+}
+
+/* The decode path applies: few rows, dense keys, whole vectors of head_dim. */
+static gboolean
+decode_applies (const Plan *p, gsize R)
+{
+  return p->decode && p->mode == MODE_DENSE && R <= MR && p->d == p->dp && p->d % (2 * VL) == 0;
+}
+
+static gint32
+limit32 (const SiftAttnArgs *a, gint64 t);
+
 static gint32
 limit32 (const SiftAttnArgs *a, gint64 t)
 {
@@ -401,6 +574,9 @@ run_item (const Plan *p, gint64 item, float *buf)
   gint64 ke = split + 1 == p->n_split ? kend : kend * (split + 1) / p->n_split / BK * BK;
 
   const gsize row_bytes = (gsize) d * (a->k->dtype == SIFT_DTYPE_F32 ? 4 : 2);
+  if (decode_applies (p, R))
+    decode_run (p, g, &s, kb, ke, min_lim, R);
+  else
   for (gint64 j0 = kb; j0 < ke; j0 += BK)
     {
       gsize nk = (gsize) MIN ((gint64) BK, ke - j0);
@@ -503,9 +679,9 @@ merge_body (gint64 begin, gint64 end, gint worker, gpointer data)
 /* Splits the work: items of at most RMAX rows of one kv head, and the key
  * axis split when there are too few items to keep every thread busy. */
 static void
-run_plan (const SiftAttnArgs *a, int mode, gint64 rmax_rows)
+run_plan (const SiftAttnArgs *a, int mode, gint64 rmax_rows, gboolean decode)
 {
-  Plan p = { .a = a, .mode = mode };
+  Plan p = { .a = a, .mode = mode, .decode = decode };
   const gint64 n_q = a->q->n_tokens;
   if (n_q == 0)
     return;
@@ -554,13 +730,19 @@ run_plan (const SiftAttnArgs *a, int mode, gint64 rmax_rows)
 static void
 dense_simd (const SiftAttnArgs *a)
 {
-  run_plan (a, MODE_DENSE, RMAX);
+  run_plan (a, MODE_DENSE, RMAX, FALSE);
 }
 
 static void
 gather_simd (const SiftAttnArgs *a)
 {
-  run_plan (a, MODE_GATHER, RMAX);
+  run_plan (a, MODE_GATHER, RMAX, FALSE);
+}
+
+static void
+decode_simd (const SiftAttnArgs *a)
+{
+  run_plan (a, MODE_DENSE, RMAX, TRUE);
 }
 
 static void
