@@ -19,6 +19,19 @@ mode=${1:-run}
 [ $# -gt 0 ] && shift
 case "$mode" in
   run)  exec ./build/tools/sift needle "$@" ;;
-  test) exec meson test -C build --print-errorlogs "$@" ;;
+  test)
+    status=0
+    meson test -C build --print-errorlogs "$@" || status=$?
+    # The plain closing line CI reads: counted from meson's own log
+    # (python3 is there: meson runs on it).
+    python3 - build/meson-logs/testlog.json <<'PY'
+import json, sys
+results = [json.loads(line)["result"] for line in open(sys.argv[1]) if line.strip()]
+ok = sum(r in ("OK", "EXPECTEDFAIL") for r in results)
+skipped = sum(r == "SKIP" for r in results)
+failed = len(results) - ok - skipped
+print(f"{ok} passed, {failed} failed, {skipped} skipped")
+PY
+    exit $status ;;
   *)    echo "usage: $0 [run|test]" >&2; exit 2 ;;
 esac
