@@ -10,6 +10,7 @@
 #include "config-private.h"
 #include "nearest.h"
 #include "params-private.h"
+#include "policy-private.h"
 
 typedef struct {
   Config *cfg;
@@ -582,15 +583,6 @@ parse_params (Ctx *c, Setup *s, int phase, yaml_node_t *map, const char *path, G
   return TRUE;
 }
 
-static gboolean
-valid_policy_name (const char *name)
-{
-  for (const char *ch = name; *ch; ch++)
-    if (!(g_ascii_islower (*ch) || g_ascii_isdigit (*ch) || *ch == '_' || *ch == '-'))
-      return FALSE;
-  return *name != '\0';
-}
-
 /* prefill: NAME, or {name: NAME, params: {...}}: replaces the phase's choice. */
 static gboolean
 parse_choice (Ctx *c, Setup *s, int phase, yaml_node_t *node, const char *path, GError **error)
@@ -637,7 +629,7 @@ parse_choice (Ctx *c, Setup *s, int phase, yaml_node_t *node, const char *path, 
   if (!expect_scalar (c, name, node == name ? path : what, "a policy name", error))
     return FALSE;
   Origin name_at = origin_of (c, name);
-  if (!valid_policy_name (scalar (name)))
+  if (!sift_policy_name_valid (scalar (name)))
     {
       FAIL (TYPE, &name_at, "%s: '%s' is not a policy name ([a-z0-9_-]+)", path, scalar (name));
       return FALSE;

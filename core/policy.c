@@ -5,6 +5,8 @@
 #include <sift/params.h>
 #include <sift/policy.h>
 
+#include "policy-private.h"
+
 SiftPolicy *
 sift_policy_new (const SiftPolicyOps *ops, const SiftParams *params, const SiftModelShape *shape,
                  GError **error)
@@ -72,8 +74,8 @@ static const guint32 flags_for_minor[] = {
 G_STATIC_ASSERT (G_N_ELEMENTS (flags_for_minor) == SIFT_POLICY_ABI_MINOR + 1);
 G_STATIC_ASSERT (G_N_ELEMENTS (ops_size_for_minor) == SIFT_POLICY_ABI_MINOR + 1);
 
-static gboolean
-valid_policy_name (const char *name)
+gboolean
+sift_policy_name_valid (const char *name)
 {
   if (name == NULL || *name == '\0')
     return FALSE;
@@ -105,7 +107,7 @@ sift_policy_ops_check (const SiftPolicyOps *ops, const char *file, GError **erro
                    ops->struct_size, ops->abi_major, ops->abi_minor, ops_size_for_minor[ops->abi_minor]);
       return FALSE;
     }
-  if (!valid_policy_name (ops->name))
+  if (!sift_policy_name_valid (ops->name))
     {
       g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
                    "%s: policy name '%s' is not of the form [a-z0-9_-]+", where,
