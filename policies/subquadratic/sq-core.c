@@ -457,6 +457,29 @@ sq_attend_tile (const SqTile *t)
   g_assert (n <= SQ_BAND_ROWS);
   for (gint64 r = 0; r < n; r++)
     st[r].acc = t->acc + r * d;
+  /* The rows of a tile name nearly the same landmark blocks (the pivot
+   * moves once every block_size rows): their union, with a mask per row,
+   * goes through the shared-keys kernel as one small dense block. */
+  SqSharedFunc shared = rows != NULL ? sq_simd_shared (d) : NULL;
+  gint32 sh_id[SQ_SHARED_MAX], sh_n = 0;
+  guint16 sh_mask[SQ_BAND_ROWS] = { 0 };
+  for (gint64 r = 0; shared != NULL && r < n; r++)
+    for (gsize x = t->lidx_start[r]; x < t->lidx_start[r + 1]; x++)
+      {
+        gint32 c = 0;
+        while (c < sh_n && sh_id[c] != t->lidx[x])
+          c++;
+        if (c == sh_n)
+          {
+            if (sh_n == SQ_SHARED_MAX)
+              {
+                shared = NULL; /* too many: the landmarks stay with each row */
+                break;
+              }
+            sh_id[sh_n++] = t->lidx[x];
+          }
+        sh_mask[r] |= (guint16) (1u << c);
+      }
   for (gint32 h = 0; h < t->q.n_heads; h++)
     {
       gint32 g = h / group;
@@ -499,9 +522,23 @@ sq_attend_tile (const SqTile *t)
       sq_prefetch_rest (&pf);
       if (rows != NULL)
         {
-          /* Every row's other keys, then its landmarks, side by side. */
-          gsize cnt[SQ_BAND_ROWS];
           const float *lkb = t->lk + (gint64) g * t->l_n * d, *lvb = t->lv + (gint64) g * t->l_n * d;
+          if (shared != NULL && sh_n > 0)
+            {
+              const float *shk[SQ_SHARED_MAX], *shv[SQ_SHARED_MAX];
+              for (gint32 c = 0; c < sh_n; c++)
+                {
+                  shk[c] = lkb + (gint64) sh_id[c] * d;
+                  shv[c] = lvb + (gint64) sh_id[c] * d;
+                }
+              SqShared b = {
+                .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
+                .scale = t->scale, .k = shk, .v = shv, .n = sh_n, .mask = sh_mask,
+              };
+              shared (&b, st);
+            }
+          /* Every row's other keys, then its landmarks (unless shared), side by side. */
+          gsize cnt[SQ_BAND_ROWS];
           for (gint64 r = 0; r < n; r++)
             {
               gsize c = 0;
@@ -511,7 +548,7 @@ sq_attend_tile (const SqTile *t)
                   kp[c] = kb + t->idx[x] * t->k.token_stride;
                   vp[c] = vb + t->idx[x] * t->v.token_stride;
                 }
-              for (gsize x = t->lidx_start[r]; x < t->lidx_start[r + 1]; x++, c++)
+              for (gsize x = t->lidx_start[r]; shared == NULL && x < t->lidx_start[r + 1]; x++, c++)
                 {
                   kp[c] = lkb + (gint64) t->lidx[x] * d;
                   vp[c] = lvb + (gint64) t->lidx[x] * d;
