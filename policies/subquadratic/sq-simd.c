@@ -22,6 +22,14 @@ mean_scalar (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
     dst[x] *= inv;
 }
 
+static void
+pack_rows_scalar (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  for (gint32 x = 0; x < d; x++)
+    for (gint32 c = 0; c < 16; c++)
+      panel[x * 16 + c] = c < n ? rows[c][x] : 0.0f;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -588,26 +596,20 @@ pack_transpose_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float 
 
 /* ---- Shared-keys kernel (AVX-512) ----------------------------------------- */
 
-/* The keys are copied side by side and transposed into one panel ([d][16]),
- * so q . k for 8 rows x 16 keys is d steps of one load and 8 broadcast
- * FMAs; a row's keys it does not name score -inf. One max per row, one
- * rescale, then P . V for all rows 32 floats of d at a time, as the band. */
+/* The keys come packed in one panel ([d][16]), so q . k for 8 rows x 16
+ * keys is d steps of one load and 8 broadcast FMAs; a row's keys it does
+ * not name score -inf. One max per row, one rescale, then P . V for all
+ * rows 32 floats of d at a time, as the band. */
 INLINE AVX512 void
 shared_avx512 (const SqShared *b, SqState *st, int nv)
 {
   enum { R = SQ_BAND_ROWS, L = 16 };
   const int d = 16 * nv, n_rows = b->n_rows, n = b->n;
-  float keys[L * 128] __attribute__ ((aligned (64)));
-  float panel[128 * L] __attribute__ ((aligned (64)));
+  const float *panel = b->panel;
   float qs[R * 128] __attribute__ ((aligned (64)));
   float sb[R][L] __attribute__ ((aligned (64))); /* weights */
   float rf[R];
   g_assert (n >= 1 && n <= L);
-  for (int c = 0; c < n; c++)
-#pragma GCC unroll 8
-    for (int j = 0; j < nv; j++)
-      _mm512_store_ps (keys + c * d + 16 * j, _mm512_loadu_ps (b->k[c] + 16 * j));
-  pack_transpose_avx512 (keys, d, n, d, panel);
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
     for (int j = 0; j < nv; j++)
@@ -622,7 +624,7 @@ shared_avx512 (const SqShared *b, SqState *st, int nv)
 #pragma GCC unroll 2
   for (int x = 0; x < d; x++)
     {
-      __m512 kx = _mm512_load_ps (panel + x * L);
+      __m512 kx = _mm512_loadu_ps (panel + x * L);
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++)
         s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
@@ -675,6 +677,16 @@ shared_avx512 (const SqShared *b, SqState *st, int nv)
           for (int j = 0; j < 2; j++)
             _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
     }
+}
+
+static AVX512 void
+pack_rows_avx512 (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  float keys[16 * 128] __attribute__ ((aligned (64)));
+  for (gint32 c = 0; c < n; c++)
+    for (gint32 x = 0; x < d; x += 16)
+      _mm512_store_ps (keys + c * d + x, _mm512_loadu_ps (rows[c] + x));
+  pack_transpose_avx512 (keys, d, n, d, panel);
 }
 
 SQ_DEFINE_TILE (shared_avx512, SqShared, 32, 2)
@@ -843,6 +855,16 @@ sq_simd_rows (gint32 head_dim)
   return head_dim == 32 ? rows_avx512_32 : head_dim == 64 ? rows_avx512_64 : rows_avx512_128;
 }
 
+void
+sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  g_assert (n >= 0 && n <= 16);
+  if (d % 16 == 0 && d <= 128 && plugin_isa () >= SIFT_ISA_AVX512)
+    pack_rows_avx512 (rows, n, d, panel);
+  else
+    pack_rows_scalar (rows, n, d, panel);
+}
+
 SqSharedFunc
 sq_simd_shared (gint32 head_dim)
 {
@@ -852,6 +874,12 @@ sq_simd_shared (gint32 head_dim)
 }
 
 #else
+
+void
+sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  pack_rows_scalar (rows, n, d, panel);
+}
 
 SqSharedFunc
 sq_simd_shared (gint32 head_dim)
