@@ -50,6 +50,7 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
   c->seconds_load += a->seconds_load;
   c->tokens_evicted += a->tokens_evicted;
   c->bytes_compacted += a->bytes_compacted;
+  c->bytes_mapped += a->bytes_mapped;
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -413,6 +414,43 @@ aligned_new0 (gsize n)
   return p;
 }
 
+static void
+unmap_slot (Slot *s)
+{
+  s->map_k = s->map_v = NULL;
+  s->map_id = -1;
+}
+
+void
+sift_engine_unmap_id (SiftEngine *e, gint64 store_id)
+{
+  const gsize kb = e->store->k_bytes;
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    {
+      Slot *s = &e->slots[i];
+      if (s->map_k == NULL || s->map_id != store_id)
+        continue;
+      /* The slot's own memory has the stored layout: the bytes move as they are. */
+      memcpy (slot_data (e, i, 0), s->map_k, kb);
+      memcpy (slot_data (e, i, 1), s->map_v, kb);
+      unmap_slot (s);
+    }
+}
+
+void
+sift_engine_set_force_copy (SiftEngine *e, gboolean force_copy)
+{
+  g_return_if_fail (e != NULL);
+  e->maps = !force_copy && e->store->config.dtype == e->config.compute_dtype && sift_store_can_map (e->store);
+}
+
+gboolean
+sift_engine_maps (const SiftEngine *e)
+{
+  g_return_val_if_fail (e != NULL, FALSE);
+  return e->maps;
+}
+
 SiftEngine *
 sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **error)
 {
@@ -425,6 +463,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   const SiftModelShape *s = &e->config.shape;
   const gint32 L = s->n_layers;
   e->es = sift_dtype_size (config->compute_dtype);
+  sift_engine_set_force_copy (e, FALSE);
   e->block_elems = (gint64) s->n_kv_heads * s->block_size * s->head_dim;
   e->decode_cap = s->block_size + SIFT_ATTN_DECODE_MAX_ROWS;
 
@@ -439,6 +478,8 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
 
   e->slots_mem = aligned_new0 ((gsize) config->n_slots * 2 * (gsize) e->block_elems * e->es);
   e->slots = g_new0 (Slot, config->n_slots);
+  for (gint32 i = 0; i < config->n_slots; i++)
+    e->slots[i].map_id = -1;
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
   e->prefill_k = g_new0 (guint8 *, L);
@@ -557,6 +598,8 @@ sift_engine_reset (SiftEngine *e)
   pthread_mutex_lock (&e->lock);
   wait_idle_locked (e);
   pthread_mutex_unlock (&e->lock);
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    unmap_slot (&e->slots[i]);
   release_blocks (e);
   const gint32 L = s->n_layers;
   for (gint32 l = 0; l < L; l++)
@@ -638,6 +681,7 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
       out->seconds_load += c->seconds_load;
       out->tokens_evicted += c->tokens_evicted;
       out->bytes_compacted += c->bytes_compacted;
+      out->bytes_mapped += c->bytes_mapped;
     }
   pthread_mutex_unlock (&e->lock);
 }
@@ -898,6 +942,42 @@ sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx,
 
 /* ---- Calls for policies ------------------------------------------------- */
 
+/* A zero-copy load: the slot points at the stored block, ready at once.
+ * The block's store job must have run first (the queue keeps that order
+ * for copies; a mapping does not go through the queue). FALSE when the
+ * store cannot map it (then the load is copied). */
+static gboolean
+map_block (SiftEngine *e, gint32 layer, gint64 store_id, gint32 slot, SiftLoadWhat what)
+{
+  Slot *s = &e->slots[slot];
+  pthread_mutex_lock (&e->lock);
+  wait_layer_stores_locked (e, layer);
+  const guint8 *p = sift_store_map (e->store, store_id);
+  if (p == NULL)
+    {
+      pthread_mutex_unlock (&e->lock);
+      return FALSE;
+    }
+  if (e->store_error != NULL) /* the block may never have been written */
+    {
+      s->state = SLOT_FAILED;
+      s->error = g_error_copy (e->store_error);
+      pthread_mutex_unlock (&e->lock);
+      return TRUE;
+    }
+  const gsize kb = e->store->k_bytes;
+  s->map_k = p;
+  s->map_v = p + kb;
+  s->map_id = store_id;
+  s->state = SLOT_READY;
+  const guint64 n = what == SIFT_LOAD_KV ? 2 * kb : kb;
+  SiftCounters *c = sift_engine_counters_at (e, layer, e->phase);
+  c->bytes_loaded += n;
+  c->bytes_mapped += n;
+  pthread_mutex_unlock (&e->lock);
+  return TRUE;
+}
+
 gboolean
 sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what,
                         GError **error)
@@ -925,6 +1005,8 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   const SiftBlockMeta *m = &g_array_index (e->meta[layer], SiftBlockMeta, block_id);
   e->slots[slot].n_valid = m->n_valid;
   e->slots[slot].layer = layer;
+  if (e->maps && map_block (e, layer, g_array_index (ids, gint64, block_id), slot, what))
+    return TRUE;
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
                .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
@@ -971,14 +1053,15 @@ void
 sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v)
 {
   const SiftModelShape *s = &e->config.shape;
-  SiftView kv = { slot_data (e, slot, 0), e->config.compute_dtype, s->n_kv_heads, s->head_dim, n_tokens,
-                  (gint64) s->block_size * s->head_dim, s->head_dim };
+  const Slot *sl = &e->slots[slot];
+  SiftView kv = { sl->map_k != NULL ? (void *) sl->map_k : slot_data (e, slot, 0), e->config.compute_dtype,
+                  s->n_kv_heads, s->head_dim, n_tokens, (gint64) s->block_size * s->head_dim, s->head_dim };
   if (k != NULL)
     *k = kv;
   if (v != NULL)
     {
       *v = kv;
-      v->data = slot_data (e, slot, 1);
+      v->data = sl->map_v != NULL ? (void *) sl->map_v : slot_data (e, slot, 1);
     }
 }
 
@@ -1013,6 +1096,7 @@ sift_engine_slot_done (SiftEngine *e, gint32 slot)
     {
       e->slots[slot].state = SLOT_FREE;
       g_clear_error (&e->slots[slot].error);
+      unmap_slot (&e->slots[slot]);
     }
   else
     g_critical ("sift_engine_slot_done: slot %d is still loading (wait for it first)", slot);
