@@ -1,0 +1,293 @@
+/* Zero-copy slots: a ring load from a host store whose dtype is the
+ * compute dtype maps the slot onto the stored block. Mapped and copied runs
+ * give the same output bit for bit; a mapped slot stays valid until
+ * slot_done even when eviction rewrites or releases its block; force_copy
+ * (API and offload.force_copy) copies again; stores that cannot map copy. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "helpers.h"
+
+typedef struct {
+  SiftStore *store;
+  SiftEngine *engine;
+  SiftModelSource *src;
+  SiftRunner *runner;
+  TestChecker *check;
+} Run;
+
+static void
+run_open (Run *r, const SiftModelShape *shape, SiftDType dtype, gint32 slots, SiftPipeline pipe, gboolean force_copy,
+          gint64 n_tokens)
+{
+  g_autoptr (GError) error = NULL;
+  SiftStoreConfig sc = test_store_config (shape, dtype, NULL);
+  r->store = sift_store_host_new (&sc, &error);
+  g_assert_no_error (error);
+  SiftEngineConfig ec = { .shape = *shape, .compute_dtype = dtype, .n_slots = slots, .pipeline = pipe };
+  r->engine = sift_engine_new (&ec, r->store, &error);
+  g_assert_no_error (error);
+  sift_engine_set_force_copy (r->engine, force_copy);
+  r->src = test_source_new (shape, 21, dtype);
+  r->runner = sift_runner_new (r->engine, r->src, NULL, NULL, &error);
+  g_assert_no_error (error);
+  r->check = test_checker_new (r->src, n_tokens);
+  sift_runner_set_observer (r->runner, &test_checker_observer, r->check);
+}
+
+static void
+run_close (Run *r)
+{
+  test_checker_free (r->check);
+  sift_runner_free (r->runner);
+  sift_engine_free (r->engine);
+  sift_model_source_free (r->src);
+  assert_int_equal (sift_store_blocks_in_use (r->store), 0);
+  sift_store_free (r->store);
+}
+
+static void
+run_steps (Run *r, gint64 prompt, gint32 steps)
+{
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_runner_prefill (r->runner, prompt, &error));
+  for (gint32 i = 0; i < steps; i++)
+    assert_true (sift_runner_decode (r->runner, i % 5 == 4 ? 3 : 1, &error));
+  g_assert_no_error (error);
+}
+
+/* The same sequence mapped and copied: identical outputs, identical bytes
+ * loaded; only the mapped run reports bytes_mapped. */
+static void
+test_mapped_equals_copied (void **state)
+{
+  (void) state;
+  const struct {
+    SiftModelShape shape;
+    SiftDType dtype;
+    gint32 slots;
+    SiftPipeline pipe;
+  } cases[] = {
+    { { 2, 4, 2, 32, 16, 32, 0 }, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING },
+    { { 1, 8, 2, 64, 64, 128, 0 }, SIFT_DTYPE_F16, 4, SIFT_PIPELINE_RING },
+    { { 2, 4, 4, 16, 32, 32, 0 }, SIFT_DTYPE_BF16, 3, SIFT_PIPELINE_CROSS_LAYER },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const gint64 prompt = 7 * cases[i].shape.block_size + 5;
+      const gint32 steps = 40;
+      Run m, c;
+      run_open (&m, &cases[i].shape, cases[i].dtype, cases[i].slots, cases[i].pipe, FALSE, prompt + 2 * steps);
+      run_open (&c, &cases[i].shape, cases[i].dtype, cases[i].slots, cases[i].pipe, TRUE, prompt + 2 * steps);
+      assert_true (sift_engine_maps (m.engine));
+      assert_false (sift_engine_maps (c.engine));
+      run_steps (&m, prompt, steps);
+      run_steps (&c, prompt, steps);
+      assert_true (m.check->max_err < 1e-5);
+      assert_int_equal (m.check->outputs->len, c.check->outputs->len);
+      assert_memory_equal (m.check->outputs->data, c.check->outputs->data, m.check->outputs->len * sizeof (float));
+      for (SiftPhase ph = SIFT_PHASE_PREFILL; ph <= SIFT_PHASE_DECODE; ph++)
+        {
+          SiftCounters cm, cc;
+          sift_engine_counters (m.engine, -1, ph, &cm);
+          sift_engine_counters (c.engine, -1, ph, &cc);
+          assert_int_equal (cm.bytes_loaded, cc.bytes_loaded);
+          assert_int_equal (cc.bytes_mapped, 0);
+          /* The cross-layer decode pipeline copies (it prefetches the next layer). */
+          if (ph == SIFT_PHASE_PREFILL || cases[i].pipe == SIFT_PIPELINE_RING)
+            {
+              assert_true (cm.bytes_loaded > 0);
+              assert_int_equal (cm.bytes_mapped, cm.bytes_loaded);
+              assert_true (cc.seconds_load > 0 || cc.bytes_loaded == 0);
+            }
+          else
+            assert_int_equal (cm.bytes_mapped, 0);
+        }
+      run_close (&m);
+      run_close (&c);
+    }
+}
+
+/* Stores that cannot map, and dtypes that differ, copy. */
+static void
+test_when_maps (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 16, 32, 0 };
+  g_autoptr (GError) error = NULL;
+  SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F16, NULL);
+  g_autoptr (SiftStore) host16 = sift_store_host_new (&sc, &error);
+  SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 2 };
+  g_autoptr (SiftEngine) e1 = sift_engine_new (&ec, host16, &error);
+  assert_false (sift_engine_maps (e1)); /* f16 stored, f32 compute: converted by the copy worker */
+  ec.compute_dtype = SIFT_DTYPE_F16;
+  g_autoptr (SiftEngine) e2 = sift_engine_new (&ec, host16, &error);
+  assert_true (sift_engine_maps (e2));
+  sift_engine_set_force_copy (e2, TRUE);
+  assert_false (sift_engine_maps (e2));
+  sift_engine_set_force_copy (e2, FALSE);
+  assert_true (sift_engine_maps (e2));
+  g_autofree char *path = test_tmp_path ("zerocopy");
+  sc = test_store_config (&shape, SIFT_DTYPE_F16, path);
+  g_autoptr (SiftStore) file = sift_store_file_new (&sc, &error);
+  g_assert_no_error (error);
+  g_autoptr (SiftEngine) e3 = sift_engine_new (&ec, file, &error);
+  assert_false (sift_engine_maps (e3)); /* a file is read */
+}
+
+static void
+copy_slot (SiftEngine *e, gint32 slot, guint8 *k_out, guint8 *v_out, gsize half)
+{
+  SiftView k, v;
+  gint32 nv = 0;
+  sift_engine_slot_kv (e, slot, &k, &v, &nv);
+  assert_int_equal (nv, k.n_tokens);
+  /* Slot views have the stored layout: a block's K (V) half is contiguous. */
+  memcpy (k_out, k.data, half);
+  memcpy (v_out, v.data, half);
+}
+
+/* A mapped slot keeps its block's bytes until slot_done while eviction
+ * compacts the blocks in place (token granularity) or releases them
+ * (block granularity), and the released ids are reused by new blocks. */
+static void
+test_mapped_slot_survives_eviction (void **state)
+{
+  (void) state;
+  for (int gran = 0; gran < 2; gran++)
+    {
+      SiftModelShape shape = { 1, 2, 1, 16, 16, 16, 0 };
+      Run r;
+      /* Decode through the cross-layer pipeline, which leaves the ring slots
+       * to the test. */
+      run_open (&r, &shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_CROSS_LAYER, FALSE, 200);
+      SiftEvictConfig ev = { 80, gran == 0 ? SIFT_EVICT_TOKEN : SIFT_EVICT_BLOCK, 4, 16 };
+      g_autoptr (GError) error = NULL;
+      assert_true (sift_engine_set_eviction (r.engine, &ev, &error));
+      run_steps (&r, 64, 0);
+      SiftEngine *e = r.engine;
+      const gsize half = sift_store_block_bytes (r.store) / 2;
+      g_autofree guint8 *k0 = g_malloc (half), *v0 = g_malloc (half), *k1 = g_malloc (half), *v1 = g_malloc (half);
+      /* Block 1 (tokens 16..31) mapped into slot 0, block 2 into slot 1. */
+      assert_true (sift_engine_load_block (e, 0, 1, 0, SIFT_LOAD_KV, &error));
+      assert_true (sift_engine_load_block (e, 0, 2, 1, SIFT_LOAD_KV, &error));
+      assert_true (sift_engine_wait_slot (e, 0, &error));
+      assert_true (sift_engine_wait_slot (e, 1, &error));
+      const gint64 id1 = g_array_index (e->store_ids[0], gint64, 1);
+      assert_non_null (e->slots[0].map_k);
+      assert_ptr_equal (e->slots[0].map_k, sift_store_map (r.store, id1));
+      copy_slot (e, 0, k0, v0, half);
+      copy_slot (e, 1, k1, v1, half);
+      /* Decode past the capacity: eviction rewrites or drops blocks 1 and 2. */
+      for (int i = 0; i < 40; i++)
+        {
+          sift_runner_decode (r.runner, 1, &error);
+          g_assert_no_error (error);
+        }
+      SiftCounters c;
+      sift_engine_counters (e, -1, SIFT_PHASE_DECODE, &c);
+      assert_true (c.tokens_evicted > 0);
+      /* Block id1 was rewritten in place (token granularity) or went back
+       * to the store (block): reading it in place now would be wrong... */
+      gboolean kept = FALSE;
+      for (guint b = 0; b < e->store_ids[0]->len; b++)
+        kept = kept || g_array_index (e->store_ids[0], gint64, b) == id1;
+      if (gran == 0)
+        assert_memory_not_equal (sift_store_map (r.store, id1), k0, half);
+      else
+        assert_false (kept);
+      /* ...but the slots still hold what was loaded, now in their own memory. */
+      assert_null (e->slots[0].map_k);
+      /* Token granularity rewrote every block from the first victim on;
+       * block granularity dropped block 1 only: slot 1 still reads block 2
+       * in place, untouched. */
+      if (gran == 0)
+        assert_null (e->slots[1].map_k);
+      else
+        assert_non_null (e->slots[1].map_k);
+      g_autofree guint8 *k = g_malloc (half), *v = g_malloc (half);
+      copy_slot (e, 0, k, v, half);
+      assert_memory_equal (k, k0, half);
+      assert_memory_equal (v, v0, half);
+      copy_slot (e, 1, k, v, half);
+      assert_memory_equal (k, k1, half);
+      assert_memory_equal (v, v1, half);
+      sift_engine_slot_done (e, 0);
+      sift_engine_slot_done (e, 1);
+      /* Loads after that map again, the current bytes. */
+      assert_true (sift_engine_load_block (e, 0, 1, 0, SIFT_LOAD_KV, &error));
+      assert_true (sift_engine_wait_slot (e, 0, &error));
+      assert_ptr_equal (e->slots[0].map_k, sift_store_map (r.store, g_array_index (e->store_ids[0], gint64, 1)));
+      sift_engine_slot_done (e, 0);
+      /* Reset with a mapped slot frees it. */
+      assert_true (sift_engine_load_block (e, 0, 0, 1, SIFT_LOAD_K, &error));
+      sift_runner_reset (r.runner);
+      assert_null (e->slots[1].map_k);
+      assert_true (sift_engine_load_block (e, 0, 0, 1, SIFT_LOAD_K, &error) == FALSE);
+      g_clear_error (&error);
+      run_close (&r);
+    }
+}
+
+/* A mapped load waits for its block's store job (the queue orders copies;
+ * a mapping bypasses it): reading right after offload sees the data. */
+static void
+test_mapped_load_after_store (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 16, 16, 0 };
+  for (int rep = 0; rep < 20; rep++)
+    {
+      Run r;
+      run_open (&r, &shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, FALSE, 64);
+      run_steps (&r, 48, 0);
+      for (gint64 b = 0; b < 3; b++)
+        {
+          g_autoptr (GError) error = NULL;
+          assert_true (sift_engine_load_block (r.engine, 0, b, 0, SIFT_LOAD_KV, &error));
+          assert_true (sift_engine_wait_slot (r.engine, 0, &error));
+          SiftView k;
+          sift_engine_slot_kv (r.engine, 0, &k, NULL, NULL);
+          for (gint32 t = 0; t < 16; t++)
+            for (gint32 h = 0; h < 2; h++)
+              assert_memory_equal (sift_view_row (&k, h, t), r.check->k[0] + ((b * 16 + t) * 2 + h) * 32,
+                                   32 * sizeof (float));
+          sift_engine_slot_done (r.engine, 0);
+        }
+      run_close (&r);
+    }
+}
+
+/* offload.force_copy reaches the config. */
+static void
+test_config_force_copy (void **state)
+{
+  (void) state;
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftConfig) d = sift_config_load_string ("a.yaml", "kv:\n  block_size: 64\n", NULL, &error);
+  g_assert_no_error (error);
+  assert_false (d->force_copy);
+  g_autoptr (SiftConfig) c = sift_config_load_string ("b.yaml", "offload:\n  force_copy: true\n", NULL, &error);
+  g_assert_no_error (error);
+  assert_true (c->force_copy);
+  g_autoptr (SiftConfig) bad = sift_config_load_string ("c.yaml", "offload:\n  force_copy: 3\n", NULL, &error);
+  assert_null (bad);
+  assert_non_null (error);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_mapped_equals_copied),
+    cmocka_unit_test (test_when_maps),
+    cmocka_unit_test (test_mapped_slot_survives_eviction),
+    cmocka_unit_test (test_mapped_load_after_store),
+    cmocka_unit_test (test_config_force_copy),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
