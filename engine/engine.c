@@ -1161,35 +1161,50 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
   if (!ok)
     return FALSE;
   const gsize rb = sift_store_row_bytes (e->store);
-  g_autofree guint8 *row = g_malloc (rb);
+  g_autofree guint8 *rows = g_malloc (rb * (gsize) s->block_size);
   const gint64 stored = e->stored_tokens[layer];
   const gint64 dec0 = stored, dec1 = stored + e->decode_len[layer];
   const gint64 pf0 = e->prefill_pos[layer], pf1 = pf0 + e->prefill_len[layer];
   guint64 loaded = 0;
   gint64 t0 = g_get_monotonic_time ();
-  for (gsize i = 0; i < n; i++)
+  for (gsize i = 0; i < n;)
     {
       const gint64 p = positions[i];
+      gint64 b, b2;
+      gint32 t, t2;
+      if (p >= 0 && p < stored && sift_engine_find_row (e, layer, p, &b, &t))
+        {
+          /* A run of consecutive positions in consecutive rows of one block
+           * is one read per head and half. */
+          gsize run = 1;
+          while (i + run < n && t + (gint64) run < s->block_size && positions[i + run] == p + (gint64) run
+                 && sift_engine_find_row (e, layer, p + (gint64) run, &b2, &t2) && b2 == b && t2 == t + (gint32) run)
+            run++;
+          const gint64 id = g_array_index (e->store_ids[layer], gint64, b);
+          for (gint32 h = 0; h < s->n_kv_heads; h++)
+            for (int which = 0; which < 2; which++)
+              {
+                SiftView *o = which == 0 ? k_out : v_out;
+                gsize off = (which == 0 ? 0 : e->store->k_bytes) + (gsize) ((gint64) h * s->block_size + t) * rb;
+                if (!sift_store_read (e->store, id, off, rows, run * rb, error))
+                  return FALSE;
+                loaded += run * rb;
+                for (gsize r = 0; r < run; r++)
+                  sift_convert (rows + r * rb, e->store->config.dtype, sift_view_row (o, h, (gint64) (i + r)),
+                                SIFT_DTYPE_F32, (gsize) s->head_dim);
+              }
+          i += run;
+          continue;
+        }
       for (gint32 h = 0; h < s->n_kv_heads; h++)
         for (int which = 0; which < 2; which++)
           {
-            SiftView *o = which == 0 ? k_out : v_out;
-            float *dst = sift_view_row (o, h, (gint64) i);
-            gint64 b;
-            gint32 t;
-            if (p >= 0 && p < stored && sift_engine_find_row (e, layer, p, &b, &t))
-              {
-                gsize off = (which == 0 ? 0 : e->store->k_bytes) + (gsize) ((gint64) h * s->block_size + t) * rb;
-                if (!sift_store_read (e->store, g_array_index (e->store_ids[layer], gint64, b), off, row, rb, error))
-                  return FALSE;
-                loaded += rb;
-                sift_convert (row, e->store->config.dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
-              }
-            else if (p >= dec0 && p < dec1 && e->decode_len[layer] > 0)
+            float *dst = sift_view_row (which == 0 ? k_out : v_out, h, (gint64) i);
+            if (p >= dec0 && p < dec1 && e->decode_len[layer] > 0)
               {
                 guint8 *buf = which == 0 ? e->decode_k[layer] : e->decode_v[layer];
-                gint64 t = e->decode_start[layer] + (p - dec0);
-                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + t) * s->head_dim) * e->es,
+                gint64 td = e->decode_start[layer] + (p - dec0);
+                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + td) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else if (p >= pf0 && p < pf1)
@@ -1202,6 +1217,7 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
               return invalid (error, "gather_rows: position %" G_GINT64_FORMAT " is not in layer %d's cache%s", p,
                               layer, p >= 0 && p < stored ? " (evicted)" : "");
           }
+      i++;
     }
   SiftCounters add = { .bytes_loaded = loaded,
                        .seconds_load = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
