@@ -11,41 +11,6 @@
 
 #include "engine-private.h"
 
-/* Attention over a list of key blocks in one kernel call: the result of
- * dense attention over their concatenation (opts->q_offset counts from the
- * first key of the first block). */
-static gboolean
-paged_call (SiftEngine *e, const SiftView *q, const SiftView *kb, const SiftView *vb, gsize n,
-            const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
-{
-  /* Stand-in until the paged kernel lands: one call per block, merged. */
-  (void) e;
-  const gint64 nq = q->n_tokens;
-  for (gint32 h = 0; h < out->n_heads; h++)
-    for (gint64 t = 0; t < nq; t++)
-      {
-        memset (sift_view_row (out, h, t), 0, (gsize) out->head_dim * sizeof (float));
-        lse[h * nq + t] = -INFINITY;
-      }
-  g_autofree float *po = g_new (float, (gsize) q->n_heads * (gsize) nq * (gsize) q->head_dim);
-  g_autofree float *pl = g_new (float, (gsize) q->n_heads * (gsize) nq);
-  SiftView pv = sift_view_htd (po, SIFT_DTYPE_F32, q->n_heads, nq, q->head_dim);
-  gint64 off = 0;
-  for (gsize i = 0; i < n; i++)
-    {
-      SiftAttnOpts o = *opts;
-      o.q_offset = opts->q_offset - off;
-      off += kb[i].n_tokens;
-      if (kb[i].n_tokens == 0)
-        continue;
-      gboolean ok = nq <= SIFT_ATTN_DECODE_MAX_ROWS ? sift_attn_decode (q, &kb[i], &vb[i], &o, &pv, pl, error)
-                                                    : sift_attn_dense (q, &kb[i], &vb[i], &o, &pv, pl, error);
-      if (!ok || !sift_attn_merge (out, lse, &pv, pl, error))
-        return FALSE;
-    }
-  return TRUE;
-}
-
 /* A batch: stored blocks attended in one kernel call (per head set), then
  * optionally the local tokens. Views [n_kv_heads][n_valid][head_dim]. */
 typedef struct {
@@ -165,12 +130,12 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftVie
     {
       for (gint32 h = q0; h < q0 + nqh; h++)
         written[h] = TRUE;
-      return paged_call (e, &qs, kb, vb, b->ks->len, &opts, &os, ls, error);
+      return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &os, ls, error);
     }
   SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
   SiftView ps = sift_view_heads (&part, q0, nqh);
   float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
-  return paged_call (e, &qs, kb, vb, b->ks->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
+  return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
 }
 
 /* Attends a batch (and the local tokens when lk != NULL) into out / lse:
