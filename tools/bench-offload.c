@@ -32,7 +32,7 @@ typedef struct {
   gint store_block, store_kv_heads, store_head_dim, store_blocks;
   gint prefill_budget, decode_budget, steps;
   gint overhead_tokens;
-  gint rows;
+  gint rows, reps;
   char *decode_at;
 } Opts;
 
@@ -578,7 +578,7 @@ bench_overhead (const Opts *o, SiftDType stored, SiftDType compute)
   if (store == NULL)
     return sift_cli_fail ("bench offload", error);
   g_auto (GStrv) lengths = g_strsplit (o->decode_at, ",", -1);
-  const gint steps = MAX (o->steps / 2, 4), reps = 3;
+  const gint steps = MAX (o->steps / 2, 4), reps = o->reps;
   printf ("\nEngine overhead, dense (no policy), 1 layer, %d/%d heads x %d, block %d, host store %s, compute %s,\n"
           "against the kernels on contiguous %s memory (engine: seconds in attention + stalled; best of %d prefills,"
           " best step of %d):\n",
@@ -621,7 +621,7 @@ check_options (const Opts *o)
     { "--steps", o->steps, 1 },            { "--store-blocks", o->store_blocks, 1 },
     { "--store-block", o->store_block, 1 }, { "--overhead-tokens", o->overhead_tokens, 1 },
     { "--prefill-budget", o->prefill_budget, 0 }, { "--decode-budget", o->decode_budget, 0 },
-    { "--rows", o->rows, 1 },
+    { "--rows", o->rows, 1 },              { "--reps", o->reps, 1 },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bounds); i++)
     if (bounds[i].value < bounds[i].min)
@@ -667,7 +667,7 @@ sift_bench_offload (int argc, char **argv)
   Opts o = {
     .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 128, .chunk = 128, .slots = 4,
     .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
-    .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048, .rows = 1,
+    .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048, .rows = 1, .reps = 5,
   };
   GOptionEntry entries[] = {
     { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
@@ -692,6 +692,7 @@ sift_bench_offload (int argc, char **argv)
     { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
     { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
     { "decode-at", 0, 0, G_OPTION_ARG_STRING, &o.decode_at, "Decode lengths of the overhead test (2048,32768)", "LIST" },
+    { "reps", 0, 0, G_OPTION_ARG_INT, &o.reps, "Overhead test: best of N dense prefills (default 5)", "N" },
     { "rows", 0, 0, G_OPTION_ARG_INT, &o.rows, "Query rows per decode step in the pipeline test (1..16, default 1)", "N" },
     { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
