@@ -33,7 +33,7 @@ typedef struct {
   gint prefill_budget, decode_budget, steps;
   gint overhead_tokens;
   gint rows, reps;
-  char *decode_at;
+  char *decode_at, *sections;
 } Opts;
 
 /* ---- A cheap deterministic source (the benchmark measures the engine) --- */
@@ -649,6 +649,13 @@ check_options (const Opts *o)
       fprintf (stderr, "sift bench offload: --chunk %d is not a multiple of --block %d\n", o->chunk, o->block);
       return FALSE;
     }
+  g_auto (GStrv) sections = g_strsplit (o->sections, ",", -1);
+  for (char **w = sections; *w != NULL; w++)
+    if (strcmp (*w, "stores") != 0 && strcmp (*w, "pipeline") != 0 && strcmp (*w, "overhead") != 0)
+      {
+        fprintf (stderr, "sift bench offload: --sections: unknown section '%s' (stores, pipeline, overhead)\n", *w);
+        return FALSE;
+      }
   g_auto (GStrv) lengths = g_strsplit (o->decode_at, ",", -1);
   for (char **l = lengths; *l != NULL; l++)
     {
@@ -694,6 +701,7 @@ sift_bench_offload (int argc, char **argv)
     { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
     { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
     { "decode-at", 0, 0, G_OPTION_ARG_STRING, &o.decode_at, "Decode lengths of the overhead test (2048,32768)", "LIST" },
+    { "sections", 0, 0, G_OPTION_ARG_STRING, &o.sections, "What to run: stores,pipeline,overhead (default all)", "LIST" },
     { "reps", 0, 0, G_OPTION_ARG_INT, &o.reps, "Overhead test: best of N dense prefills (default 5)", "N" },
     { "rows", 0, 0, G_OPTION_ARG_INT, &o.rows, "Query rows per decode step in the pipeline test (1..16, default 1)", "N" },
     { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
@@ -702,6 +710,8 @@ sift_bench_offload (int argc, char **argv)
   };
   if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
     return SIFT_EXIT_USAGE;
+  if (o.sections == NULL)
+    o.sections = g_strdup ("stores,pipeline,overhead");
   if (o.decode_at == NULL)
     o.decode_at = g_strdup (o.quick ? "512,4096" : "2048,32768");
   if (o.quick)
@@ -710,7 +720,7 @@ sift_bench_offload (int argc, char **argv)
     }
   if (!check_options (&o))
     {
-      g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at);
+      g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
       return SIFT_EXIT_USAGE;
     }
   SiftDType stored = SIFT_DTYPE_F32, compute = SIFT_DTYPE_F32;
@@ -732,7 +742,10 @@ sift_bench_offload (int argc, char **argv)
   if (o.path == NULL)
     o.path = g_strdup_printf ("%s/sift-bench-offload-%d.kv", g_get_tmp_dir (), (int) getpid ());
 
-  int status = bench_stores (&o, stored, compute);
+  const gboolean want_stores = strstr (o.sections, "stores") != NULL,
+                 want_pipeline = strstr (o.sections, "pipeline") != NULL,
+                 want_overhead = strstr (o.sections, "overhead") != NULL;
+  int status = want_stores ? bench_stores (&o, stored, compute) : SIFT_EXIT_OK;
   if (status == SIFT_EXIT_OK)
     {
       g_autoptr (GError) error = NULL;
@@ -740,13 +753,13 @@ sift_bench_offload (int argc, char **argv)
       g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
       if (store == NULL)
         status = sift_cli_fail ("bench offload", error);
-      if (status == SIFT_EXIT_OK)
+      if (status == SIFT_EXIT_OK && want_pipeline)
         status = bench_pipeline (&o, store, compute, TRUE);
-      if (status == SIFT_EXIT_OK && stored == compute)
+      if (status == SIFT_EXIT_OK && want_pipeline && stored == compute)
         status = bench_pipeline (&o, store, compute, FALSE);
-      if (status == SIFT_EXIT_OK)
+      if (status == SIFT_EXIT_OK && want_overhead)
         status = bench_overhead (&o, stored, compute);
     }
-  g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at);
+  g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
   return status;
 }
