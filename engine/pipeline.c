@@ -1,8 +1,9 @@
-/* The default attention pipelines: selected stored blocks stream through
- * the ring slots (or arrive from the cross-layer double buffer) and are
- * attended non-causally, the local tokens causally, and every partial result
- * is merged into the output by LSE. A block is attended only by the query
- * heads that selected it: kernels run on head sub-views. */
+/* The default attention pipelines: selected stored blocks are read in
+ * place (resident in the host store in the compute dtype), stream through
+ * the ring slots, or arrive from the cross-layer double buffer; a run of
+ * them and the local tokens (causal, last) go to one sift_attn_paged call,
+ * and runs are merged into the output by LSE. A block is attended only by
+ * the query heads that selected it: kernels run on head sub-views. */
 #include <math.h>
 #include <string.h>
 

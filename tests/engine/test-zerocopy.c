@@ -156,6 +156,31 @@ test_mapped_equals_copied (void **state)
 /* ---- The batched attend against one call and one merge per block -------- */
 
 static double compare_max_err;
+static gboolean compare_per_head;
+
+/* A selection mixing whole blocks, kv-head and query-head picks. */
+static SiftSelection *
+mixed_selection (const SiftPolicyContext *ctx, GError **error)
+{
+  const gint32 H = ctx->shape->n_q_heads, KV = ctx->shape->n_kv_heads;
+  SiftSelection *sel = sift_selection_new (H, KV);
+  g_autofree gint64 *avail = g_new (gint64, MAX (ctx->n_blocks, 1));
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    {
+      avail[b] = b;
+      if (b % 4 == 0)
+        sift_selection_add (sel, b);
+      else if (b % 4 == 1)
+        sift_selection_add_kv_head (sel, b, (gint32) (b % KV));
+      else
+        for (gint32 h = 0; h < H; h++)
+          if ((b * 7 + h * 5 + ctx->layer) % 3 != 0)
+            sift_selection_add_q_head (sel, b, h);
+    }
+  if (!sift_selection_validate (sel, avail, (gsize) ctx->n_blocks, "test-compare-batched", error))
+    g_clear_pointer (&sel, sift_selection_free);
+  return sel;
+}
 
 /* A policy whose compute runs the default pipeline (batched) and checks it
  * against the obvious way: every stored block through the ring protocol,
@@ -165,9 +190,10 @@ compare_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
 {
   (void) self;
   SiftEngine *e = ctx->engine;
-  if (!sift_engine_attend_default (e, ctx, NULL, out, lse, error))
+  g_autoptr (SiftSelection) sel = compare_per_head ? mixed_selection (ctx, error) : NULL;
+  if ((compare_per_head && sel == NULL) || !sift_engine_attend_default (e, ctx, sel, out, lse, error))
     return FALSE;
-  const gint32 H = ctx->shape->n_q_heads, d = ctx->shape->head_dim;
+  const gint32 H = ctx->shape->n_q_heads, d = ctx->shape->head_dim, G = H / ctx->shape->n_kv_heads;
   const gint64 nq = ctx->n_q;
   g_autofree float *ro = g_new0 (float, (gsize) H * nq * d), *rl = g_new (float, (gsize) H * nq);
   g_autofree float *po = g_new0 (float, (gsize) H * nq * d), *pl = g_new (float, (gsize) H * nq);
@@ -182,7 +208,16 @@ compare_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
       if (!sift_engine_load_block (e, ctx->layer, b, slot, SIFT_LOAD_KV, error) || !sift_engine_wait_slot (e, slot, error))
         return FALSE;
       sift_engine_slot_kv (e, slot, &k, &v, NULL);
-      gboolean ok = sift_attn_dense (&ctx->q, &k, &v, &opts, &part, pl, error) && sift_attn_merge (&ref, rl, &part, pl, error);
+      gboolean ok = TRUE;
+      for (gint32 h = 0; h < H && ok; h++)
+        if (sel == NULL || sift_selection_has (sel, b, h))
+          {
+            SiftView qs = sift_view_heads (&ctx->q, h, 1), ks = sift_view_heads (&k, h / G, 1),
+                     vs = sift_view_heads (&v, h / G, 1), ps = sift_view_heads (&part, h, 1),
+                     rs = sift_view_heads (&ref, h, 1);
+            ok = sift_attn_dense (&qs, &ks, &vs, &opts, &ps, pl + h * nq, error)
+                 && sift_attn_merge (&rs, rl + h * nq, &ps, pl + h * nq, error);
+          }
       sift_engine_slot_done (e, slot);
       if (!ok)
         return FALSE;
@@ -226,7 +261,9 @@ test_batched_equals_per_block (void **state)
   (void) state;
   for (int copy = 0; copy < 2; copy++)
     for (int gqa = 0; gqa < 2; gqa++)
+      for (int per_head = 0; per_head < 2; per_head++)
       {
+        compare_per_head = per_head;
         SiftModelShape shape = { 2, 8, gqa ? 2 : 8, 32, 16, 48, 0 };
         g_autoptr (GError) error = NULL;
         SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
