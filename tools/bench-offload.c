@@ -342,7 +342,7 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
           "%d slots, %s store %s -> %s, %s decode pipeline, %d row%s per step, %s\n",
           copy ? "efficiency" : "without copies", o->tokens, o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block,
           o->chunk, o->slots, sift_store_name (store), sift_dtype_name (sift_store_config (store)->dtype),
-          sift_dtype_name (compute), o->pipeline, o->rows, o->rows > 1 ? "s" : "",
+          sift_dtype_name (compute), copy ? o->pipeline : "layer-by-layer (resident)", o->rows, o->rows > 1 ? "s" : "",
           copy ? "every load copied (force_copy)" : "resident blocks read in place (zero-copy)");
   printf ("  prefill selects the first and the last %d blocks (--prefill-budget), decode %s (--decode-budget)\n",
           o->prefill_budget, o->decode_budget > 0 ? "the first and last blocks" : "every block");
