@@ -82,6 +82,7 @@ struct _SiftEngine {
   pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
   pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
   gboolean worker_idle;
+  gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
   GQueue jobs;                /* Job * */

@@ -143,11 +143,11 @@ do_load (SiftEngine *e, const Job *j, guint8 *staging, guint64 *bytes, GError **
 }
 
 static gboolean
-do_store (SiftEngine *e, const Job *j, GError **error)
+do_store (SiftEngine *e, const Job *j, guint8 *staging, GError **error)
 {
-  pack_half (e, j->k, j->cap, e->staging);
-  pack_half (e, j->v, j->cap, e->staging + e->store->k_bytes);
-  return sift_store_write (e->store, j->store_id, e->staging, error);
+  pack_half (e, j->k, j->cap, staging);
+  pack_half (e, j->v, j->cap, staging + e->store->k_bytes);
+  return sift_store_write (e->store, j->store_id, staging, error);
 }
 
 /* Waits (lock held) for the worker to finish a job. */
@@ -180,7 +180,7 @@ run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
   gint64 t0 = g_get_monotonic_time ();
   gboolean ok = TRUE;
   if (!skip)
-    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, &err);
+    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, staging, &err);
   gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 
   pthread_mutex_lock (&e->lock);
@@ -225,19 +225,33 @@ run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
     pthread_cond_broadcast (&e->done_cond);
 }
 
-/* The compute side, about to wait for a load, runs the next queued job
- * itself when it is a load and no store is running (a load never overtakes
- * a store that precedes it): a loaded machine may take long to schedule the
- * worker, and the data is wanted now. Returns FALSE when there was nothing
- * to take (then wait). Lock held. */
+/* The compute side, about to wait for a load or a store, runs the next
+ * queued job itself: a load when no store is running (a load never
+ * overtakes a store that precedes it), a store when nothing is running
+ * (the worker pops nothing until it is done, so stores stay one at a time
+ * and in order, and a failed one still stops every later one). A loaded
+ * machine may take long to schedule the worker, and the data is wanted now.
+ * Returns FALSE when there was nothing to take (then wait). Lock held. */
 static gboolean
 help_locked (SiftEngine *e)
 {
   Job *head = g_queue_peek_head (&e->jobs);
-  if (head == NULL || head->kind != JOB_LOAD || e->running_stores > 0)
+  if (head == NULL)
+    return FALSE;
+  if (head->kind == JOB_LOAD && e->running_stores == 0)
+    {
+      g_queue_pop_head (&e->jobs);
+      run_job_locked (e, head, e->help_staging);
+      return TRUE;
+    }
+  if (head->kind != JOB_STORE || e->running > 0)
     return FALSE;
   g_queue_pop_head (&e->jobs);
+  e->helping_store = TRUE;
   run_job_locked (e, head, e->help_staging);
+  e->helping_store = FALSE;
+  if (e->worker_idle && !g_queue_is_empty (&e->jobs))
+    pthread_cond_signal (&e->work_cond);
   return TRUE;
 }
 
@@ -248,7 +262,7 @@ worker_main (gpointer data)
   pthread_mutex_lock (&e->lock);
   for (;;)
     {
-      while (g_queue_is_empty (&e->jobs) && !e->quit)
+      while ((g_queue_is_empty (&e->jobs) || e->helping_store) && !e->quit)
         {
           e->worker_idle = TRUE;
           pthread_cond_wait (&e->work_cond, &e->lock);
@@ -297,7 +311,8 @@ wait_layer_stores_locked (SiftEngine *e, gint32 layer)
     return;
   gint64 t0 = g_get_monotonic_time ();
   while (e->stores_pending[layer] > 0)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   sift_engine_counters_at (e, layer, e->phase)->seconds_stalled
     += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 }
