@@ -34,7 +34,8 @@ typedef struct {
   gint q_heads, kv_heads, head_dim, heads;
   gint kv_block, chunk, stride, block, sample, threads;
   gboolean density_only;
-  double threshold, vote_threshold;
+  double threshold, vote_threshold, norm;
+  gboolean sum_exp;
   char *vote, *granularity, *clock;
   char *config;                  /* input from the synthetic source of this config */
   SiftConfig *cfg;
@@ -281,7 +282,7 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
 
   /* xattn_bsa: estimation, selection, vote. */
   t0 = now ();
-  XattnGeometry geo = { H, 1, d, o->stride, o->block, scale };
+  XattnGeometry geo = { H, 1, d, o->stride, o->block, scale, (float) o->norm, o->sum_exp };
   /* Per call of the pipeline: rows [r0, r1) and what each head attends. */
   const gsize slice = (gsize) H * (gsize) MAX (n_blocks, 1);
   g_autofree guint8 *attend = NULL;
@@ -436,7 +437,8 @@ run_length (const Options *o, gint64 n, GError **error)
   g_autofree double *est = g_new (double, (gsize) m);
   g_autofree double *pairs = g_new (double, (gsize) m);
   g_autofree double *pairs_dense = g_new (double, (gsize) m);
-  XattnGeometry geo = { o->heads, 1, o->head_dim, o->stride, o->block, 1.0f / sqrtf ((float) o->head_dim) };
+  XattnGeometry geo = { o->heads, 1, o->head_dim, o->stride, o->block, 1.0f / sqrtf ((float) o->head_dim),
+                       (float) o->norm, o->sum_exp };
   g_autoptr (XattnScorer) scorer = xattn_scorer_new (&geo);
   double worst_err = 0;
   fprintf (stderr, "  length %" G_GINT64_FORMAT ": input in %.1f s; %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " chunks\n",
@@ -486,7 +488,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   Options o = {
     .lengths = NULL, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 4,
     .kv_block = 128, .chunk = 4096, .stride = 8, .block = 128, .sample = 4, .threads = 1,
-    .threshold = 0.9, .vote_threshold = 0.5, .vote = NULL, .min_query_len = 1024,
+    .threshold = 0.9, .vote_threshold = 0.5, .norm = 1.0, .vote = NULL, .min_query_len = 1024,
     .sink = 8.0, .locality = 4.0, .heavy = 4.0, .noise = 1.0, .n_heavy = 8, .seed = 1,
   };
   const GOptionEntry entries[] = {
@@ -504,6 +506,8 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.threshold, "xattn_bsa threshold (0.9)", "X" },
     { "stride", 0, 0, G_OPTION_ARG_INT, &o.stride, "xattn_bsa stride (8)", "S" },
     { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "xattn_bsa block_size (128)", "B" },
+    { "norm", 0, 0, G_OPTION_ARG_DOUBLE, &o.norm, "xattn_bsa norm (1)", "X" },
+    { "sum-exp", 0, 0, G_OPTION_ARG_NONE, &o.sum_exp, "xattn_bsa antidiagonal: sum_exp (default mean_logit)", NULL },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
     { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },

@@ -96,6 +96,8 @@ xattn_scorer_new (const XattnGeometry *geo)
                         && geo->block % geo->stride == 0, NULL);
   XattnScorer *s = g_new0 (XattnScorer, 1);
   s->geo = *geo;
+  if (!(s->geo.norm > 0.0f))
+    s->geo.norm = 1.0f;
   s->rlen = (gsize) geo->stride * (gsize) geo->head_dim;
   return s;
 }
@@ -191,8 +193,12 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
   const XattnGeometry *g = &s->geo;
   const gint64 S = g->stride, cols_per_kb = g->block / g->stride;
   const gint32 group = g->n_q_heads / g->n_kv_heads;
-  const float lscale = g->scale / (float) S;
-  float *x = g_new (float, (gsize) ROW_TILE * (gsize) t->n_cols);
+  const float lscale = g->scale / (float) S / g->norm;
+  const gint64 d = g->head_dim;
+  /* mean: one product per (row, column), the antidiagonal's summed logits;
+   * sum_exp: its S logits apart, one product of length d per segment. */
+  const gint64 n_parts = g->sum_exp ? S : 1;
+  float *x = g_new (float, (gsize) n_parts * (gsize) ROW_TILE * (gsize) t->n_cols);
 
   for (gint64 item = begin; item < end; item++)
     {
@@ -207,13 +213,17 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
       gint64 nc = MIN (t->n_cols, last - 1 - t->col0 + 1);
       const float *rows = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) (first - s->row0)) * s->rlen;
       const float *cols = t->k + (gsize) (h / group) * t->k_head_stride;
-      dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
+      if (g->sum_exp)
+        for (gint64 p = 0; p < S; p++)
+          dots (t->isa, rows + p * d, s->rlen, nr, cols + p * d, s->rlen, nc, (gsize) d,
+                x + (gsize) p * (gsize) nr * (gsize) nc);
+      else
+        dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
 
       for (gint64 i = 0; i < nr; i++)
         {
           gint64 r = first + i;
           gint64 visible = MIN (nc, r - t->col0 + 1);
-          const float *xi = x + i * nc;
           float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
           /* Per key block: log-sum-exp of its columns (max first, for
            * stability), merged into what earlier calls added. */
@@ -222,12 +232,44 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
               gint64 c = t->col0 + j;
               gint64 kb = c / cols_per_kb;
               gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
-              float m = -INFINITY;
-              for (gint64 jj = j; jj < jend; jj++)
-                m = MAX (m, xi[jj] * lscale);
-              float sum = 0.0f;
-              for (gint64 jj = j; jj < jend; jj++)
-                sum += expf (xi[jj] * lscale - m);
+              float m = -INFINITY, sum = 0.0f;
+              if (!g->sum_exp)
+                {
+                  const float *xi = x + i * nc;
+                  for (gint64 jj = j; jj < jend; jj++)
+                    m = MAX (m, xi[jj] * lscale);
+                  for (gint64 jj = j; jj < jend; jj++)
+                    sum += expf (xi[jj] * lscale - m);
+                }
+              else
+                {
+                  /* Segment p pairs query rS + S - 1 - p with key cS + p;
+                   * padding (past kv_end) and, on the diagonal column, keys
+                   * after their query are left out. */
+                  const float escale = g->scale / g->norm;
+                  for (int pass = 0; pass < 2; pass++)
+                    for (gint64 p = 0; p < S; p++)
+                      {
+                        if (r * S + S - 1 - p >= s->kv_end)
+                          continue;
+                        const float *xp = x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc;
+                        for (gint64 jj = j; jj < jend; jj++)
+                          {
+                            gint64 cc = t->col0 + jj;
+                            if (cc * S + p >= s->kv_end || (cc == r && p > S - 1 - p))
+                              continue;
+                            if (pass == 0)
+                              m = MAX (m, xp[jj] * escale);
+                            else
+                              sum += expf (xp[jj] * escale - m);
+                          }
+                      }
+                  if (m == -INFINITY)
+                    {
+                      j = jend;
+                      continue;
+                    }
+                }
               lse[kb] = log_add (lse[kb], m + logf (sum));
               j = jend;
             }

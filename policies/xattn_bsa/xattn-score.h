@@ -25,7 +25,9 @@ typedef struct {
   gint32 head_dim;
   gint32 stride;      /* S: tokens per reshaped row and column */
   gint32 block;       /* B: XAttention's estimation block in tokens, a multiple of S */
-  float scale;        /* attention scale (1/sqrt(d)); reshaped logits use scale / S */
+  float scale;        /* attention scale (1/sqrt(d)); reshaped logits use scale / (S * norm) */
+  float norm;         /* the reference's norm (1, or 0 for 1: the mean of the antidiagonal's logits) */
+  gboolean sum_exp;   /* score a column by the sum of its antidiagonal's exp(scale * logit / norm) */
 } XattnGeometry;
 
 /* ---- Scoring ------------------------------------------------------------

@@ -295,7 +295,7 @@ test_glue_matches_direct (void **state)
       assert_int_equal (in_flight (&f.engine), 0);
 
       /* The answer: what scoring + selection + vote give on the same keys. */
-      XattnGeometry geo = { 4, 2, 16, (gint32) cfg.stride, (gint32) cfg.block, 0.25f };
+      XattnGeometry geo = { 4, 2, 16, (gint32) cfg.stride, (gint32) cfg.block, 0.25f, 1.0f, FALSE };
       g_autoptr (XattnScorer) s = xattn_scorer_new (&geo);
       xattn_scorer_begin (s, &f.ctx.q, f.q_pos, f.n_q);
       SiftView all = sift_view_htd (f.engine.k, SIFT_DTYPE_F32, 2, f.engine.n_tokens, 16);

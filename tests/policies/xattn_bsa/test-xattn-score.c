@@ -194,7 +194,7 @@ static void
 test_full_rows_sum_to_b_over_s (void **state)
 {
   (void) state;
-  const XattnGeometry geo = { 8, 2, 32, 8, 64, 0.17677669f };
+  const XattnGeometry geo = { 8, 2, 32, 8, 64, 0.17677669f, 1.0f, FALSE };
   const gint64 q_pos = 128, kv_end = 128 + 200;
   Data *d = data_new (&geo, kv_end, 5);
   g_autofree float *got = NULL;
@@ -398,7 +398,7 @@ test_vote_constructed (void **state)
   /* 4 q heads in 2 kv groups ({0,1}, {2,3}); 2 query blocks (4, 5) of B = 16;
    * key blocks 0..5; engine blocks of 8 tokens: ids 0..7 cover key blocks 0..3
    * (two engine blocks per key block). */
-  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f, 1.0f, FALSE };
   const gint64 n_qb = 2, n_kb = 6, n_ids = 8;
   SiftBlockMeta meta[8];
   gint64 ids[8];
@@ -478,7 +478,7 @@ static void
 test_threshold_extremes_in_attention (void **state)
 {
   (void) state;
-  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f, 1.0f, FALSE };
   const gint64 bs = 8, q_pos = 64, kv_end = 100, n_ids = q_pos / bs;
   Data *d = data_new (&geo, kv_end, 17);
   g_autofree float *scores = scorer_scores (d, q_pos, kv_end, bs, FALSE);
