@@ -372,6 +372,34 @@ xattn_scorer_n_kb (const XattnScorer *s)
   return s->n_kb;
 }
 
+gint64
+xattn_scorer_n_rows (const XattnScorer *s)
+{
+  return s->n_rows;
+}
+
+/* Row i's softmax over key blocks, from its per-block log masses: into
+ * out[kb] (added when add, else written); FALSE if the row saw no key. */
+static gboolean
+row_mass (const XattnScorer *s, gint32 h, gint64 i, float *out, gboolean add)
+{
+  const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+  float m = -INFINITY;
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    m = MAX (m, lse[kb]);
+  if (m == -INFINITY)
+    return FALSE;
+  double total = 0.0;
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    total += exp ((double) (lse[kb] - m));
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    {
+      float p = (float) (exp ((double) (lse[kb] - m)) / total);
+      out[kb] = add ? out[kb] + p : p;
+    }
+  return TRUE;
+}
+
 void
 xattn_scorer_finish (XattnScorer *s, float *scores)
 {
@@ -382,20 +410,22 @@ xattn_scorer_finish (XattnScorer *s, float *scores)
   for (gint32 h = 0; h < g->n_q_heads; h++)
     for (gint64 i = 0; i < s->n_rows; i++)
       {
-        const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
-        /* Softmax of the row from its per-block log masses. */
-        float m = -INFINITY;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          m = MAX (m, lse[kb]);
-        if (m == -INFINITY)
-          continue;
-        double total = 0.0;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          total += exp ((double) (lse[kb] - m));
         gint64 qb = (s->row0 + i) * g->stride / g->block - qb0;
-        float *out = scores + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) s->n_kb;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          out[kb] += (float) (exp ((double) (lse[kb] - m)) / total);
+        row_mass (s, h, i, scores + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) s->n_kb, TRUE);
+      }
+}
+
+void
+xattn_scorer_finish_rows (XattnScorer *s, float *mass)
+{
+  const XattnGeometry *g = &s->geo;
+  stage_flush (s);
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 i = 0; i < s->n_rows; i++)
+      {
+        float *out = mass + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+        if (!row_mass (s, h, i, out, FALSE))
+          memset (out, 0, (gsize) s->n_kb * sizeof (float));
       }
 }
 
@@ -441,6 +471,25 @@ xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold, gu
       selected[order[i]] = 1;
       mass += row[order[i]];
     }
+}
+
+void
+xattn_select_exact_rows (const float *mass, gint32 n_q_heads, gint64 n_rows, gint64 pos0, gint64 block,
+                         gint64 qb0, gint64 n_qb, gint64 n_kb, double threshold, guint8 *sel)
+{
+  g_autofree gint64 *order = g_new (gint64, (gsize) MAX (n_kb, 1));
+  g_autofree guint8 *mine = g_new (guint8, (gsize) MAX (n_kb, 1));
+  for (gint32 h = 0; h < n_q_heads; h++)
+    for (gint64 i = 0; i < n_rows; i++)
+      {
+        gint64 qb = (pos0 + i) / block;
+        g_return_if_fail (qb >= qb0 && qb < qb0 + n_qb);
+        xattn_select_row (mass + ((gsize) h * (gsize) n_rows + (gsize) i) * (gsize) n_kb, n_kb, qb, threshold,
+                          mine, order);
+        guint8 *dst = sel + ((gsize) h * (gsize) n_qb + (gsize) (qb - qb0)) * (gsize) n_kb;
+        for (gint64 kb = 0; kb < n_kb; kb++)
+          dst[kb] |= mine[kb];
+      }
 }
 
 /* ---- Aggregation ---------------------------------------------------------- */

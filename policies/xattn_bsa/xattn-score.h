@@ -69,6 +69,14 @@ gint64 xattn_scorer_n_kb (const XattnScorer *s);
  * first); key blocks whose keys were never added score 0. */
 void xattn_scorer_finish (XattnScorer *s, float *scores);
 
+/* The reshaped rows of the chunk; with stride 1, its queries. */
+gint64 xattn_scorer_n_rows (const XattnScorer *s);
+/* Each reshaped row's softmax mass per key block, f32
+ * [n_q_heads][n_rows][n_kb] (a row sums to 1; one that saw no key is 0).
+ * With stride 1 this is each query's exact attention mass per key block:
+ * what the exact rows (xattn_select_exact_rows) select from. */
+void xattn_scorer_finish_rows (XattnScorer *s, float *mass);
+
 /* Dot products of reshaped rows and columns: out[i * n_cols + j] =
  * rows[i] . cols[j], each vector `len` floats, rows `row_stride` and
  * columns `col_stride` floats apart. The scalar path is the reference. */
@@ -97,6 +105,15 @@ void xattn_dots_force_scalar (gboolean scalar);
  * selected: guint8 [n_kb], written fully. order: scratch of n_kb entries. */
 void xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold,
                        guint8 *selected, gint64 *order);
+
+/* Exact rows (a sift extension, docs/policies/xattn_bsa.md): queries
+ * pos0 .. pos0 + n_rows - 1 scored exactly, mass [n_q_heads][n_rows][n_kb]
+ * from a stride-1 scorer. Each row keeps what xattn_select_row keeps for
+ * its own mass (sink and its query block's diagonal included), and that is
+ * added (or) to its query block's row of sel [n_q_heads][n_qb][n_kb]
+ * (query blocks qb0 .. qb0 + n_qb - 1, B = block tokens each). */
+void xattn_select_exact_rows (const float *mass, gint32 n_q_heads, gint64 n_rows, gint64 pos0, gint64 block,
+                              gint64 qb0, gint64 n_qb, gint64 n_kb, double threshold, guint8 *sel);
 
 /* ---- Aggregation for offload ----------------------------------------------
  * From per-(head, query block) selections of key blocks to engine blocks:

@@ -265,7 +265,7 @@ run_select (Fixture *f, const XattnBsaConfig *cfg, SiftSelection *sel, GError **
   return ok;
 }
 
-static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK };
+static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0 };
 
 static void
 test_glue_matches_direct (void **state)
