@@ -43,8 +43,28 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
             c[4 * i + j] = _mm512_fmadd_ps (q, k[j], c[4 * i + j]);
         }
     }
-  for (int i = 0; i < 16; i++)
-    r[i] = _mm512_reduce_add_ps (c[i]);
+  /* The 16 horizontal sums as one transpose-and-add tree (short rows, as
+   * in antidiagonal: sum_exp with len = head_dim, would otherwise spend
+   * more on 16 separate reductions than on the FMAs). c[4i + j] is row i,
+   * column j. Level 1 folds lanes 2, 3 onto 0, 1 with a second vector in
+   * the upper half; level 2 leaves row m's four columns in the four
+   * 128-bit lanes of u[m]; level 3 sums within lanes across rows. */
+  __m512 s[8], u[4];
+  for (int k = 0; k < 8; k++)
+    s[k] = _mm512_add_ps (_mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (3, 2, 3, 2)));
+  for (int m = 0; m < 4; m++)
+    u[m] = _mm512_add_ps (_mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (3, 1, 3, 1)));
+  __m512 v01 = _mm512_add_ps (_mm512_unpacklo_ps (u[0], u[1]), _mm512_unpackhi_ps (u[0], u[1]));
+  __m512 v23 = _mm512_add_ps (_mm512_unpacklo_ps (u[2], u[3]), _mm512_unpackhi_ps (u[2], u[3]));
+  __m512 res = _mm512_add_ps (_mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (1, 0, 1, 0)),
+                              _mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (3, 2, 3, 2)));
+  float sums[16];
+  _mm512_storeu_ps (sums, res); /* sums[4j + i]: row i, column j */
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++)
+      r[4 * i + j] = sums[4 * j + i];
 }
 
 void
