@@ -13,7 +13,10 @@
 static inline void
 tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
 {
+  /* Every loop over c is unrolled, so the 16 accumulators live in
+   * registers (at -O2 GCC would otherwise keep them on the stack). */
   __m512 c[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i++)
     c[i] = _mm512_setzero_ps ();
   gsize t = 0;
@@ -21,6 +24,7 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
     {
       __m512 k0 = _mm512_loadu_ps (b[0] + t), k1 = _mm512_loadu_ps (b[1] + t);
       __m512 k2 = _mm512_loadu_ps (b[2] + t), k3 = _mm512_loadu_ps (b[3] + t);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; i++)
         {
           __m512 q = _mm512_loadu_ps (a[i] + t);
@@ -34,11 +38,14 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
     {
       __mmask16 m = (__mmask16) ((1u << (len - t)) - 1);
       __m512 k[4];
+#pragma GCC unroll 4
       for (int j = 0; j < 4; j++)
         k[j] = _mm512_maskz_loadu_ps (m, b[j] + t);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; i++)
         {
           __m512 q = _mm512_maskz_loadu_ps (m, a[i] + t);
+#pragma GCC unroll 4
           for (int j = 0; j < 4; j++)
             c[4 * i + j] = _mm512_fmadd_ps (q, k[j], c[4 * i + j]);
         }
@@ -50,9 +57,11 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
    * the upper half; level 2 leaves row m's four columns in the four
    * 128-bit lanes of u[m]; level 3 sums within lanes across rows. */
   __m512 s[8], u[4];
+#pragma GCC unroll 8
   for (int k = 0; k < 8; k++)
     s[k] = _mm512_add_ps (_mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (1, 0, 1, 0)),
                           _mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (3, 2, 3, 2)));
+#pragma GCC unroll 4
   for (int m = 0; m < 4; m++)
     u[m] = _mm512_add_ps (_mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (2, 0, 2, 0)),
                           _mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (3, 1, 3, 1)));
