@@ -7,6 +7,7 @@
 #ifdef XATTN_HAVE_AVX512
 #pragma GCC target("avx512f")
 #include <immintrin.h>
+#include <math.h>
 
 /* Up to 4 x 4 dot products with one code path: rows and columns past
  * nr / nc repeat the last valid one and their results are dropped. */
@@ -99,6 +100,53 @@ xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const flo
               out[(i + ii) * n_cols + j + jj] = r[4 * ii + jj];
         }
     }
+}
+
+float
+xattn_max_scaled_avx512 (const float *x, gsize n, float scale)
+{
+  __m512 vm = _mm512_set1_ps (-INFINITY), vs = _mm512_set1_ps (scale);
+  for (gsize i = 0; i < n; i += 16)
+    {
+      __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+      vm = _mm512_mask_max_ps (vm, k, vm, _mm512_mul_ps (_mm512_maskz_loadu_ps (k, x + i), vs));
+    }
+  return _mm512_reduce_max_ps (vm);
+}
+
+/* e^y for y <= 0: y = n ln2 + r with |r| <= ln2 / 2 (ln2 split in a high
+ * part exact in float and a low correction), e^r by its Taylor polynomial
+ * to degree 6 (Horner), times 2^n by scalef. Below -87 the result is 0. */
+static inline __m512
+exp_neg (__m512 y)
+{
+  y = _mm512_max_ps (y, _mm512_set1_ps (-87.0f));
+  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (y, _mm512_set1_ps (1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145752f), y);
+  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  return _mm512_scalef_ps (p, n);
+}
+
+float
+xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
+{
+  __m512 acc = _mm512_setzero_ps (), vs = _mm512_set1_ps (scale), vm = _mm512_set1_ps (m);
+  for (gsize i = 0; i < n; i += 16)
+    {
+      __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+      /* Fused: the top entry gives e^(rounding of m), within 1e-5 of 1. */
+      __m512 y = _mm512_fmsub_ps (_mm512_maskz_loadu_ps (k, x + i), vs, vm);
+      acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
+    }
+  return _mm512_reduce_add_ps (acc);
 }
 
 #endif /* XATTN_HAVE_AVX512 */

@@ -184,6 +184,35 @@ log_add (float a, float b)
   return m + logf (expf (a - m) + expf (b - m));
 }
 
+/* max_i x[i] * scale and sum_i exp(x[i] * scale - m), SIMD where there is. */
+static float
+max_scaled (SiftIsa isa, const float *x, gint64 n, float scale)
+{
+#ifdef XATTN_HAVE_AVX512
+  if (isa == SIFT_ISA_AVX512)
+    return xattn_max_scaled_avx512 (x, (gsize) n, scale);
+#endif
+  (void) isa;
+  float m = -INFINITY;
+  for (gint64 i = 0; i < n; i++)
+    m = MAX (m, x[i] * scale);
+  return m;
+}
+
+static float
+sum_exp (SiftIsa isa, const float *x, gint64 n, float scale, float m)
+{
+#ifdef XATTN_HAVE_AVX512
+  if (isa == SIFT_ISA_AVX512)
+    return xattn_sum_exp_avx512 (x, (gsize) n, scale, m);
+#endif
+  (void) isa;
+  float sum = 0.0f;
+  for (gint64 i = 0; i < n; i++)
+    sum += expf (x[i] * scale - m);
+  return sum;
+}
+
 static void
 add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
@@ -247,6 +276,20 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
                    * padding (past kv_end) and, on the diagonal column, keys
                    * after their query are left out. */
                   const float escale = g->scale / g->norm;
+                  gint64 c_last = t->col0 + jend - 1;
+                  if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
+                    {
+                      /* No padding, no diagonal: every entry counts. */
+                      for (gint64 p = 0; p < S; p++)
+                        m = MAX (m, max_scaled (t->isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j,
+                                                jend - j, escale));
+                      for (gint64 p = 0; p < S; p++)
+                        sum += sum_exp (t->isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j,
+                                        escale, m);
+                      lse[kb] = log_add (lse[kb], m + logf (sum));
+                      j = jend;
+                      continue;
+                    }
                   for (int pass = 0; pass < 2; pass++)
                     for (gint64 p = 0; p < S; p++)
                       {

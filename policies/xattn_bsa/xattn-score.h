@@ -90,6 +90,12 @@ void xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const 
 void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
                         gsize col_stride, gint64 n_cols, gsize len, float *out);
 #endif
+#ifdef XATTN_HAVE_AVX512
+/* max_i x[i] * scale, and sum_i exp(x[i] * scale - m) for x[i] * scale <= m
+ * (a polynomial exp, relative error ~1e-7; the scalar path uses expf). */
+float xattn_max_scaled_avx512 (const float *x, gsize n, float scale);
+float xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m);
+#endif
 /* The path in use: the best one built in that sift_isa_active () allows,
  * unless forced scalar. */
 SiftIsa xattn_dots_isa (void);

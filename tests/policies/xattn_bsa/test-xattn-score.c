@@ -453,6 +453,47 @@ G_GNUC_UNUSED check_dots (DotsFunc f)
   g_rand_free (r);
 }
 
+#ifdef XATTN_HAVE_AVX512
+/* The AVX-512 max and sum of exponentials against expf, over lengths with
+ * and without a masked tail and exponents down to the underflow clamp. */
+static void
+check_exp_avx512 (void)
+{
+  GRand *r = g_rand_new_with_seed (8);
+  const gsize lens[] = { 1, 15, 16, 17, 64, 100 };
+  for (gsize li = 0; li < G_N_ELEMENTS (lens); li++)
+    {
+      gsize n = lens[li];
+      g_autofree float *x = g_new (float, n);
+      for (gsize i = 0; i < n; i++)
+        x[i] = (float) g_rand_double_range (r, -400.0, 40.0);
+      const float scale = 0.3f;
+      float m = -INFINITY;
+      for (gsize i = 0; i < n; i++)
+        m = MAX (m, x[i] * scale);
+      assert_true (xattn_max_scaled_avx512 (x, n, scale) == m);
+      double want = 0.0;
+      for (gsize i = 0; i < n; i++)
+        want += exp ((double) (x[i] * scale - m));
+      double got = xattn_sum_exp_avx512 (x, n, scale, m);
+      /* x * scale - m is fused (in the kernel, and maybe here): the top
+       * term is e^(rounding error of m), |m| <= 120: within 1e-5. */
+      if (fabs (got - want) > 1e-5 * want)
+        fail_msg ("sum_exp over %zu: got %.9g, want %.9g", n, got, want);
+      /* Each term alone, across the range (a single entry at m - y). */
+      for (int k = 0; k <= 100; k++)
+        {
+          float one = (float) -k + 0.37f;
+          double e = exp ((double) one), g = xattn_sum_exp_avx512 (&one, 1, 1.0f, 0.0f);
+          /* Clamped at -87: below, a negligible e^-87 instead of 0. */
+          if (k < 87 ? fabs (g - e) > 2e-7 * e : g > 2e-38)
+            fail_msg ("exp(%g): got %.9g, want %.9g", (double) one, g, e);
+        }
+    }
+  g_rand_free (r);
+}
+#endif
+
 /* Each SIMD path the CPU can run (whatever sift_isa_active () says, so the
  * paths are compared even where kernels are forced scalar). */
 static void
@@ -474,6 +515,7 @@ test_simd_matches_scalar (void **state)
   if (__builtin_cpu_supports ("avx512f"))
     {
       check_dots (xattn_dots_avx512);
+      check_exp_avx512 ();
       checked++;
     }
 #endif
