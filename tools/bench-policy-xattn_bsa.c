@@ -37,7 +37,7 @@ typedef struct {
   double threshold, vote_threshold, norm;
   gboolean sum_exp, paged;
   gint64 exact_rows;
-  char *vote, *granularity, *clock;
+  char *vote, *granularity, *clock, *antidiagonal;
   char *config;                  /* input from the synthetic source of this config */
   SiftConfig *cfg;
   gint64 min_query_len;
@@ -582,7 +582,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "paged", 0, 0, G_OPTION_ARG_NONE, &o.paged, "Attend the selection with sift_attn_paged: one call per query-block run and head run (default: block by block, as the engine's pipeline)", NULL },
     { "exact-rows", 0, 0, G_OPTION_ARG_INT64, &o.exact_rows, "xattn_bsa exact_rows (64)", "N" },
     { "norm", 0, 0, G_OPTION_ARG_DOUBLE, &o.norm, "xattn_bsa norm (1)", "X" },
-    { "sum-exp", 0, 0, G_OPTION_ARG_NONE, &o.sum_exp, "xattn_bsa antidiagonal: sum_exp (default mean_logit)", NULL },
+    { "antidiagonal", 0, 0, G_OPTION_ARG_STRING, &o.antidiagonal, "xattn_bsa antidiagonal: sum_exp | mean_logit (sum_exp)", "MODE" },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
     { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
@@ -608,6 +608,9 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   lengths = o.lengths ? o.lengths : g_strdup ("32768,131072");
   vote = o.vote ? o.vote : g_strdup ("any");
   o.vote = vote;
+  g_autofree char *antidiagonal = o.antidiagonal ? o.antidiagonal : g_strdup ("sum_exp");
+  o.antidiagonal = antidiagonal;
+  o.sum_exp = g_str_equal (antidiagonal, "sum_exp");
   granularity = o.granularity ? o.granularity : g_strdup ("chunk");
   o.granularity = granularity;
   clock_name = o.clock ? o.clock : g_strdup ("cpu");
@@ -635,11 +638,13 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
       || o.kv_block % o.stride != 0 || o.chunk % o.kv_block != 0 || o.threshold < 0 || o.threshold > 1
       || (!g_str_equal (vote, "any") && !g_str_equal (vote, "majority"))
       || (!g_str_equal (granularity, "query_block") && !g_str_equal (granularity, "chunk"))
+      || (!o.sum_exp && !g_str_equal (antidiagonal, "mean_logit")) || !(o.norm > 0) || o.exact_rows < 0
       || (!use_cpu_clock && !g_str_equal (clock_name, "wall")))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: impossible options: need 1 <= heads <= q-heads/kv-heads, "
                        "head-dim >= 8, stride dividing block and kv-block, kv-block dividing chunk, "
-                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk, clock cpu|wall\n");
+                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk, antidiagonal sum_exp|mean_logit, "
+                       "norm > 0, exact-rows >= 0, clock cpu|wall\n");
       return 2;
     }
   if (o.threads > 0)

@@ -22,7 +22,7 @@ static const SiftParamSpec xattn_params[] = {
     "fraction of (kv head, query block) votes a block needs under vote: majority" },
   { "granularity", SIFT_PARAM_STRING, "chunk", 1, 0, "chunk|query_block",
     "attend a chosen block for the whole chunk (one load per block) or only for the query blocks that chose it" },
-  { "antidiagonal", SIFT_PARAM_STRING, "mean_logit", 1, 0, "mean_logit|sum_exp",
+  { "antidiagonal", SIFT_PARAM_STRING, "sum_exp", 1, 0, "mean_logit|sum_exp",
     "score a reshaped column by its antidiagonal's mean logit (the reference code) or by the sum of its exp(logit)s" },
   { "norm", SIFT_PARAM_FLOAT, "1.0", 1e-6, 1e6, NULL,
     "the reference's norm: antidiagonal logits are divided by it (1: unchanged)" },
