@@ -264,11 +264,9 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
               float m = -INFINITY, sum = 0.0f;
               if (!g->sum_exp)
                 {
-                  const float *xi = x + i * nc;
-                  for (gint64 jj = j; jj < jend; jj++)
-                    m = MAX (m, xi[jj] * lscale);
-                  for (gint64 jj = j; jj < jend; jj++)
-                    sum += expf (xi[jj] * lscale - m);
+                  const float *xi = x + i * nc + j;
+                  m = max_scaled (t->isa, xi, jend - j, lscale);
+                  sum = sum_exp (t->isa, xi, jend - j, lscale, m);
                 }
               else
                 {
