@@ -584,7 +584,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "norm", 0, 0, G_OPTION_ARG_DOUBLE, &o.norm, "xattn_bsa norm (1)", "X" },
     { "antidiagonal", 0, 0, G_OPTION_ARG_STRING, &o.antidiagonal, "xattn_bsa antidiagonal: sum_exp | mean_logit (sum_exp)", "MODE" },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
-    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
+    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: query_block | chunk (query_block)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
     { "min-query-len", 0, 0, G_OPTION_ARG_INT64, &o.min_query_len, "xattn_bsa min_query_len (1024)", "N" },
     { "config", 0, 0, G_OPTION_ARG_FILENAME, &o.config, "Input from this config's synthetic source; its q_heads, kv_heads, head_dim, block_size and chunk_size replace the shape options", "FILE" },
@@ -611,7 +611,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   g_autofree char *antidiagonal = o.antidiagonal ? o.antidiagonal : g_strdup ("sum_exp");
   o.antidiagonal = antidiagonal;
   o.sum_exp = g_str_equal (antidiagonal, "sum_exp");
-  granularity = o.granularity ? o.granularity : g_strdup ("chunk");
+  granularity = o.granularity ? o.granularity : g_strdup ("query_block");
   o.granularity = granularity;
   clock_name = o.clock ? o.clock : g_strdup ("cpu");
   use_cpu_clock = g_str_equal (clock_name, "cpu");
