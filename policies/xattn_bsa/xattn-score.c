@@ -213,6 +213,48 @@ sum_exp (SiftIsa isa, const float *x, gint64 n, float scale, float m)
   return sum;
 }
 
+/* sum_exp: the log of the summed exp(scale / norm x logit) of key block
+ * columns [j, jend) of row r (row i of the tile's products x, [S][nr][nc],
+ * column 0 = col0). Segment p pairs query rS + S - 1 - p with key cS + p;
+ * padding (past kv_end) and, on the diagonal column, keys after their
+ * query are left out. -inf when no entry counts. */
+static float
+block_log_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr, gint64 nc, gint64 i, gint64 r,
+                   gint64 col0, gint64 j, gint64 jend)
+{
+  const XattnGeometry *g = &s->geo;
+  const gint64 S = g->stride, c_last = col0 + jend - 1;
+  const float escale = g->scale / g->norm;
+  float m = -INFINITY, sum = 0.0f;
+  if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
+    {
+      /* No padding, no diagonal: every entry counts. */
+      for (gint64 p = 0; p < S; p++)
+        m = MAX (m, max_scaled (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale));
+      for (gint64 p = 0; p < S; p++)
+        sum += sum_exp (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale, m);
+      return m + logf (sum);
+    }
+  for (int pass = 0; pass < 2; pass++)
+    for (gint64 p = 0; p < S; p++)
+      {
+        if (r * S + S - 1 - p >= s->kv_end)
+          continue;
+        const float *xp = x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc;
+        for (gint64 jj = j; jj < jend; jj++)
+          {
+            gint64 c = col0 + jj;
+            if (c * S + p >= s->kv_end || (c == r && p > S - 1 - p))
+              continue;
+            if (pass == 0)
+              m = MAX (m, xp[jj] * escale);
+            else
+              sum += expf (xp[jj] * escale - m);
+          }
+      }
+  return m == -INFINITY ? -INFINITY : m + logf (sum);
+}
+
 static void
 add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
@@ -261,57 +303,17 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
               gint64 c = t->col0 + j;
               gint64 kb = c / cols_per_kb;
               gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
-              float m = -INFINITY, sum = 0.0f;
+              float v;
               if (!g->sum_exp)
                 {
                   const float *xi = x + i * nc + j;
-                  m = max_scaled (t->isa, xi, jend - j, lscale);
-                  sum = sum_exp (t->isa, xi, jend - j, lscale, m);
+                  float m = max_scaled (t->isa, xi, jend - j, lscale);
+                  v = m + logf (sum_exp (t->isa, xi, jend - j, lscale, m));
                 }
               else
-                {
-                  /* Segment p pairs query rS + S - 1 - p with key cS + p;
-                   * padding (past kv_end) and, on the diagonal column, keys
-                   * after their query are left out. */
-                  const float escale = g->scale / g->norm;
-                  gint64 c_last = t->col0 + jend - 1;
-                  if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
-                    {
-                      /* No padding, no diagonal: every entry counts. */
-                      for (gint64 p = 0; p < S; p++)
-                        m = MAX (m, max_scaled (t->isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j,
-                                                jend - j, escale));
-                      for (gint64 p = 0; p < S; p++)
-                        sum += sum_exp (t->isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j,
-                                        escale, m);
-                      lse[kb] = log_add (lse[kb], m + logf (sum));
-                      j = jend;
-                      continue;
-                    }
-                  for (int pass = 0; pass < 2; pass++)
-                    for (gint64 p = 0; p < S; p++)
-                      {
-                        if (r * S + S - 1 - p >= s->kv_end)
-                          continue;
-                        const float *xp = x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc;
-                        for (gint64 jj = j; jj < jend; jj++)
-                          {
-                            gint64 cc = t->col0 + jj;
-                            if (cc * S + p >= s->kv_end || (cc == r && p > S - 1 - p))
-                              continue;
-                            if (pass == 0)
-                              m = MAX (m, xp[jj] * escale);
-                            else
-                              sum += expf (xp[jj] * escale - m);
-                          }
-                      }
-                  if (m == -INFINITY)
-                    {
-                      j = jend;
-                      continue;
-                    }
-                }
-              lse[kb] = log_add (lse[kb], m + logf (sum));
+                v = block_log_sum_exp (s, t->isa, x, nr, nc, i, r, t->col0, j, jend);
+              if (v != -INFINITY)
+                lse[kb] = log_add (lse[kb], v);
               j = jend;
             }
         }
