@@ -154,7 +154,7 @@ vs_view_f32 (const SiftView *k, float **buf, gsize *cap)
  * panel is a lane bitmask: its merged slash ranges OR the head's columns
  * (a key in both is one bit, so visited once). */
 
-#define VS_CHUNK_ROWS 64
+#define VS_CHUNK_ROWS 128
 
 struct _VsAttn {
   gint32 n_q_heads, n_kv_heads, d;
