@@ -161,7 +161,7 @@ void vs_group_attend_avx512 (VsTile *t, const VsGroup *g);
  * groups (lone diagonals, stray columns, partial panels). Scores of a few
  * keys are 4 x 4 blocks of dot products, of many the transposed panel.
  * Every buffered key is flushed before the tile's state is read. */
-#define VS_PENDING_KEYS 64
+#define VS_PENDING_KEYS 32
 typedef struct {
   float s[4][VS_PENDING_KEYS + 16];    /* scores, then probabilities, of the buffered keys per row */
   const float *vrow[VS_PENDING_KEYS];  /* their value rows */
