@@ -524,6 +524,8 @@ test_kernel_buffered (void **state)
   for (gsize i = 0; i < G_N_ELEMENTS (isas); i++)
     for (gint32 tile = 1; tile <= 4; tile++)
       {
+        if (isas[i] != SIFT_ISA_AVX512 && (tile == 2 || tile == 3))
+          continue; /* the buffered path is AVX-512's; the others get both ends */
         check_kernel_pattern (isas[i], 128, tile, 37, 301, 50, few, dense);
         check_kernel_pattern (isas[i], 128, tile, 37, 301, 1000, none, scattered);
         check_kernel_pattern (isas[i], 64, tile, 37, 301, 64, columns, none);
