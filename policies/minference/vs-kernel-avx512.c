@@ -325,9 +325,13 @@ rows_scores_few (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 
     }
 }
 
-/* Few lanes: dot-product blocks, else the transposed panel (see above). */
-#define FEW_LANES_HALF 12  /* lanes inside one half of the panel */
-#define FEW_LANES 20       /* lanes in both halves */
+/* Few lanes: dot-product blocks, else the transposed panel (see above).
+ * One block, i.e. a lone diagonal of a 4-row tile: at 32K on the synthetic
+ * model, thresholds from 0 to 20 lanes timed the same within the noise of
+ * the shared machine (the blocks read K rows, the panel pass the transposed
+ * copy already in cache), and 32 was ~10% slower. */
+#define FEW_LANES_HALF 4  /* lanes inside one half of the panel */
+#define FEW_LANES 4       /* lanes in both halves */
 
 static inline void
 rows_scores_any (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 any, float (*s)[G])
