@@ -15,7 +15,7 @@ G_BEGIN_DECLS
 /* Query rows per tile of the sparse kernel by default: the slash diagonals
  * of a tile become whole key ranges [tile_start - d, tile_end - d), so a
  * lone diagonal costs `tile` keys per row. MInference's GPU kernel uses 64;
- * the CPU kernel reuses each key panel across 64 rows whatever the tile,
+ * the CPU kernel reuses each key panel across 128 rows whatever the tile,
  * so a small tile wastes less on scattered diagonals at little cost. */
 #define VS_TILE_DEFAULT 4
 #define VS_TILE_MAX 256
