@@ -6,8 +6,17 @@
 
 typedef struct {
   const SiftView *q;    /* f32 [q_heads][n_q][d] */
-  const SiftView *k;    /* [kv_heads][n_kv][d] */
+  const SiftView *k;    /* [kv_heads][n_kv][d]; for paged calls only its shape
+                         * and dtype hold (data NULL): read keys through blocks */
   const SiftView *v;
+  /* K and V as blocks, key order (dense and decode read rows only here):
+   * block b holds keys [block_start[b], block_start[b + 1]) as rows
+   * 0..n of k_blocks[b] and v_blocks[b]. A contiguous call is one block. */
+  const SiftView *k_blocks; /* [n_blocks] [kv_heads][n_b][d] */
+  const SiftView *v_blocks;
+  gsize n_blocks;
+  const gint64 *block_start; /* [n_blocks + 1] */
+  gint64 one_block[2];       /* block_start of a contiguous call */
   SiftView *out;        /* f32 [q_heads][n_q][d] */
   float *lse;           /* [q_heads][n_q], never NULL here */
   float scale;          /* resolved */
@@ -62,4 +71,55 @@ sift_attn_limit (const SiftAttnArgs *a, gint64 i)
   if (!a->causal || a->q_offset >= a->k->n_tokens)
     return a->k->n_tokens;
   return CLAMP (a->q_offset + i + 1, 0, a->k->n_tokens);
+}
+
+/* The block of key t (block_start[b] <= t < block_start[b + 1]); t in
+ * [0, n_kv). Empty blocks are never returned. */
+static inline gsize
+sift_attn_block_of (const SiftAttnArgs *a, gint64 t)
+{
+  gsize lo = 0, hi = a->n_blocks; /* block_start[lo] <= t < block_start[hi] */
+  while (hi - lo > 1)
+    {
+      gsize mid = lo + (hi - lo) / 2;
+      if (a->block_start[mid] <= t)
+        lo = mid;
+      else
+        hi = mid;
+    }
+  return lo;
+}
+
+/* A forward walk over the key rows of the blocks: the block of the current
+ * key, resolved once per block rather than per row. */
+typedef struct {
+  const SiftAttnArgs *a;
+  gsize b;              /* current block */
+  gint64 start, end;    /* its keys [start, end) */
+} SiftKvCursor;
+
+static inline SiftKvCursor
+sift_kv_cursor (const SiftAttnArgs *a, gint64 t)
+{
+  SiftKvCursor c = { a, 0, 0, 0 };
+  if (a->n_blocks == 0)
+    return c;
+  c.b = sift_attn_block_of (a, MIN (t, a->k->n_tokens - 1));
+  c.start = a->block_start[c.b];
+  c.end = a->block_start[c.b + 1];
+  return c;
+}
+
+/* Moves the cursor forward to key t (t >= the current block's start) and
+ * returns t's row in the current block. */
+static inline gint64
+sift_kv_seek (SiftKvCursor *c, gint64 t)
+{
+  while (t >= c->end)
+    {
+      c->b++;
+      c->start = c->end;
+      c->end = c->a->block_start[c->b + 1];
+    }
+  return t - c->start;
 }

@@ -19,6 +19,8 @@ row_attend (const SiftAttnArgs *a, gint64 h, gint64 i, const gint64 *rows, gint6
 
   for (gint32 c = 0; c < d; c++)
     acc[c] = 0.0f;
+  /* Gathered rows index a->k; dense keys are read through the blocks. */
+  SiftKvCursor cur = sift_kv_cursor (a, 0);
   for (gint64 n = 0; n < n_keys; n++)
     {
       gint64 j = rows ? rows[n] : n;
@@ -28,12 +30,19 @@ row_attend (const SiftAttnArgs *a, gint64 h, gint64 i, const gint64 *rows, gint6
             continue;
           break;
         }
-      sift_view_row_to_f32 (a->k, g, j, kr);
+      const SiftView *kv = a->k, *vv = a->v;
+      gint64 r = j;
+      if (!rows)
+        {
+          r = sift_kv_seek (&cur, j);
+          kv = &a->k_blocks[cur.b], vv = &a->v_blocks[cur.b];
+        }
+      sift_view_row_to_f32 (kv, g, r, kr);
       float s = 0.0f;
       for (gint32 c = 0; c < d; c++)
         s += q[c] * kr[c];
       s *= a->scale;
-      sift_view_row_to_f32 (a->v, g, j, vr);
+      sift_view_row_to_f32 (vv, g, r, vr);
       if (s > m)
         {
           float r = expf (m - s); /* rescale what was summed under the old max */

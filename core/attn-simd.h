@@ -317,6 +317,8 @@ decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gi
   float sc[MR][VL] __attribute__ ((aligned (64)));
   float pr[MR][VL] __attribute__ ((aligned (64)));
   const void *vrow[VL];
+  /* Rows of key t and of the key prefetched DEC_PF chunks ahead. */
+  SiftKvCursor cur = sift_kv_cursor (a, kb), ahead = sift_kv_cursor (a, kb + DEC_PF * VL);
   for (gint64 j0 = kb; j0 < ke; j0 += VL)
     {
       const int nk = (int) MIN ((gint64) VL, ke - j0);
@@ -326,11 +328,13 @@ decode_keys (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gi
           gint64 tn = t + DEC_PF * VL;
           if (tn < ke)
             {
-              prefetch_row (a->k, g, tn, row_bytes);
-              prefetch_row (a->v, g, tn, row_bytes);
+              gint64 rn = sift_kv_seek (&ahead, tn);
+              prefetch_row (&a->k_blocks[ahead.b], g, rn, row_bytes);
+              prefetch_row (&a->v_blocks[ahead.b], g, rn, row_bytes);
             }
-          const void *krow = sift_view_row (a->k, g, t);
-          vrow[j] = sift_view_row (a->v, g, t);
+          gint64 r = sift_kv_seek (&cur, t);
+          const void *krow = sift_view_row (&a->k_blocks[cur.b], g, r);
+          vrow[j] = sift_view_row (&a->v_blocks[cur.b], g, r);
           /* Two accumulators per row halve the FMA dependency chain. */
           vf acc[MR][2];
 #pragma GCC unroll 4
@@ -450,7 +454,8 @@ decode_run (const Plan *p, gint64 g, const Scratch *s, gint64 kb, gint64 ke, gin
 static gboolean
 decode_applies (const Plan *p, gsize R)
 {
-  return p->decode && p->mode == MODE_DENSE && R <= MR && p->d == p->dp && p->d % (2 * VL) == 0;
+  return p->decode && p->mode == MODE_DENSE && R <= MR && p->d == p->dp && p->d % (2 * VL) == 0
+         && p->a->k->dtype == p->a->v->dtype; /* one conversion for K and V rows */
 }
 
 static gint32
@@ -494,6 +499,67 @@ write_row (const SiftAttnArgs *a, gint64 h, gint64 t, const float *acc, float m,
   for (; c < d; c++)
     o[c] = acc[c] * inv;
   a->lse[h * a->q->n_tokens + t] = l > 0.0f ? m * (float) G_LN2 + logf (l) : -INFINITY;
+}
+
+/* The tiled path over keys [kb, ke) of one item (see the top comment).
+ * Dense keys are read through the blocks (cursors at this tile's key and
+ * the next tile's); gathered rows index the one view a->k. */
+static void
+tiled_keys (const Plan *p, gint64 g, const Scratch *sp, gint64 kb, gint64 ke, gint32 min_lim,
+            gsize R, gsize rp, gsize r4, gboolean few)
+{
+  const SiftAttnArgs *a = p->a;
+  const Scratch s = *sp;
+  const gsize dp = (gsize) p->dp;
+  const gint32 d = p->d;
+  const gsize row_bytes = (gsize) d * (a->k->dtype == SIFT_DTYPE_F32 ? 4 : 2);
+  const gboolean gather = p->mode == MODE_GATHER;
+  SiftKvCursor cur = sift_kv_cursor (a, kb), ahead = sift_kv_cursor (a, kb + BK);
+  for (gint64 j0 = kb; j0 < ke; j0 += BK)
+    {
+      gsize nk = (gsize) MIN ((gint64) BK, ke - j0);
+      gsize nkp = round_up (nk, MR);
+      gint32 max_pos = 0;
+      for (gsize j = 0; j < nk; j++)
+        {
+          gint64 t = gather ? a->rows[j0 + (gint64) j] : j0 + (gint64) j;
+          s.pos[j] = (gint32) t;
+          max_pos = MAX (max_pos, (gint32) t);
+          const SiftView *kv = a->k, *vv = a->v;
+          gint64 r = t;
+          if (!gather)
+            {
+              r = sift_kv_seek (&cur, t);
+              kv = &a->k_blocks[cur.b], vv = &a->v_blocks[cur.b];
+            }
+          load_row (kv, g, r, s.kc + j * dp, d, (gint32) dp);
+          load_row (vv, g, r, s.vc + j * dp, d, (gint32) dp);
+          /* The same row of the next tile is fetched while this tile
+           * computes: strided (token-major) K/V defeat the hardware prefetcher. */
+          gint64 jn = j0 + BK + (gint64) j;
+          if (jn < ke)
+            {
+              if (gather)
+                {
+                  prefetch_row (a->k, g, a->rows[jn], row_bytes);
+                  prefetch_row (a->v, g, a->rows[jn], row_bytes);
+                }
+              else
+                {
+                  gint64 rn = sift_kv_seek (&ahead, jn);
+                  prefetch_row (&a->k_blocks[ahead.b], g, rn, row_bytes);
+                  prefetch_row (&a->v_blocks[ahead.b], g, rn, row_bytes);
+                }
+            }
+        }
+      memset (s.kc + nk * dp, 0, (nkp - nk) * dp * sizeof (float));
+      if (few)
+        scores_few (&s, nkp, R, rp, dp);
+      else
+        scores (&s, nkp, rp, dp);
+      softmax_tile (&s, nk, rp, a->causal && max_pos >= min_lim);
+      accumulate (&s, nk, r4, rp, dp);
+    }
 }
 
 /* Runs item `item` of the plan: rows, key range, then output or partial. */
@@ -573,40 +639,10 @@ run_item (const Plan *p, gint64 item, float *buf)
   gint64 kb = kend * split / p->n_split / BK * BK;
   gint64 ke = split + 1 == p->n_split ? kend : kend * (split + 1) / p->n_split / BK * BK;
 
-  const gsize row_bytes = (gsize) d * (a->k->dtype == SIFT_DTYPE_F32 ? 4 : 2);
   if (decode_applies (p, R))
     decode_run (p, g, &s, kb, ke, min_lim, R);
   else
-  for (gint64 j0 = kb; j0 < ke; j0 += BK)
-    {
-      gsize nk = (gsize) MIN ((gint64) BK, ke - j0);
-      gsize nkp = round_up (nk, MR);
-      gint32 max_pos = 0;
-      for (gsize j = 0; j < nk; j++)
-        {
-          gint64 t = p->mode == MODE_GATHER ? a->rows[j0 + (gint64) j] : j0 + (gint64) j;
-          s.pos[j] = (gint32) t;
-          max_pos = MAX (max_pos, (gint32) t);
-          load_row (a->k, g, t, s.kc + j * dp, d, (gint32) dp);
-          load_row (a->v, g, t, s.vc + j * dp, d, (gint32) dp);
-          /* The same row of the next tile is fetched while this tile
-           * computes: strided (token-major) K/V defeat the hardware prefetcher. */
-          gint64 jn = j0 + BK + (gint64) j;
-          if (jn < ke)
-            {
-              gint64 tn = p->mode == MODE_GATHER ? a->rows[jn] : jn;
-              prefetch_row (a->k, g, tn, row_bytes);
-              prefetch_row (a->v, g, tn, row_bytes);
-            }
-        }
-      memset (s.kc + nk * dp, 0, (nkp - nk) * dp * sizeof (float));
-      if (few)
-        scores_few (&s, nkp, R, rp, dp);
-      else
-        scores (&s, nkp, rp, dp);
-      softmax_tile (&s, nk, rp, a->causal && max_pos >= min_lim);
-      accumulate (&s, nk, r4, rp, dp);
-    }
+    tiled_keys (p, g, &s, kb, ke, min_lim, R, rp, r4, few);
 
   if (p->n_split == 1)
     {

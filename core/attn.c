@@ -170,14 +170,12 @@ shape_error (GError **error, const char *fmt, ...)
   return FALSE;
 }
 
-/* Checks q, k, v, out and lse agree; fills the kernel arguments. */
+/* Checks q, k, v, out and lse agree (each view already checked on its
+ * own); fills the kernel arguments. */
 static gboolean
-prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
-         const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+prepare_checked (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+                 const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
-  if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
-      || !sift_view_check (v, "v", error) || !sift_view_check (out, "out", error))
-    return FALSE;
   if (q->dtype != SIFT_DTYPE_F32 || out->dtype != SIFT_DTYPE_F32)
     {
       g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
@@ -219,8 +217,22 @@ prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *
     .scale = scale != 0.0f ? scale : 1.0f / sqrtf ((float) q->head_dim),
     .causal = opts ? opts->causal : FALSE,
     .q_offset = opts ? opts->q_offset : 0,
+    .k_blocks = k, .v_blocks = v, .n_blocks = 1,
+    .one_block = { 0, k->n_tokens },
   };
+  a->block_start = a->one_block;
   return TRUE;
+}
+
+/* prepare_checked after checking each view. */
+static gboolean
+prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+         const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
+      || !sift_view_check (v, "v", error) || !sift_view_check (out, "out", error))
+    return FALSE;
+  return prepare_checked (a, q, k, v, opts, out, lse, error);
 }
 
 gboolean
@@ -268,6 +280,91 @@ sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v, const
   a.rows = rows;
   a.n_rows = n_rows;
   kernels ()->gather (&a);
+  return TRUE;
+}
+
+/* Checks the blocks of a paged call and builds the view of their
+ * concatenation (shape only) and the key index of each block. */
+static gboolean
+paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks, gint32 q_heads,
+              SiftView *k_all, SiftView *v_all, gint64 *block_start, GError **error)
+{
+  if (n_blocks > 0 && (k_blocks == NULL || v_blocks == NULL))
+    {
+      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+                   "paged: %s is NULL with %" G_GSIZE_FORMAT " blocks",
+                   k_blocks == NULL ? "k_blocks" : "v_blocks", n_blocks);
+      return FALSE;
+    }
+  /* No block: a kv head per query head, no key (every row o = 0, lse = -inf). */
+  *k_all = (SiftView) { NULL, SIFT_DTYPE_F32, q_heads, 0, 0, 0, 0 };
+  block_start[0] = 0;
+  for (gsize b = 0; b < n_blocks; b++)
+    {
+      const SiftView *kb = &k_blocks[b], *vb = &v_blocks[b];
+      char kname[48], vname[48];
+      g_snprintf (kname, sizeof kname, "k_blocks[%" G_GSIZE_FORMAT "]", b);
+      g_snprintf (vname, sizeof vname, "v_blocks[%" G_GSIZE_FORMAT "]", b);
+      if (!sift_view_check (kb, kname, error) || !sift_view_check (vb, vname, error))
+        return FALSE;
+      if (kb->n_tokens < 0 || kb->n_tokens != vb->n_tokens)
+        return shape_error (error, "paged: block %" G_GSIZE_FORMAT " has %" G_GINT64_FORMAT
+                            " keys and %" G_GINT64_FORMAT " values",
+                            b, kb->n_tokens, vb->n_tokens);
+      const SiftView *first = &k_blocks[0];
+      if (kb->n_heads != first->n_heads || vb->n_heads != first->n_heads
+          || kb->head_dim != first->head_dim || vb->head_dim != first->head_dim)
+        return shape_error (error, "paged: block %" G_GSIZE_FORMAT " is k [%d heads][%d dim], v [%d heads][%d dim];"
+                            " block 0 is [%d heads][%d dim]",
+                            b, kb->n_heads, kb->head_dim, vb->n_heads, vb->head_dim, first->n_heads,
+                            first->head_dim);
+      if (kb->dtype != first->dtype || vb->dtype != first->dtype)
+        {
+          g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+                       "paged: block %" G_GSIZE_FORMAT " is k %s, v %s; every block must be %s",
+                       b, sift_dtype_name (kb->dtype), sift_dtype_name (vb->dtype),
+                       sift_dtype_name (first->dtype));
+          return FALSE;
+        }
+      if (kb->n_tokens > G_MAXINT32 - block_start[b])
+        return shape_error (error, "paged: more than %d keys in all blocks", G_MAXINT32);
+      block_start[b + 1] = block_start[b] + kb->n_tokens;
+    }
+  if (n_blocks > 0)
+    {
+      *k_all = k_blocks[0];
+      k_all->data = NULL;
+      k_all->n_tokens = block_start[n_blocks];
+      k_all->head_stride = k_all->token_stride = 0;
+    }
+  *v_all = *k_all;
+  return TRUE;
+}
+
+gboolean
+sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                 gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                 GError **error)
+{
+  if (!sift_view_check (q, "q", error) || !sift_view_check (out, "out", error))
+    return FALSE;
+  SiftView k_all, v_all;
+  g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
+  if (!paged_blocks (k_blocks, v_blocks, n_blocks, q->n_heads, &k_all, &v_all, block_start, error))
+    return FALSE;
+  if (n_blocks == 0)
+    k_all.head_dim = v_all.head_dim = q->head_dim;
+  SiftAttnArgs a;
+  if (!prepare_checked (&a, q, &k_all, &v_all, opts, out, lse, error))
+    return FALSE;
+  a.k_blocks = k_blocks;
+  a.v_blocks = v_blocks;
+  a.n_blocks = n_blocks;
+  a.block_start = block_start;
+  if (q->n_tokens <= SIFT_ATTN_DECODE_MAX_ROWS)
+    kernels ()->decode (&a);
+  else
+    kernels ()->dense (&a);
   return TRUE;
 }
 

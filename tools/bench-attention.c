@@ -8,10 +8,15 @@
  * Decode: one query row against L keys, same heads; GB/s counts the K and V
  * bytes read. The
  * decode is run with GQA group 4 (8 kv heads) and group 1 (32 kv heads): the
- * same rate per KV byte means the group's query heads share each K/V read. */
+ * same rate per KV byte means the group's query heads share each K/V read.
+ * Paged: the decode lengths and prefill lengths again with K/V in blocks of
+ * --page tokens, through one sift_attn_paged call, against one call on the
+ * contiguous view and against one call per block merged by sift_attn_merge
+ * (the engine's block-by-block way). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <sift/sift.h>
 
@@ -87,6 +92,108 @@ time_calls (Problem *p, gboolean decode, gboolean causal, gint repeats, gint cal
   return sift_bench_median (t, (gsize) repeats);
 }
 
+/* K and V of a problem copied into blocks of `page` tokens, each block
+ * [kv_heads][page][HEAD_DIM] on its own (the engine's layout), the last
+ * one partial. */
+typedef struct {
+  guint16 *k, *v;       /* [n_blocks][kv_heads][page][HEAD_DIM] */
+  SiftView *kb, *vb;    /* [n_blocks] */
+  gsize n_blocks;
+} Paged;
+
+static void
+paged_init (Paged *pg, const Problem *p, gint64 page)
+{
+  const gint64 n_kv = p->kv.n_tokens;
+  const gint32 kv_heads = p->kv.n_heads;
+  pg->n_blocks = (gsize) ((n_kv + page - 1) / page);
+  gsize block_elems = (gsize) (kv_heads * page * HEAD_DIM);
+  pg->k = g_new (guint16, pg->n_blocks * block_elems);
+  pg->v = g_new (guint16, pg->n_blocks * block_elems);
+  pg->kb = g_new (SiftView, pg->n_blocks);
+  pg->vb = g_new (SiftView, pg->n_blocks);
+  for (gsize b = 0; b < pg->n_blocks; b++)
+    {
+      gint64 t0 = (gint64) b * page, n = MIN (page, n_kv - t0);
+      pg->kb[b] = sift_view_htd (pg->k + b * block_elems, SIFT_DTYPE_F16, kv_heads, page, HEAD_DIM);
+      pg->vb[b] = sift_view_htd (pg->v + b * block_elems, SIFT_DTYPE_F16, kv_heads, page, HEAD_DIM);
+      pg->kb[b].n_tokens = pg->vb[b].n_tokens = n;
+      for (gint32 h = 0; h < kv_heads; h++)
+        for (gint64 t = 0; t < n; t++)
+          {
+            memcpy (sift_view_row (&pg->kb[b], h, t), sift_view_row (&p->kv, h, t0 + t), HEAD_DIM * 2);
+            memcpy (sift_view_row (&pg->vb[b], h, t), sift_view_row (&p->vv, h, t0 + t), HEAD_DIM * 2);
+          }
+    }
+}
+
+static void
+paged_clear (Paged *pg)
+{
+  g_free (pg->k);
+  g_free (pg->v);
+  g_free (pg->kb);
+  g_free (pg->vb);
+}
+
+enum { VIA_CONTIGUOUS, VIA_PAGED, VIA_PER_BLOCK };
+
+/* One attention of p's queries against the keys of pg, `via` one call on
+ * the contiguous view, one sift_attn_paged call, or one call per block
+ * merged by sift_attn_merge (into part / part_lse, p's shape). */
+static void
+paged_call (Problem *p, const Paged *pg, int via, float *part, float *part_lse)
+{
+  const gint64 n_q = p->qv.n_tokens, n_kv = p->kv.n_tokens;
+  SiftAttnOpts opts = { .causal = TRUE, .q_offset = n_kv - n_q };
+  g_autoptr (GError) error = NULL;
+  gboolean ok = TRUE;
+  if (via == VIA_CONTIGUOUS)
+    ok = n_q <= SIFT_ATTN_DECODE_MAX_ROWS
+           ? sift_attn_decode (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error)
+           : sift_attn_dense (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, &error);
+  else if (via == VIA_PAGED)
+    ok = sift_attn_paged (&p->qv, pg->kb, pg->vb, pg->n_blocks, &opts, &p->ov, p->lse, &error);
+  else
+    {
+      SiftView pv = p->ov;
+      pv.data = part;
+      gint64 t0 = 0;
+      for (gsize b = 0; ok && b < pg->n_blocks; t0 += pg->kb[b].n_tokens, b++)
+        {
+          /* The block's keys start at t0: the causal offset moves back by t0. */
+          SiftAttnOpts bo = { .causal = TRUE, .q_offset = opts.q_offset - t0 };
+          SiftView *dst = b == 0 ? &p->ov : &pv;
+          float *dst_lse = b == 0 ? p->lse : part_lse;
+          ok = n_q <= SIFT_ATTN_DECODE_MAX_ROWS
+                 ? sift_attn_decode (&p->qv, &pg->kb[b], &pg->vb[b], &bo, dst, dst_lse, &error)
+                 : sift_attn_dense (&p->qv, &pg->kb[b], &pg->vb[b], &bo, dst, dst_lse, &error);
+          if (ok && b > 0)
+            ok = sift_attn_merge (&p->ov, p->lse, &pv, part_lse, &error);
+        }
+    }
+  if (!ok)
+    g_error ("attention failed: %s", error->message);
+}
+
+/* Median seconds per paged_call over `repeats` runs, after one warm-up. */
+static double
+time_paged (Problem *p, const Paged *pg, int via, gint repeats)
+{
+  gsize n_out = (gsize) (p->qv.n_heads * p->qv.n_tokens);
+  g_autofree float *part = g_new (float, n_out * HEAD_DIM);
+  g_autofree float *part_lse = g_new (float, n_out);
+  g_autofree double *t = g_new (double, repeats);
+  for (gint r = -1; r < repeats; r++)
+    {
+      gint64 t0 = g_get_monotonic_time ();
+      paged_call (p, pg, via, part, part_lse);
+      if (r >= 0)
+        t[r] = (double) (g_get_monotonic_time () - t0) * 1e-6;
+    }
+  return sift_bench_median (t, (gsize) repeats);
+}
+
 /* Parses "4096,16384" (a "k" suffix multiplies by 1024). */
 static gboolean
 parse_lengths (const char *s, GArray *out, GError **error)
@@ -113,6 +220,7 @@ int
 sift_bench_attention (int argc, char **argv)
 {
   gint threads = 2, repeats = 3, mib = 1024;
+  gint64 page = 128;
   gboolean full = FALSE;
   g_autofree char *lengths = NULL, *decode_lengths = NULL, *blocks = NULL;
   GOptionEntry entries[] = {
@@ -124,6 +232,7 @@ sift_bench_attention (int argc, char **argv)
     { "mib", 0, 0, G_OPTION_ARG_INT, &mib, "MiB streamed for the peak read bandwidth (default 1024)", "N" },
     { "blocks", 0, 0, G_OPTION_ARG_STRING, &blocks,
       "Block sizes for the per-call figures (default 64,256,1024)", "B,..." },
+    { "page", 0, 0, G_OPTION_ARG_INT64, &page, "Tokens per block of the paged figures (default 128)", "N" },
     { "non-causal", 0, 0, G_OPTION_ARG_NONE, &full, "Prefill without the causal mask (all L x L scores)", NULL },
     { NULL },
   };
@@ -141,9 +250,11 @@ sift_bench_attention (int argc, char **argv)
       fprintf (stderr, "sift bench attention: %s\n", error->message);
       return 2;
     }
-  if (threads < 1 || threads > 1024 || repeats < 1 || repeats > 1000 || mib < 16)
+  if (threads < 1 || threads > 1024 || repeats < 1 || repeats > 1000 || mib < 16 || page < 1
+      || page > (1 << 24))
     {
-      fprintf (stderr, "sift bench attention: --threads must be 1..1024, --repeats 1..1000, --mib >= 16\n");
+      fprintf (stderr, "sift bench attention: --threads must be 1..1024, --repeats 1..1000, --mib >= 16,"
+               " --page 1..16M\n");
       return 2;
     }
 
@@ -186,6 +297,29 @@ sift_bench_attention (int argc, char **argv)
                 bytes / s * 1e-9, 100.0 * bytes / s * 1e-9 / peak.read_gbps);
         problem_clear (&p);
       }
+
+  /* Keys in blocks of `page` tokens: one sift_attn_paged call against one
+   * call on a contiguous view, and against a call per block + merge. */
+  printf ("\npaged    %d q heads / 8 kv heads, f16 K/V in blocks of %" G_GINT64_FORMAT
+          " tokens, causal: ms per attention\n", Q_HEADS, page);
+  printf ("  %-8s %8s %12s %12s %12s %8s %10s\n", "", "tokens", "contiguous", "paged", "per block",
+          "paged/c", "blocks/c");
+  for (guint i = 0; i < dec->len + pre->len; i++)
+    {
+      gboolean decode = i < dec->len;
+      gint64 L = decode ? g_array_index (dec, gint64, i) : g_array_index (pre, gint64, i - dec->len);
+      Problem p;
+      Paged pg;
+      problem_init (&p, decode ? 1 : L, L, 8, r);
+      paged_init (&pg, &p, page);
+      double sc = time_paged (&p, &pg, VIA_CONTIGUOUS, repeats);
+      double sp = time_paged (&p, &pg, VIA_PAGED, repeats);
+      double sb = time_paged (&p, &pg, VIA_PER_BLOCK, repeats);
+      printf ("  %-8s %8" G_GINT64_FORMAT " %12.3f %12.3f %12.3f %7.2fx %9.2fx\n",
+              decode ? "decode" : "prefill", L, sc * 1e3, sp * 1e3, sb * 1e3, sp / sc, sb / sc);
+      paged_clear (&pg);
+      problem_clear (&p);
+    }
 
   /* The engine calls the kernels block by block: per-call cost matters. */
   printf ("\nper block  %d q heads / 8 kv heads, f16 K/V: decode of 1 row, and a chunk of B\n"

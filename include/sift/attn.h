@@ -45,6 +45,21 @@ gboolean sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView 
                            const gint64 *rows, gsize n_rows, const SiftAttnOpts *opts,
                            SiftView *out, float *lse, GError **error);
 
+/* Paged attention: K and V given as a list of blocks rather than one view.
+ * k_blocks[b] and v_blocks[b] are [kv_heads][n_b][head_dim] (strided, f32,
+ * f16 or bf16; n_b >= 0 and may differ per block; every block has the same
+ * heads, head_dim and dtype, K's and V's alike). The keys are the
+ * concatenation of the blocks in order: the result is that of
+ * sift_attn_dense on the concatenated K and V (q_offset and causal mean the
+ * same), in one call instead of one call and one sift_attn_merge per block.
+ * Up to SIFT_ATTN_DECODE_MAX_ROWS query rows take the decode path (keys
+ * split over threads, merged by LSE; same results as sift_attn_decode on the
+ * concatenation), more rows the tiled dense path (same results as
+ * sift_attn_dense). n_blocks = 0: no key, every row o = 0 and lse = -inf. */
+gboolean sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                          gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                          GError **error);
+
 /* Merges partial result (o2, lse2) into (o1, lse1), in place:
  *   m = max(l1, l2); o = (e^(l1-m) o1 + e^(l2-m) o2) / (e^(l1-m) + e^(l2-m));
  *   l = m + log(e^(l1-m) + e^(l2-m)).
