@@ -173,6 +173,49 @@ latest_of (const Config *cfg, const gsize *offsets, gsize n)
   return best;
 }
 
+/* The offset of a dotted root key ("model.synthetic.noise"); FALSE when
+ * the path names no value of the root tables. */
+static gboolean
+root_key_offset (const char *path, gsize *offset)
+{
+  g_auto (GStrv) parts = g_strsplit (path, ".", -1);
+  const Key *table = sift_config_root_keys;
+  for (gsize i = 0; parts[i] != NULL; i++)
+    {
+      const Key *k = table;
+      while (k->name != NULL && strcmp (k->name, parts[i]) != 0)
+        k++;
+      if (k->name == NULL)
+        return FALSE;
+      if (k->type == KEY_SECTION)
+        {
+          table = k->section;
+          continue;
+        }
+      if (parts[i + 1] != NULL || k->type == KEY_SETUP || k->type == KEY_SETUPS)
+        return FALSE;
+      *offset = k->offset;
+      return TRUE;
+    }
+  return FALSE;
+}
+
+char *
+sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message)
+{
+  g_return_val_if_fail (config != NULL && message != NULL, NULL);
+  const Config *cfg = (const Config *) config;
+  const Origin *best = NULL;
+  for (gsize i = 0; keys != NULL && keys[i] != NULL; i++)
+    {
+      gsize offset;
+      const Origin *o = root_key_offset (keys[i], &offset) ? origin_at (cfg, offset) : NULL;
+      if (o != NULL && (best == NULL || o->seq > best->seq))
+        best = o;
+    }
+  return located (best, config->file, message);
+}
+
 /* ---- Setups ----------------------------------------------------------------- */
 
 static void

@@ -107,8 +107,11 @@ sift_cli_fail (const char *command, const GError *error)
 int
 sift_cli_done (const char *command, int status)
 {
-  if (fflush (stdout) == 0 && !ferror (stdout))
+  int err = fflush (stdout) != 0 ? errno : 0;
+  if (err == 0 && !ferror (stdout))
     return status;
-  fprintf (stderr, "sift %s: cannot write the output: %s\n", command, g_strerror (errno));
-  return SIFT_EXIT_FAILED;
+  /* An earlier write may have failed: its errno is gone by now. */
+  fprintf (stderr, "sift %s: cannot write the output: %s\n", command,
+           err != 0 ? g_strerror (err) : "a write to standard output failed");
+  return status != SIFT_EXIT_OK ? status : SIFT_EXIT_FAILED;
 }

@@ -78,8 +78,9 @@ const char *sift_cli_default_config (void);
  * SIFT_EXIT_USAGE; others as "sift COMMAND: message" with SIFT_EXIT_FAILED. */
 int sift_cli_fail (const char *command, const GError *error);
 
-/* Flushes stdout: a command whose output could not be written (a full
- * disk, a closed pipe) says so and returns SIFT_EXIT_FAILED, else status. */
+/* Flushes stdout (main calls it after every command): a command whose
+ * output could not be written (a full disk, a closed pipe) says so and
+ * returns SIFT_EXIT_FAILED, or its own status when that already fails. */
 int sift_cli_done (const char *command, int status);
 
 G_END_DECLS

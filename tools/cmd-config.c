@@ -34,5 +34,5 @@ sift_cmd_config (int argc, char **argv)
     return sift_cli_fail ("config", error);
   g_autofree char *yaml = sift_config_to_yaml (config);
   fputs (yaml, stdout);
-  return sift_cli_done ("config", SIFT_EXIT_OK);
+  return SIFT_EXIT_OK;
 }

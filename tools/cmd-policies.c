@@ -131,9 +131,9 @@ sift_cmd_policies (int argc, char **argv)
   g_autoptr (SiftRegistry) registry = sift_cli_registry (&opts);
   sift_cli_options_clear (&opts);
   if (argc < 2 || (strcmp (argv[1], "list") == 0 && argc == 2))
-    return sift_cli_done ("policies", list (registry));
+    return list (registry);
   if (strcmp (argv[1], "info") == 0 && argc == 3)
-    return sift_cli_done ("policies", info (registry, argv[2]));
+    return info (registry, argv[2]);
   fprintf (stderr, "Usage: sift policies [list | info NAME] [--policy-path DIR]...\n       sift policies new NAME [DIR]\n");
   return SIFT_EXIT_USAGE;
 }

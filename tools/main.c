@@ -5,6 +5,7 @@
 
 #include <glib.h>
 
+#include "cli.h"
 #include "commands.h"
 
 typedef struct {
@@ -43,7 +44,7 @@ main (int argc, char **argv)
     return sift_cmd_version (argc - 1, argv + 1);
   for (gsize i = 0; i < G_N_ELEMENTS (commands); i++)
     if (strcmp (argv[1], commands[i].name) == 0)
-      return commands[i].run (argc - 1, argv + 1);
+      return sift_cli_done (commands[i].name, commands[i].run (argc - 1, argv + 1));
   fprintf (stderr, "sift: unknown command '%s'\n\n", argv[1]);
   usage (stderr);
   return 2;

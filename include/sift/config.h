@@ -128,6 +128,12 @@ gboolean sift_config_apply (SiftConfig *config, const char *const *assignments, 
 /* Applies "section.key=value" (e.g. "kv.block_size=128",
  * "policy.decode.params.token_budget=1024"), checked like the file. */
 gboolean sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *registry, GError **error);
+/* For checks made after loading (the harness, the model source): the
+ * message placed at whichever of `keys` (dotted paths such as
+ * "harness.lengths" or "model.synthetic.sink_tokens", NULL-terminated) was
+ * written last, as "file:line:col: message" with the source line and a
+ * caret; "file: message" when every one of them holds its default. */
+char *sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message);
 /* The resolved config as YAML (every key, defaults filled). */
 char *sift_config_to_yaml (const SiftConfig *config);
 void sift_config_free (SiftConfig *config);

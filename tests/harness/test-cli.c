@@ -194,6 +194,8 @@ test_config_error_exits_2 (void **state)
   r = sift (tiny);
   assert_int_equal (r.status, 2);
   assert_non_null (strstr (r.err, "haystack"));
+  /* Placed at the value that made the grid impossible. */
+  assert_non_null (strstr (r.err, "--set:1:17:"));
   result_clear (&r);
 
   /* A cell that cannot run (its file store cannot be created) is exit 3. */

@@ -22,5 +22,8 @@ if [ -c /dev/full ]; then
   expect 3 "sift config: cannot write the output" sh -c "\"\$0\" config check c.yaml >/dev/full" "$SIFT"
   expect 3 "sift policies: cannot write the output" sh -c "\"\$0\" policies list >/dev/full" "$SIFT"
   expect 3 "sift policies: cannot write the output" sh -c "\"\$0\" policies info full >/dev/full" "$SIFT"
+  expect 3 "sift version: cannot write the output" sh -c "\"\$0\" version >/dev/full" "$SIFT"
+  # shellcheck disable=SC2086
+  expect 3 "sift needle: cannot write the output" sh -c "\"\$0\" needle $tiny --out \"$WORK/o\" >/dev/full" "$SIFT"
 fi
 finish

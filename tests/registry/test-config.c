@@ -398,6 +398,30 @@ test_set_errors (void **state)
 }
 
 /* Assignments apply together and are checked once. */
+/* sift_config_locate places a later check's message at the key written
+ * last among those named, and at the file when they all hold defaults. */
+static void
+test_locate (void **state)
+{
+  (void) state;
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftConfig) cfg = sift_config_load_string ("t.yaml", "harness:\n  seed: 3\n  lengths: [64, 128]\n",
+                                                        NULL, &error);
+  assert_non_null (cfg);
+  const char *keys[] = { "harness.question_tokens", "harness.lengths", NULL };
+  g_autofree char *at = sift_config_locate (cfg, keys, "too short");
+  assert_string_equal (at, "t.yaml:3:12: too short\n  lengths: [64, 128]\n           ^");
+  assert_true (sift_config_set (cfg, "harness.question_tokens=9", NULL, &error));
+  g_autofree char *later = sift_config_locate (cfg, keys, "too short");
+  assert_true (g_str_has_prefix (later, "--set:1:25: too short\n"));
+  const char *defaults[] = { "model.synthetic.noise", "kv.block_size", NULL };
+  g_autofree char *plain = sift_config_locate (cfg, defaults, "m");
+  assert_string_equal (plain, "t.yaml: m");
+  const char *unknown[] = { "harness.nosuch", "model", "policies", NULL };
+  g_autofree char *none = sift_config_locate (cfg, unknown, "m");
+  assert_string_equal (none, "t.yaml: m");
+}
+
 static void
 test_apply_together (void **state)
 {
@@ -510,6 +534,7 @@ main (void)
     cmocka_unit_test (test_values_and_params),
     cmocka_unit_test (test_no_registry),
     cmocka_unit_test (test_set_errors),
+    cmocka_unit_test (test_locate),
     cmocka_unit_test (test_apply_together),
     cmocka_unit_test (test_merge),
     cmocka_unit_test (test_round_trip),

@@ -23,6 +23,32 @@ is_full (const SiftPolicySetup *s)
   return g_strcmp0 (s->prefill.name, "full") == 0 && g_strcmp0 (s->decode.name, "full") == 0;
 }
 
+/* The keys a failed check may blame: the error is placed at whichever was
+ * written last (file:line:col), or at the file when all are defaults. */
+static const char *const plan_keys[] = {
+  "harness.lengths", "harness.length_min", "harness.question_tokens", "harness.needle",
+  "harness.n_distractors", "harness.n_values", "harness.n_queries", "model.synthetic.sink_tokens", NULL,
+};
+static const char *const model_keys[] = {
+  "model.layers", "model.q_heads", "model.kv_heads", "model.head_dim", "model.synthetic.sink_tokens",
+  "model.synthetic.sink_strength", "model.synthetic.locality", "model.synthetic.locality_scale",
+  "model.synthetic.heavy_hitters", "model.synthetic.heavy_hitter_strength", "model.synthetic.rope_dims",
+  "model.synthetic.rope_base", "model.synthetic.retrieval_heads", "model.synthetic.needle_strength",
+  "model.synthetic.noise", "model.synthetic.drift", "model.synthetic.drift_scale", NULL,
+};
+
+/* Replaces *error by its message placed in the config; returns FALSE. */
+static gboolean
+config_error (const SiftConfig *cfg, const char *const *keys, GError **error)
+{
+  if (error == NULL || *error == NULL)
+    return FALSE;
+  g_autofree char *text = sift_config_locate (cfg, keys, (*error)->message);
+  g_clear_error (error);
+  g_set_error_literal (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID, text);
+  return FALSE;
+}
+
 /* Catches what would fail in every cell before any runs. */
 static gboolean
 check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
@@ -38,19 +64,10 @@ check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g->lengths[0], 0.0,
                                                           cfg->synthetic.sink_tokens, cfg->harness.seed, error);
   if (plan == NULL)
-    {
-      g_prefix_error (error, "%s: ", cfg->file);
-      return FALSE;
-    }
+    return config_error (cfg, plan_keys, error);
   /* The model must take the knobs and the plan's needle keys. */
-  g_autoptr (GError) local = NULL;
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, &local);
-  if (src == NULL)
-    {
-      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID, "%s: %s", cfg->file, local->message);
-      return FALSE;
-    }
-  return TRUE;
+  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, error);
+  return src != NULL || config_error (cfg, model_keys, error);
 }
 
 static void
