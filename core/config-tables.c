@@ -81,6 +81,7 @@ static const Key offload_keys[] = {
   { "direct", KEY_BOOL, OFF (pub.store_direct), 0, NO_RANGE, NULL, NULL, "false; O_DIRECT for the file store" },
   { "ring_slots", KEY_INT32, OFF (pub.ring_slots), 0, 2, 1024, NULL, NULL, "4; compute-side ring slots of one block each (>= 2)" },
   { "pipeline", KEY_ENUM, OFF (pub.pipeline), 0, NO_RANGE, pipelines, NULL, "ring; decode loading: ring | cross_layer" },
+  { "force_copy", KEY_BOOL, OFF (pub.force_copy), 0, NO_RANGE, NULL, NULL, "false; copy every ring load, even where the host store's blocks could be read in place (zero-copy)" },
   { NULL },
 };
 

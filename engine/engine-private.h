@@ -21,6 +21,12 @@ typedef struct {
   gint32 n_valid;
   gint32 layer;
   GError *error;
+  /* A zero-copy slot (READY without a copy): K and V in the store's own
+   * memory, each [n_kv_heads][block_size][head_dim] compute dtype, and the
+   * store id they belong to; NULL / -1 when the slot's memory holds the data.
+   * Compute thread only. */
+  const guint8 *map_k, *map_v;
+  gint64 map_id;
 } Slot;
 
 /* One half of the cross-layer double buffer: a layer's selected blocks
@@ -39,6 +45,7 @@ struct _SiftEngine {
   SiftEngineConfig config;
   SiftStore *store;
   gsize es;                   /* bytes of one compute element */
+  gboolean maps;              /* ring loads map slots onto the store (zero-copy) */
   gint64 block_elems;         /* n_kv_heads * block_size * head_dim */
   gint32 decode_cap;          /* decode buffer tokens: block_size + SIFT_ATTN_DECODE_MAX_ROWS */
 
@@ -75,6 +82,7 @@ struct _SiftEngine {
   pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
   pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
   gboolean worker_idle;
+  gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
   GQueue jobs;                /* Job * */
@@ -106,6 +114,11 @@ void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const
 /* Batches loads: while held, queued jobs do not wake the worker; the last
  * release wakes it once. Waiting on a slot wakes it too. */
 void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
+
+/* Before this engine writes or releases store block `store_id`: a slot
+ * mapped onto it gets a copy of the bytes, so it stays valid until
+ * slot_done. */
+void sift_engine_unmap_id (SiftEngine *engine, gint64 store_id);
 
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);

@@ -50,6 +50,7 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
   c->seconds_load += a->seconds_load;
   c->tokens_evicted += a->tokens_evicted;
   c->bytes_compacted += a->bytes_compacted;
+  c->bytes_mapped += a->bytes_mapped;
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -142,11 +143,11 @@ do_load (SiftEngine *e, const Job *j, guint8 *staging, guint64 *bytes, GError **
 }
 
 static gboolean
-do_store (SiftEngine *e, const Job *j, GError **error)
+do_store (SiftEngine *e, const Job *j, guint8 *staging, GError **error)
 {
-  pack_half (e, j->k, j->cap, e->staging);
-  pack_half (e, j->v, j->cap, e->staging + e->store->k_bytes);
-  return sift_store_write (e->store, j->store_id, e->staging, error);
+  pack_half (e, j->k, j->cap, staging);
+  pack_half (e, j->v, j->cap, staging + e->store->k_bytes);
+  return sift_store_write (e->store, j->store_id, staging, error);
 }
 
 /* Waits (lock held) for the worker to finish a job. */
@@ -179,7 +180,7 @@ run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
   gint64 t0 = g_get_monotonic_time ();
   gboolean ok = TRUE;
   if (!skip)
-    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, &err);
+    ok = j->kind == JOB_LOAD ? do_load (e, j, staging, &bytes, &err) : do_store (e, j, staging, &err);
   gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 
   pthread_mutex_lock (&e->lock);
@@ -224,19 +225,33 @@ run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
     pthread_cond_broadcast (&e->done_cond);
 }
 
-/* The compute side, about to wait for a load, runs the next queued job
- * itself when it is a load and no store is running (a load never overtakes
- * a store that precedes it): a loaded machine may take long to schedule the
- * worker, and the data is wanted now. Returns FALSE when there was nothing
- * to take (then wait). Lock held. */
+/* The compute side, about to wait for a load or a store, runs the next
+ * queued job itself: a load when no store is running (a load never
+ * overtakes a store that precedes it), a store when nothing is running
+ * (the worker pops nothing until it is done, so stores stay one at a time
+ * and in order, and a failed one still stops every later one). A loaded
+ * machine may take long to schedule the worker, and the data is wanted now.
+ * Returns FALSE when there was nothing to take (then wait). Lock held. */
 static gboolean
 help_locked (SiftEngine *e)
 {
   Job *head = g_queue_peek_head (&e->jobs);
-  if (head == NULL || head->kind != JOB_LOAD || e->running_stores > 0)
+  if (head == NULL)
+    return FALSE;
+  if (head->kind == JOB_LOAD && e->running_stores == 0)
+    {
+      g_queue_pop_head (&e->jobs);
+      run_job_locked (e, head, e->help_staging);
+      return TRUE;
+    }
+  if (head->kind != JOB_STORE || e->running > 0)
     return FALSE;
   g_queue_pop_head (&e->jobs);
+  e->helping_store = TRUE;
   run_job_locked (e, head, e->help_staging);
+  e->helping_store = FALSE;
+  if (e->worker_idle && !g_queue_is_empty (&e->jobs))
+    pthread_cond_signal (&e->work_cond);
   return TRUE;
 }
 
@@ -247,7 +262,7 @@ worker_main (gpointer data)
   pthread_mutex_lock (&e->lock);
   for (;;)
     {
-      while (g_queue_is_empty (&e->jobs) && !e->quit)
+      while ((g_queue_is_empty (&e->jobs) || e->helping_store) && !e->quit)
         {
           e->worker_idle = TRUE;
           pthread_cond_wait (&e->work_cond, &e->lock);
@@ -296,7 +311,8 @@ wait_layer_stores_locked (SiftEngine *e, gint32 layer)
     return;
   gint64 t0 = g_get_monotonic_time ();
   while (e->stores_pending[layer] > 0)
-    wait_done_locked (e);
+    if (!help_locked (e))
+      wait_done_locked (e);
   sift_engine_counters_at (e, layer, e->phase)->seconds_stalled
     += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
 }
@@ -413,6 +429,43 @@ aligned_new0 (gsize n)
   return p;
 }
 
+static void
+unmap_slot (Slot *s)
+{
+  s->map_k = s->map_v = NULL;
+  s->map_id = -1;
+}
+
+void
+sift_engine_unmap_id (SiftEngine *e, gint64 store_id)
+{
+  const gsize kb = e->store->k_bytes;
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    {
+      Slot *s = &e->slots[i];
+      if (s->map_k == NULL || s->map_id != store_id)
+        continue;
+      /* The slot's own memory has the stored layout: the bytes move as they are. */
+      memcpy (slot_data (e, i, 0), s->map_k, kb);
+      memcpy (slot_data (e, i, 1), s->map_v, kb);
+      unmap_slot (s);
+    }
+}
+
+void
+sift_engine_set_force_copy (SiftEngine *e, gboolean force_copy)
+{
+  g_return_if_fail (e != NULL);
+  e->maps = !force_copy && e->store->config.dtype == e->config.compute_dtype && sift_store_can_map (e->store);
+}
+
+gboolean
+sift_engine_maps (const SiftEngine *e)
+{
+  g_return_val_if_fail (e != NULL, FALSE);
+  return e->maps;
+}
+
 SiftEngine *
 sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **error)
 {
@@ -425,6 +478,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   const SiftModelShape *s = &e->config.shape;
   const gint32 L = s->n_layers;
   e->es = sift_dtype_size (config->compute_dtype);
+  sift_engine_set_force_copy (e, FALSE);
   e->block_elems = (gint64) s->n_kv_heads * s->block_size * s->head_dim;
   e->decode_cap = s->block_size + SIFT_ATTN_DECODE_MAX_ROWS;
 
@@ -439,6 +493,8 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
 
   e->slots_mem = aligned_new0 ((gsize) config->n_slots * 2 * (gsize) e->block_elems * e->es);
   e->slots = g_new0 (Slot, config->n_slots);
+  for (gint32 i = 0; i < config->n_slots; i++)
+    e->slots[i].map_id = -1;
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
   e->prefill_k = g_new0 (guint8 *, L);
@@ -557,6 +613,8 @@ sift_engine_reset (SiftEngine *e)
   pthread_mutex_lock (&e->lock);
   wait_idle_locked (e);
   pthread_mutex_unlock (&e->lock);
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    unmap_slot (&e->slots[i]);
   release_blocks (e);
   const gint32 L = s->n_layers;
   for (gint32 l = 0; l < L; l++)
@@ -638,6 +696,7 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
       out->seconds_load += c->seconds_load;
       out->tokens_evicted += c->tokens_evicted;
       out->bytes_compacted += c->bytes_compacted;
+      out->bytes_mapped += c->bytes_mapped;
     }
   pthread_mutex_unlock (&e->lock);
 }
@@ -898,6 +957,42 @@ sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx,
 
 /* ---- Calls for policies ------------------------------------------------- */
 
+/* A zero-copy load: the slot points at the stored block, ready at once.
+ * The block's store job must have run first (the queue keeps that order
+ * for copies; a mapping does not go through the queue). FALSE when the
+ * store cannot map it (then the load is copied). */
+static gboolean
+map_block (SiftEngine *e, gint32 layer, gint64 store_id, gint32 slot, SiftLoadWhat what)
+{
+  Slot *s = &e->slots[slot];
+  pthread_mutex_lock (&e->lock);
+  wait_layer_stores_locked (e, layer);
+  const guint8 *p = sift_store_map (e->store, store_id);
+  if (p == NULL)
+    {
+      pthread_mutex_unlock (&e->lock);
+      return FALSE;
+    }
+  if (e->store_error != NULL) /* the block may never have been written */
+    {
+      s->state = SLOT_FAILED;
+      s->error = g_error_copy (e->store_error);
+      pthread_mutex_unlock (&e->lock);
+      return TRUE;
+    }
+  const gsize kb = e->store->k_bytes;
+  s->map_k = p;
+  s->map_v = p + kb;
+  s->map_id = store_id;
+  s->state = SLOT_READY;
+  const guint64 n = what == SIFT_LOAD_KV ? 2 * kb : kb;
+  SiftCounters *c = sift_engine_counters_at (e, layer, e->phase);
+  c->bytes_loaded += n;
+  c->bytes_mapped += n;
+  pthread_mutex_unlock (&e->lock);
+  return TRUE;
+}
+
 gboolean
 sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what,
                         GError **error)
@@ -925,6 +1020,8 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   const SiftBlockMeta *m = &g_array_index (e->meta[layer], SiftBlockMeta, block_id);
   e->slots[slot].n_valid = m->n_valid;
   e->slots[slot].layer = layer;
+  if (e->maps && map_block (e, layer, g_array_index (ids, gint64, block_id), slot, what))
+    return TRUE;
   Job *j = g_new0 (Job, 1);
   *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
                .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
@@ -971,14 +1068,15 @@ void
 sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v)
 {
   const SiftModelShape *s = &e->config.shape;
-  SiftView kv = { slot_data (e, slot, 0), e->config.compute_dtype, s->n_kv_heads, s->head_dim, n_tokens,
-                  (gint64) s->block_size * s->head_dim, s->head_dim };
+  const Slot *sl = &e->slots[slot];
+  SiftView kv = { sl->map_k != NULL ? (void *) sl->map_k : slot_data (e, slot, 0), e->config.compute_dtype,
+                  s->n_kv_heads, s->head_dim, n_tokens, (gint64) s->block_size * s->head_dim, s->head_dim };
   if (k != NULL)
     *k = kv;
   if (v != NULL)
     {
       *v = kv;
-      v->data = slot_data (e, slot, 1);
+      v->data = sl->map_v != NULL ? (void *) sl->map_v : slot_data (e, slot, 1);
     }
 }
 
@@ -1013,6 +1111,7 @@ sift_engine_slot_done (SiftEngine *e, gint32 slot)
     {
       e->slots[slot].state = SLOT_FREE;
       g_clear_error (&e->slots[slot].error);
+      unmap_slot (&e->slots[slot]);
     }
   else
     g_critical ("sift_engine_slot_done: slot %d is still loading (wait for it first)", slot);
@@ -1077,35 +1176,50 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
   if (!ok)
     return FALSE;
   const gsize rb = sift_store_row_bytes (e->store);
-  g_autofree guint8 *row = g_malloc (rb);
+  g_autofree guint8 *rows = g_malloc (rb * (gsize) s->block_size);
   const gint64 stored = e->stored_tokens[layer];
   const gint64 dec0 = stored, dec1 = stored + e->decode_len[layer];
   const gint64 pf0 = e->prefill_pos[layer], pf1 = pf0 + e->prefill_len[layer];
   guint64 loaded = 0;
   gint64 t0 = g_get_monotonic_time ();
-  for (gsize i = 0; i < n; i++)
+  for (gsize i = 0; i < n;)
     {
       const gint64 p = positions[i];
+      gint64 b, b2;
+      gint32 t, t2;
+      if (p >= 0 && p < stored && sift_engine_find_row (e, layer, p, &b, &t))
+        {
+          /* A run of consecutive positions in consecutive rows of one block
+           * is one read per head and half. */
+          gsize run = 1;
+          while (i + run < n && t + (gint64) run < s->block_size && positions[i + run] == p + (gint64) run
+                 && sift_engine_find_row (e, layer, p + (gint64) run, &b2, &t2) && b2 == b && t2 == t + (gint32) run)
+            run++;
+          const gint64 id = g_array_index (e->store_ids[layer], gint64, b);
+          for (gint32 h = 0; h < s->n_kv_heads; h++)
+            for (int which = 0; which < 2; which++)
+              {
+                SiftView *o = which == 0 ? k_out : v_out;
+                gsize off = (which == 0 ? 0 : e->store->k_bytes) + (gsize) ((gint64) h * s->block_size + t) * rb;
+                if (!sift_store_read (e->store, id, off, rows, run * rb, error))
+                  return FALSE;
+                loaded += run * rb;
+                for (gsize r = 0; r < run; r++)
+                  sift_convert (rows + r * rb, e->store->config.dtype, sift_view_row (o, h, (gint64) (i + r)),
+                                SIFT_DTYPE_F32, (gsize) s->head_dim);
+              }
+          i += run;
+          continue;
+        }
       for (gint32 h = 0; h < s->n_kv_heads; h++)
         for (int which = 0; which < 2; which++)
           {
-            SiftView *o = which == 0 ? k_out : v_out;
-            float *dst = sift_view_row (o, h, (gint64) i);
-            gint64 b;
-            gint32 t;
-            if (p >= 0 && p < stored && sift_engine_find_row (e, layer, p, &b, &t))
-              {
-                gsize off = (which == 0 ? 0 : e->store->k_bytes) + (gsize) ((gint64) h * s->block_size + t) * rb;
-                if (!sift_store_read (e->store, g_array_index (e->store_ids[layer], gint64, b), off, row, rb, error))
-                  return FALSE;
-                loaded += rb;
-                sift_convert (row, e->store->config.dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
-              }
-            else if (p >= dec0 && p < dec1 && e->decode_len[layer] > 0)
+            float *dst = sift_view_row (which == 0 ? k_out : v_out, h, (gint64) i);
+            if (p >= dec0 && p < dec1 && e->decode_len[layer] > 0)
               {
                 guint8 *buf = which == 0 ? e->decode_k[layer] : e->decode_v[layer];
-                gint64 t = e->decode_start[layer] + (p - dec0);
-                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + t) * s->head_dim) * e->es,
+                gint64 td = e->decode_start[layer] + (p - dec0);
+                sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + td) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else if (p >= pf0 && p < pf1)
@@ -1118,6 +1232,7 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
               return invalid (error, "gather_rows: position %" G_GINT64_FORMAT " is not in layer %d's cache%s", p,
                               layer, p >= 0 && p < stored ? " (evicted)" : "");
           }
+      i++;
     }
   SiftCounters add = { .bytes_loaded = loaded,
                        .seconds_load = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };

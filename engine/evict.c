@@ -397,10 +397,16 @@ compact_tokens (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const p
     }
   const gint64 n_keep = j, n_new = (n_keep + bs - 1) / bs;
   for (gint64 i = 0; i < n_new; i++)
-    if (!sift_store_write (e->store, g_array_index (ids, gint64, b0 + i), dst + (gsize) i * bb, error))
-      return FALSE;
+    {
+      sift_engine_unmap_id (e, g_array_index (ids, gint64, b0 + i));
+      if (!sift_store_write (e->store, g_array_index (ids, gint64, b0 + i), dst + (gsize) i * bb, error))
+        return FALSE;
+    }
   for (gint64 b = b0 + n_new; b < nb; b++)
-    sift_store_release (e->store, g_array_index (ids, gint64, b));
+    {
+      sift_engine_unmap_id (e, g_array_index (ids, gint64, b));
+      sift_store_release (e->store, g_array_index (ids, gint64, b));
+    }
   g_array_set_size (ids, (guint) (b0 + n_new));
   g_array_set_size (meta, (guint) (b0 + n_new));
   g_array_set_size (rp, (guint) ((b0 + n_new) * bs));
@@ -444,6 +450,7 @@ drop_blocks (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const pol[
       if (!drop[b])
         continue;
       b0 = b;
+      sift_engine_unmap_id (e, g_array_index (ids, gint64, b));
       sift_store_release (e->store, g_array_index (ids, gint64, b));
       g_array_remove_index (ids, (guint) b);
       g_array_remove_index (meta, (guint) b);

@@ -1,8 +1,9 @@
-/* The default attention pipelines: selected stored blocks stream through
- * the ring slots (or arrive from the cross-layer double buffer) and are
- * attended non-causally, the local tokens causally, and every partial result
- * is merged into the output by LSE. A block is attended only by the query
- * heads that selected it: kernels run on head sub-views. */
+/* The default attention pipelines: selected stored blocks are read in
+ * place (resident in the host store in the compute dtype), stream through
+ * the ring slots, or arrive from the cross-layer double buffer; a run of
+ * them and the local tokens (causal, last) go to one sift_attn_paged call,
+ * and runs are merged into the output by LSE. A block is attended only by
+ * the query heads that selected it: kernels run on head sub-views. */
 #include <math.h>
 #include <string.h>
 
@@ -11,77 +12,174 @@
 
 #include "engine-private.h"
 
-/* One kernel call for query heads [q0, q0 + nqh) against kv heads
- * [k0, k0 + nkh), merged into out / lse. */
-static gboolean
-call_merge (SiftEngine *e, const SiftPolicyContext *ctx, gint32 q0, gint32 nqh, gint32 k0, gint32 nkh,
-            const SiftView *k, const SiftView *v, const SiftAttnOpts *opts, SiftView *out, float *lse,
-            GError **error)
+/* A batch: stored blocks attended in one kernel call (per head set), then
+ * optionally the local tokens. Views [n_kv_heads][n_valid][head_dim]. */
+typedef struct {
+  GArray *k, *v;      /* SiftView [blocks] */
+  GArray *heads;      /* gboolean [blocks][n_q_heads]: which query heads attend the block */
+  gboolean uniform;   /* every head attends every block */
+  /* Scratch of one call's head sub-views. */
+  GArray *ks, *vs;    /* SiftView */
+} Batch;
+
+static void
+batch_init (Batch *b)
 {
-  const gint64 nq = ctx->n_q;
-  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, e->config.shape.n_q_heads, nq,
-                                 e->config.shape.head_dim);
-  SiftView qs = sift_view_heads (&ctx->q, q0, nqh), ks = sift_view_heads (k, k0, nkh),
-           vs = sift_view_heads (v, k0, nkh), ps = sift_view_heads (&part, q0, nqh),
-           os = sift_view_heads (out, q0, nqh);
-  float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
-  /* The decode kernel reads each key once for a group's heads; same results. */
-  gboolean ok = nq <= SIFT_ATTN_DECODE_MAX_ROWS ? sift_attn_decode (&qs, &ks, &vs, opts, &ps, pl, error)
-                                                : sift_attn_dense (&qs, &ks, &vs, opts, &ps, pl, error);
-  return ok && sift_attn_merge (&os, lse + (gsize) q0 * (gsize) nq, &ps, pl, error);
+  b->k = g_array_new (FALSE, FALSE, sizeof (SiftView));
+  b->v = g_array_new (FALSE, FALSE, sizeof (SiftView));
+  b->heads = g_array_new (FALSE, FALSE, sizeof (gboolean));
+  b->ks = g_array_new (FALSE, FALSE, sizeof (SiftView));
+  b->vs = g_array_new (FALSE, FALSE, sizeof (SiftView));
+  b->uniform = TRUE;
+}
+
+static void
+batch_clear (Batch *b)
+{
+  g_array_set_size (b->k, 0);
+  g_array_set_size (b->v, 0);
+  g_array_set_size (b->heads, 0);
+  b->uniform = TRUE;
+}
+
+static void
+batch_free (Batch *b)
+{
+  g_array_unref (b->k);
+  g_array_unref (b->v);
+  g_array_unref (b->heads);
+  g_array_unref (b->ks);
+  g_array_unref (b->vs);
+}
+
+/* Adds a block; heads: the query heads attending it (NULL: all). */
+static void
+batch_add (SiftEngine *e, Batch *b, const SiftView *k, const SiftView *v, const gboolean *heads)
+{
+  const gint32 nqh = e->config.shape.n_q_heads;
+  g_array_append_vals (b->k, k, 1);
+  g_array_append_vals (b->v, v, 1);
+  guint at = b->heads->len;
+  g_array_set_size (b->heads, at + (guint) nqh);
+  for (gint32 h = 0; h < nqh; h++)
+    g_array_index (b->heads, gboolean, at + (guint) h) = heads == NULL || heads[h];
+  b->uniform = b->uniform && heads == NULL;
 }
 
 static gboolean
-group_full (const gboolean *heads, gint32 g, gint32 G)
+attends (const Batch *b, gint32 nqh, guint block, gint32 h)
 {
-  for (gint32 h = g * G; heads != NULL && h < (g + 1) * G; h++)
-    if (!heads[h])
+  return g_array_index (b->heads, gboolean, block * (guint) nqh + (guint) h);
+}
+
+/* Whether query heads h1 and h2 attend the same blocks of the batch. */
+static gboolean
+same_blocks (const Batch *b, gint32 nqh, gint32 h1, gint32 h2)
+{
+  for (guint i = 0; i < b->k->len; i++)
+    if (attends (b, nqh, i, h1) != attends (b, nqh, i, h2))
       return FALSE;
   return TRUE;
 }
 
-/* Attends keys k, v ([n_kv_heads][n][head_dim]) for the query heads whose
- * heads[] flag is set (NULL: all), and merges into out / lse. */
+/* One kernel call: query heads [q0, q0 + nqh) against kv heads [k0, k0 +
+ * nkh) over the batch's blocks that head q0 attends, then the local tokens
+ * (causal) when given. The first contribution to the heads goes straight
+ * into out / lse; later ones are merged by LSE. */
 static gboolean
-attend_part (SiftEngine *e, const SiftPolicyContext *ctx, const SiftView *k, const SiftView *v,
-             const gboolean *heads, gboolean causal, gint64 q_offset, SiftView *out, float *lse,
-             guint64 *attended, GError **error)
+batch_call (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftView *lk, const SiftView *lv,
+            gint32 q0, gint32 nqh, gint32 k0, gint32 nkh, SiftView *out, float *lse, gboolean *written,
+            guint64 *attended, GError **error)
+{
+  const gint32 all = e->config.shape.n_q_heads;
+  const gint64 nq = ctx->n_q;
+  g_array_set_size (b->ks, 0);
+  g_array_set_size (b->vs, 0);
+  gint64 stored = 0;
+  for (guint i = 0; i < b->k->len; i++)
+    if (attends (b, all, i, q0))
+      {
+        SiftView ks = sift_view_heads (&g_array_index (b->k, SiftView, i), k0, nkh);
+        SiftView vs = sift_view_heads (&g_array_index (b->v, SiftView, i), k0, nkh);
+        g_array_append_val (b->ks, ks);
+        g_array_append_val (b->vs, vs);
+        stored += ks.n_tokens;
+      }
+  gint64 local = 0;
+  if (lk != NULL && lk->n_tokens > 0)
+    {
+      SiftView ks = sift_view_heads (lk, k0, nkh), vs = sift_view_heads (lv, k0, nkh);
+      g_array_append_val (b->ks, ks);
+      g_array_append_val (b->vs, vs);
+      local = lk->n_tokens;
+    }
+  if (b->ks->len == 0)
+    return TRUE;
+  /* The local tokens come last: a query row at position q_pos + i sees
+   * every stored key and the local ones up to itself. */
+  const gint64 past = ctx->q_pos - ctx->kv_len;
+  SiftAttnOpts opts = { .scale = e->config.shape.scale, .causal = local > 0, .q_offset = stored + past };
+  guint64 keys = 0;
+  for (gint64 i = 0; i < nq; i++)
+    keys += (guint64) (stored + (local > 0 ? CLAMP (past + i + 1, 0, local) : 0));
+  *attended += keys * (guint64) nqh;
+
+  SiftView qs = sift_view_heads (&ctx->q, q0, nqh), os = sift_view_heads (out, q0, nqh);
+  float *ls = lse + (gsize) q0 * (gsize) nq;
+  const SiftView *kb = (const SiftView *) (const void *) b->ks->data, *vb = (const SiftView *) (const void *) b->vs->data;
+  if (!written[q0])
+    {
+      for (gint32 h = q0; h < q0 + nqh; h++)
+        written[h] = TRUE;
+      return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &os, ls, error);
+    }
+  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
+  SiftView ps = sift_view_heads (&part, q0, nqh);
+  float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
+  return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
+}
+
+/* Attends a batch (and the local tokens when lk != NULL) into out / lse:
+ * one kernel call when every head attends every block; otherwise one per
+ * run of kv heads whose query groups attend the same blocks, and one per
+ * query head of a group that differs. The calls depend on the selection
+ * only, never on load timing. Empties the batch. */
+static gboolean
+batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftView *lk, const SiftView *lv,
+              SiftView *out, float *lse, gboolean *written, guint64 *attended, GError **error)
 {
   const SiftModelShape *s = &e->config.shape;
   const gint32 G = s->n_q_heads / s->n_kv_heads;
-  const gint64 nq = ctx->n_q;
-  if (k->n_tokens == 0 || nq == 0)
-    return TRUE;
-  SiftAttnOpts opts = { .scale = s->scale, .causal = causal, .q_offset = q_offset };
-  guint64 keys_per_head = 0;
-  for (gint64 i = 0; i < nq; i++)
-    keys_per_head += (guint64) (causal ? CLAMP (q_offset + i + 1, 0, k->n_tokens) : k->n_tokens);
-
-  /* Runs of kv heads whose whole group selected the keys go in one call;
-   * a group selected only in part goes head by head. */
-  for (gint32 g = 0; g < s->n_kv_heads;)
-    {
-      if (group_full (heads, g, G))
-        {
-          gint32 g1 = g + 1;
-          while (g1 < s->n_kv_heads && group_full (heads, g1, G))
-            g1++;
-          if (!call_merge (e, ctx, g * G, (g1 - g) * G, g, g1 - g, k, v, &opts, out, lse, error))
-            return FALSE;
-          *attended += keys_per_head * (guint64) ((g1 - g) * G);
-          g = g1;
-          continue;
-        }
-      for (gint32 h = g * G; h < (g + 1) * G; h++)
-        if (heads[h])
+  gboolean ok = TRUE;
+  if (b->uniform)
+    ok = batch_call (e, ctx, b, lk, lv, 0, s->n_q_heads, 0, s->n_kv_heads, out, lse, written, attended, error);
+  else
+    for (gint32 g = 0; g < s->n_kv_heads && ok;)
+      {
+        gboolean whole = TRUE;
+        for (gint32 h = g * G + 1; h < (g + 1) * G && whole; h++)
+          whole = same_blocks (b, s->n_q_heads, g * G, h) && written[h] == written[g * G];
+        if (!whole)
           {
-            if (!call_merge (e, ctx, h, 1, g, 1, k, v, &opts, out, lse, error))
-              return FALSE;
-            *attended += keys_per_head;
+            for (gint32 h = g * G; h < (g + 1) * G && ok; h++)
+              ok = batch_call (e, ctx, b, lk, lv, h, 1, g, 1, out, lse, written, attended, error);
+            g++;
+            continue;
           }
-      g++;
-    }
-  return TRUE;
+        gint32 g1 = g + 1;
+        for (; g1 < s->n_kv_heads; g1++)
+          {
+            gboolean same = TRUE;
+            for (gint32 h = g1 * G; h < (g1 + 1) * G && same; h++)
+              same = same_blocks (b, s->n_q_heads, g * G, h) && written[h] == written[g * G];
+            if (!same)
+              break;
+          }
+        ok = batch_call (e, ctx, b, lk, lv, g * G, (g1 - g) * G, g, g1 - g, out, lse, written, attended, error);
+        g = g1;
+      }
+  batch_clear (b);
+  return ok;
 }
 
 static gboolean
@@ -135,15 +233,6 @@ block_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
   return all ? NULL : flags;
 }
 
-static gboolean
-attend_local (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *out, float *lse, guint64 *attended,
-              GError **error)
-{
-  SiftView k, v;
-  sift_engine_local_kv (e, ctx, &k, &v);
-  return attend_part (e, ctx, &k, &v, NULL, TRUE, ctx->q_pos - ctx->kv_len, out, lse, attended, error);
-}
-
 /* Validates a selection a policy passes in against the layer's stored blocks. */
 static gboolean
 validate (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, GError **error)
@@ -164,31 +253,56 @@ count_compute (SiftEngine *e, const SiftPolicyContext *ctx, gint64 t0, guint64 a
   sift_engine_count (e, ctx->layer, ctx->phase, &add);
 }
 
-gboolean
-sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
-                            SiftView *out, float *lse, GError **error)
+/* Resident blocks (zero-copy): every selected block is read in place in
+ * the store, all of them and the local tokens in one batch. */
+static gboolean
+attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, Batch *b,
+               const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
+               guint64 *attended, gint64 *compute_us, GError **error)
 {
-  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
-  if (!check_call (e, ctx, out, lse, error))
+  const SiftModelShape *s = &e->config.shape;
+  const gint32 layer = ctx->layer;
+  /* The queue orders a copy after the store of its block; a block read in
+   * place needs its layer's stores done. */
+  if (!sift_engine_wait_layer (e, layer, error))
     return FALSE;
-  if (selection != NULL && !validate (e, ctx, selection, error))
-    return FALSE;
-  e->phase = ctx->phase;
+  g_autofree gboolean *flags = g_new (gboolean, s->n_q_heads);
+  for (gint64 i = 0; i < m; i++)
+    {
+      gint64 id = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+      const guint8 *p = sift_store_map (e->store, g_array_index (e->store_ids[layer], gint64, id));
+      g_assert (p != NULL);
+      SiftView k = { (void *) p, e->config.compute_dtype, s->n_kv_heads, s->head_dim,
+                     g_array_index (e->meta[layer], SiftBlockMeta, id).n_valid, (gint64) s->block_size * s->head_dim,
+                     s->head_dim };
+      SiftView v = k;
+      v.data = (void *) (p + e->store->k_bytes);
+      batch_add (e, b, &k, &v, block_heads (e, selection, id, flags));
+    }
+  SiftCounters add = { .bytes_loaded = (guint64) m * e->store->block_bytes,
+                       .bytes_mapped = (guint64) m * e->store->block_bytes };
+  sift_engine_count (e, layer, ctx->phase, &add);
+  gint64 t0 = g_get_monotonic_time ();
+  gboolean ok = batch_attend (e, ctx, b, lk, lv, out, lse, written, attended, error);
+  *compute_us += g_get_monotonic_time () - t0;
+  return ok;
+}
+
+/* The ring: block i goes to slot i mod n_slots. Blocks are taken in groups
+ * of G = n_slots / 2 (a group never wraps around the ring): wait for the
+ * group's slots, attend the group in one batch (the last group with the
+ * local tokens), free it, refill every free slot at once, so the copy
+ * worker is woken once per group while the next group loads. The groups
+ * depend on the selection and n_slots only, never on load timing: results
+ * are reproducible bit for bit. */
+static gboolean
+attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, Batch *b,
+             const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
+             guint64 *attended, gint64 *compute_us, GError **error)
+{
   const gint32 layer = ctx->layer;
   const gint32 n_slots = e->config.n_slots;
-  const gint64 m = selection != NULL ? (gint64) sift_selection_n_blocks (selection)
-                                     : (gint64) e->store_ids[layer]->len;
   g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
-  guint64 attended = 0;
-  gint64 compute_us = 0;
-  clear_out (out, lse, ctx->n_q);
-
-  /* The ring: block i goes to slot i mod n_slots. Blocks are taken in
-   * groups of G = n_slots / 2 (a group never wraps around the ring): wait
-   * for the group's slots, attend each block, free the group, refill every
-   * free slot at once, so the copy worker is woken once per group while the
-   * next group loads. Each block is one kernel call and one merge, in block
-   * order whatever the load timing: results are reproducible bit for bit. */
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
   const gint64 G = MAX (1, n_slots / 2);
   gint64 queued = 0, done = 0;
@@ -214,17 +328,18 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
           done++; /* the failed slot is free again */
           break;
         }
-      for (gint64 i = done; i < end && ok; i++)
+      for (gint64 i = done; i < end; i++)
         {
           SiftView k, v;
           gint32 nv = 0;
           sift_engine_slot_ready (e, (gint32) (i % n_slots), &nv);
           sift_engine_slots_kv (e, (gint32) (i % n_slots), nv, &k, &v);
-          gint64 t0 = g_get_monotonic_time ();
-          ok = attend_part (e, ctx, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags), FALSE, 0, out, lse,
-                            &attended, error);
-          compute_us += g_get_monotonic_time () - t0;
+          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags));
         }
+      gint64 t0 = g_get_monotonic_time ();
+      const gboolean last = end == m;
+      ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
+      *compute_us += g_get_monotonic_time () - t0;
       for (; done < end; done++)
         sift_engine_slot_done (e, (gint32) (done % n_slots));
       if (ok && queued < m)
@@ -247,10 +362,41 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
     }
   if (!ok)
     return FALSE;
-
+  if (m > 0)
+    return TRUE;
   gint64 t0 = g_get_monotonic_time ();
-  ok = attend_local (e, ctx, out, lse, &attended, error);
-  count_compute (e, ctx, t0 - compute_us, attended);
+  ok = batch_attend (e, ctx, b, lk, lv, out, lse, written, attended, error);
+  *compute_us += g_get_monotonic_time () - t0;
+  return ok;
+}
+
+gboolean
+sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                            SiftView *out, float *lse, GError **error)
+{
+  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
+  if (!check_call (e, ctx, out, lse, error))
+    return FALSE;
+  if (selection != NULL && !validate (e, ctx, selection, error))
+    return FALSE;
+  e->phase = ctx->phase;
+  const gint64 m = selection != NULL ? (gint64) sift_selection_n_blocks (selection)
+                                     : (gint64) e->store_ids[ctx->layer]->len;
+  g_autofree gboolean *written = g_new0 (gboolean, e->config.shape.n_q_heads);
+  guint64 attended = 0;
+  gint64 compute_us = 0, t0 = g_get_monotonic_time ();
+  clear_out (out, lse, ctx->n_q);
+  compute_us += g_get_monotonic_time () - t0;
+  SiftView lk, lv;
+  sift_engine_local_kv (e, ctx, &lk, &lv);
+  Batch b;
+  batch_init (&b);
+  gboolean ok = e->maps && m > 0
+                  ? attend_mapped (e, ctx, selection, m, &b, &lk, &lv, out, lse, written, &attended, &compute_us, error)
+                  : attend_ring (e, ctx, selection, m, &b, &lk, &lv, out, lse, written, &attended, &compute_us, error);
+  batch_free (&b);
+  if (ok)
+    count_compute (e, ctx, g_get_monotonic_time () - compute_us, attended);
   return ok;
 }
 
@@ -262,39 +408,26 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
   if (!check_call (e, ctx, out, lse, error))
     return FALSE;
   const gint32 bs = e->config.shape.block_size;
-  const gint32 nqh = e->config.shape.n_q_heads;
-  g_autofree gboolean *a = g_new (gboolean, nqh);
-  g_autofree gboolean *b = g_new (gboolean, nqh);
+  g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
+  g_autofree gboolean *written = g_new0 (gboolean, e->config.shape.n_q_heads);
   guint64 attended = 0;
   gint64 t0 = g_get_monotonic_time ();
   clear_out (out, lse, ctx->n_q);
-  /* Blocks side by side: one call per run of full blocks with one head
-   * mask (a run may end with a partial block). */
-  gsize i = 0;
-  while (i < n_blocks)
+  /* The blocks lie side by side: each one a view, all in one batch with
+   * the local tokens. */
+  Batch b;
+  batch_init (&b);
+  for (gsize i = 0; i < n_blocks; i++)
     {
       gint64 id = sel != NULL ? sift_selection_block (sel, i) : (gint64) i;
-      const gboolean *hi = block_heads (e, sel, id, a);
-      gsize j = i;
-      for (;;)
-        {
-          gint64 idj = sel != NULL ? sift_selection_block (sel, j) : (gint64) j;
-          if (g_array_index (e->meta[ctx->layer], SiftBlockMeta, idj).n_valid < bs || j + 1 >= n_blocks)
-            break;
-          gint64 idn = sel != NULL ? sift_selection_block (sel, j + 1) : (gint64) (j + 1);
-          const gboolean *hn = block_heads (e, sel, idn, b);
-          if ((hi == NULL) != (hn == NULL) || (hi != NULL && memcmp (hi, hn, sizeof (gboolean) * (gsize) nqh) != 0))
-            break;
-          j++;
-        }
-      gint64 idj = sel != NULL ? sift_selection_block (sel, j) : (gint64) j;
-      gint64 tokens = (gint64) (j - i) * bs + g_array_index (e->meta[ctx->layer], SiftBlockMeta, idj).n_valid;
-      SiftView kr = sift_view_tokens (k, (gint64) i * bs, tokens), vr = sift_view_tokens (v, (gint64) i * bs, tokens);
-      if (!attend_part (e, ctx, &kr, &vr, hi, FALSE, 0, out, lse, &attended, error))
-        return FALSE;
-      i = j + 1;
+      gint64 nv = g_array_index (e->meta[ctx->layer], SiftBlockMeta, id).n_valid;
+      SiftView kr = sift_view_tokens (k, (gint64) i * bs, nv), vr = sift_view_tokens (v, (gint64) i * bs, nv);
+      batch_add (e, &b, &kr, &vr, block_heads (e, sel, id, flags));
     }
-  gboolean ok = attend_local (e, ctx, out, lse, &attended, error);
+  SiftView lk, lv;
+  sift_engine_local_kv (e, ctx, &lk, &lv);
+  gboolean ok = batch_attend (e, ctx, &b, &lk, &lv, out, lse, written, &attended, error);
+  batch_free (&b);
   count_compute (e, ctx, t0, attended);
   return ok;
 }

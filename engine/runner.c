@@ -415,7 +415,8 @@ sift_runner_decode (SiftRunner *r, gint32 n_rows, GError **error)
     }
   const SiftModelShape *s = &r->engine->config.shape;
   gboolean ok = TRUE;
-  if (r->engine->config.pipeline == SIFT_PIPELINE_CROSS_LAYER)
+  /* Resident blocks (zero-copy) need no prefetch: layer by layer. */
+  if (r->engine->config.pipeline == SIFT_PIPELINE_CROSS_LAYER && !sift_engine_maps (r->engine))
     ok = decode_cross_layer (r, r->position, n_rows, error);
   else
     for (gint32 l = 0; l < s->n_layers && ok; l++)

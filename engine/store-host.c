@@ -83,6 +83,24 @@ static const SiftStoreClass host_class = {
   .finalize = host_finalize,
 };
 
+gboolean
+sift_store_can_map (const SiftStore *store)
+{
+  return store->klass == &host_class;
+}
+
+const guint8 *
+sift_store_map (SiftStore *store, gint64 id)
+{
+  if (store->klass != &host_class || id < 0)
+    return NULL;
+  HostStore *self = (HostStore *) store;
+  pthread_mutex_lock (&store->lock);
+  const guint8 *p = id < (gint64) self->blocks->len ? g_ptr_array_index (self->blocks, (guint) id) : NULL;
+  pthread_mutex_unlock (&store->lock);
+  return p;
+}
+
 SiftStore *
 sift_store_host_new (const SiftStoreConfig *config, GError **error)
 {

@@ -29,5 +29,12 @@ gboolean sift_store_read (SiftStore *store, gint64 id, gsize offset, void *dst, 
                           GError **error);
 /* Bytes of one stored row of head_dim elements. */
 gsize sift_store_row_bytes (const SiftStore *store);
+/* The block's bytes in place (K at 0, V at k_bytes) when the store keeps
+ * it addressable in memory (the host store), else NULL. The address stays
+ * valid while the store lives; the bytes change when the block is written
+ * (the engine unmaps its slots before it writes or releases a block). */
+const guint8 *sift_store_map (SiftStore *store, gint64 id);
+/* Whether sift_store_map works for this store's blocks. */
+gboolean sift_store_can_map (const SiftStore *store);
 /* Whether a file store's I/O goes through io_uring (FALSE for other stores). */
 gboolean sift_store_file_uses_uring (const SiftStore *store);

@@ -32,6 +32,8 @@ typedef struct {
   gint store_block, store_kv_heads, store_head_dim, store_blocks;
   gint prefill_budget, decode_budget, steps;
   gint overhead_tokens;
+  gint rows, reps;
+  char *decode_at, *sections;
 } Opts;
 
 /* ---- A cheap deterministic source (the benchmark measures the engine) --- */
@@ -234,6 +236,8 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
       g_autoptr (SiftStore) store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
       SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0 };
       g_autoptr (SiftEngine) engine = store ? sift_engine_new (&ec, store, &error) : NULL;
+      if (engine != NULL) /* the copy worker is what is measured */
+        sift_engine_set_force_copy (engine, TRUE);
       g_autoptr (SiftModelSource) source = pattern_new (&shape);
       g_autoptr (SiftPolicy) fill = sift_policy_new (&store_only_ops, NULL, &shape, NULL);
       SiftPolicy *pre[1] = { fill };
@@ -330,14 +334,16 @@ print_phase (const char *what, const Phase *p)
 }
 
 static int
-bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
+bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean copy)
 {
   SiftModelShape shape = { o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
   SiftPipeline pipe = strcmp (o->pipeline, "cross-layer") == 0 ? SIFT_PIPELINE_CROSS_LAYER : SIFT_PIPELINE_RING;
-  printf ("\nPipeline efficiency at %" G_GINT64_FORMAT " tokens: %d layers, %d/%d heads x %d, block %d, chunk %d, "
-          "%d slots, %s store, %s decode pipeline\n",
-          o->tokens, o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, o->slots,
-          sift_store_name (store), o->pipeline);
+  printf ("\nPipeline %s at %" G_GINT64_FORMAT " tokens: %d layers, %d/%d heads x %d, block %d, chunk %d, "
+          "%d slots, %s store %s -> %s, %s decode pipeline, %d row%s per step, %s\n",
+          copy ? "efficiency" : "without copies", o->tokens, o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block,
+          o->chunk, o->slots, sift_store_name (store), sift_dtype_name (sift_store_config (store)->dtype),
+          sift_dtype_name (compute), copy ? o->pipeline : "layer-by-layer (resident)", o->rows, o->rows > 1 ? "s" : "",
+          copy ? "every load copied (force_copy)" : "resident blocks read in place (zero-copy)");
   printf ("  prefill selects the first and the last %d blocks (--prefill-budget), decode %s (--decode-budget)\n",
           o->prefill_budget, o->decode_budget > 0 ? "the first and last blocks" : "every block");
   g_autoptr (GError) error = NULL;
@@ -345,6 +351,7 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   if (engine == NULL)
     return sift_cli_fail ("bench offload", error);
+  sift_engine_set_force_copy (engine, copy);
   g_autoptr (SiftModelSource) source = pattern_new (&shape);
   g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &store_only_ops : &window_ops, NULL, &shape, &error);
   g_autoptr (SiftPolicy) dp = sift_policy_new (&window_ops, NULL, &shape, &error);
@@ -365,7 +372,7 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
     return sift_cli_fail ("bench offload", error);
   sift_runner_set_observer (runner, &wall_observer, &wd);
   for (gint i = 0; i < o->steps; i++)
-    if (!sift_runner_decode (runner, 1, &error))
+    if (!sift_runner_decode (runner, o->rows, &error))
       return sift_cli_fail ("bench offload", error);
   Phase p, d;
   phase_of (engine, SIFT_PHASE_PREFILL, &wp, &p);
@@ -377,76 +384,290 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute)
   print_phase ("decode", &d);
   SiftCounters c;
   sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &c);
-  printf ("  decode moved %.1f MiB in %d steps (%.2f GiB/s while loading)\n", (double) c.bytes_loaded / 1048576.0,
-          o->steps, c.seconds_load > 0 ? (double) c.bytes_loaded / c.seconds_load / 1073741824.0 : 0.0);
+  printf ("  decode loaded %.1f MiB in %d steps, %.1f MiB of them copied (%.2f GiB/s while copying)\n",
+          (double) c.bytes_loaded / 1048576.0, o->steps, (double) (c.bytes_loaded - c.bytes_mapped) / 1048576.0,
+          c.seconds_load > 0 ? (double) (c.bytes_loaded - c.bytes_mapped) / c.seconds_load / 1073741824.0 : 0.0);
   return SIFT_EXIT_OK;
 }
 
 /* ---- 3. What the engine adds over the dense kernels ---------------------- */
 
-static int
-bench_overhead (const Opts *o, SiftStore *store, SiftDType compute)
-{
-  SiftModelShape shape = { 1, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
-  const gint64 n = o->overhead_tokens;
-  printf ("\nEngine overhead, dense (no policy), 1 layer, against the kernels on contiguous memory:\n");
-  g_autoptr (GError) error = NULL;
-  SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0 };
-  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
-  if (engine == NULL)
-    return sift_cli_fail ("bench offload", error);
-  g_autoptr (SiftModelSource) source = pattern_new (&shape);
-  g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, NULL, NULL, &error);
-  if (runner == NULL)
-    return sift_cli_fail ("bench offload", error);
-  if (!sift_runner_prefill (runner, n, &error))
-    return sift_cli_fail ("bench offload", error);
-  SiftCounters pc;
-  sift_engine_counters (engine, 0, SIFT_PHASE_PREFILL, &pc);
-  double engine_prefill = pc.seconds_compute + pc.seconds_stalled;
-  const gint steps = MAX (o->steps / 4, 4);
-  for (gint i = 0; i < steps; i++)
-    if (!sift_runner_decode (runner, 1, &error))
-      return sift_cli_fail ("bench offload", error);
-  SiftCounters dc;
-  sift_engine_counters (engine, 0, SIFT_PHASE_DECODE, &dc);
-  double engine_decode = (dc.seconds_compute + dc.seconds_stalled) / steps;
+/* Contiguous [tokens][heads][dim] copies of the pattern's q, k, v (k and v
+ * in the compute dtype, as the engine holds them). */
+typedef struct {
+  float *q;
+  void *k, *v;
+  SiftDType dtype;
+} Contig;
 
-  /* The same attention on contiguous f32 memory. */
-  const gint64 total = n + 1;
-  float *q = g_new (float, (gsize) (total * shape.n_q_heads * shape.head_dim));
-  float *k = g_new (float, (gsize) (total * shape.n_kv_heads * shape.head_dim));
-  float *v = g_new (float, (gsize) (total * shape.n_kv_heads * shape.head_dim));
-  float *out = g_new (float, (gsize) (total * shape.n_q_heads * shape.head_dim));
-  float *lse = g_new (float, (gsize) (total * shape.n_q_heads));
-  pattern_qkv (source, 0, 0, total, q, k, v, NULL);
-  SiftView qv = sift_view_thd (q, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
-  SiftView kv = sift_view_thd (k, SIFT_DTYPE_F32, n, shape.n_kv_heads, shape.head_dim);
-  SiftView vv = sift_view_thd (v, SIFT_DTYPE_F32, n, shape.n_kv_heads, shape.head_dim);
+static void
+contig_init (Contig *c, SiftModelSource *src, const SiftModelShape *s, gint64 n, SiftDType dtype)
+{
+  const gsize nk = (gsize) n * (gsize) s->n_kv_heads * (gsize) s->head_dim;
+  c->q = g_new (float, (gsize) n * (gsize) s->n_q_heads * (gsize) s->head_dim);
+  float *k = g_new (float, nk), *v = g_new (float, nk);
+  pattern_qkv (src, 0, 0, n, c->q, k, v, NULL);
+  c->dtype = dtype;
+  c->k = g_malloc (nk * sift_dtype_size (dtype));
+  c->v = g_malloc (nk * sift_dtype_size (dtype));
+  sift_convert (k, SIFT_DTYPE_F32, c->k, dtype, nk);
+  sift_convert (v, SIFT_DTYPE_F32, c->v, dtype, nk);
+  g_free (k);
+  g_free (v);
+}
+
+static void
+contig_clear (Contig *c)
+{
+  g_free (c->q), g_free (c->k), g_free (c->v);
+}
+
+/* Seconds the engine spent in attention (kernels and merges) and stalled
+ * on loads and stores, summed over layers, of one phase. */
+static double
+engine_secs (SiftEngine *e, SiftPhase ph)
+{
+  SiftCounters c;
+  sift_engine_counters (e, -1, ph, &c);
+  return c.seconds_compute + c.seconds_stalled;
+}
+
+/* One layer through the engine: dense decode, and dense prefill or a
+ * prefill that only stores. */
+typedef struct {
+  SiftEngine *engine;
+  SiftModelSource *source;
+  SiftPolicy *fill;
+  SiftRunner *runner;
+} Bed;
+
+static void
+bed_clear (Bed *b)
+{
+  sift_runner_free (b->runner);
+  sift_policy_free (b->fill);
+  sift_model_source_free (b->source);
+  sift_engine_free (b->engine);
+}
+
+static gboolean
+bed_init (Bed *b, const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gboolean prefill_dense,
+          GError **error)
+{
+  memset (b, 0, sizeof *b);
+  SiftModelShape shape = { 1, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
+  SiftEngineConfig ec = { .shape = shape, .compute_dtype = compute, .n_slots = o->slots };
+  b->engine = sift_engine_new (&ec, store, error);
+  if (b->engine == NULL)
+    return FALSE;
+  sift_engine_set_force_copy (b->engine, copy);
+  b->source = pattern_new (&shape);
+  b->fill = prefill_dense ? NULL : sift_policy_new (&store_only_ops, NULL, &shape, NULL);
+  SiftPolicy *pre[1] = { b->fill };
+  b->runner = sift_runner_new (b->engine, b->source, pre, NULL, error);
+  if (b->runner == NULL)
+    {
+      bed_clear (b);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static void
+overhead_line (const char *what, double engine, double kernel, const char *unit, double mult)
+{
+  printf ("  %-28s engine %9.3f %s, kernel %9.3f %s: %+6.1f%% (target <= +10%%)\n", what, engine * mult, unit,
+          kernel * mult, unit, 100.0 * (engine / kernel - 1.0));
+}
+
+/* Dense prefill of n tokens through the engine against sift_attn_dense on
+ * contiguous memory, alternating, best of `reps`. */
+static gboolean
+overhead_prefill (const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gint reps, GError **error)
+{
+  Bed bed;
+  if (!bed_init (&bed, o, store, compute, copy, TRUE, error))
+    return FALSE;
+  SiftEngine *engine = bed.engine;
+  SiftRunner *runner = bed.runner;
+  const gint64 n = o->overhead_tokens;
+  SiftModelShape shape = sift_engine_config (engine)->shape;
+  Contig c;
+  SiftModelSource *src = pattern_new (&shape);
+  contig_init (&c, src, &shape, n, compute);
+  sift_model_source_free (src);
+  g_autofree float *out = g_new (float, (gsize) n * shape.n_q_heads * shape.head_dim);
+  g_autofree float *lse = g_new (float, (gsize) n * shape.n_q_heads);
+  SiftView qv = sift_view_thd (c.q, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
+  SiftView kv = sift_view_thd (c.k, compute, n, shape.n_kv_heads, shape.head_dim);
+  SiftView vv = sift_view_thd (c.v, compute, n, shape.n_kv_heads, shape.head_dim);
   SiftView ov = sift_view_thd (out, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
   SiftAttnOpts causal = { .causal = TRUE };
-  double t0 = now_s ();
-  sift_attn_dense (&qv, &kv, &vv, &causal, &ov, lse, NULL);
-  double kernel_prefill = now_s () - t0;
-  SiftView q1 = sift_view_thd (q + n * shape.n_q_heads * shape.head_dim, SIFT_DTYPE_F32, 1, shape.n_q_heads,
-                               shape.head_dim);
-  SiftView k1 = sift_view_thd (k, SIFT_DTYPE_F32, total, shape.n_kv_heads, shape.head_dim);
-  SiftView v1 = sift_view_thd (v, SIFT_DTYPE_F32, total, shape.n_kv_heads, shape.head_dim);
-  SiftView o1 = sift_view_thd (out, SIFT_DTYPE_F32, 1, shape.n_q_heads, shape.head_dim);
-  double best = 1e30;
-  for (gint i = 0; i < steps; i++)
+  double best_e = 1e30, best_k = 1e30;
+  gboolean ok = TRUE;
+  for (gint r = 0; r < reps && ok; r++)
     {
-      t0 = now_s ();
-      sift_attn_decode (&q1, &k1, &v1, NULL, &o1, lse, NULL);
-      best = MIN (best, now_s () - t0);
+      sift_runner_reset (runner);
+      ok = sift_runner_prefill (runner, n, error);
+      best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_PREFILL));
+      double t0 = now_s ();
+      sift_attn_dense (&qv, &kv, &vv, &causal, &ov, lse, NULL);
+      best_k = MIN (best_k, now_s () - t0);
     }
-  double kernel_decode = best;
-  g_free (q), g_free (k), g_free (v), g_free (out), g_free (lse);
-  printf ("  prefill %6" G_GINT64_FORMAT " tokens: engine %8.3f s, kernel %8.3f s: %+5.1f%% (target <= +10%%)\n", n,
-          engine_prefill, kernel_prefill, 100.0 * (engine_prefill / kernel_prefill - 1.0));
-  printf ("  decode at %6" G_GINT64_FORMAT ":    engine %8.3f ms, kernel %8.3f ms: %+5.1f%% (target <= +10%%)\n", n,
-          engine_decode * 1e3, kernel_decode * 1e3, 100.0 * (engine_decode / kernel_decode - 1.0));
+  if (ok)
+    {
+      g_autofree char *what = g_strdup_printf ("prefill %" G_GINT64_FORMAT " (chunk %d)", n, shape.chunk_size);
+      overhead_line (what, best_e, best_k, "s ", 1.0);
+    }
+  contig_clear (&c);
+  bed_clear (&bed);
+  return ok;
+}
+
+/* Dense decode after a prompt of n tokens (stored without attention):
+ * each step through the engine, then sift_attn_decode over the same keys on
+ * contiguous memory; best step of each. */
+static gboolean
+overhead_decode (const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gint64 n, gint steps,
+                 GError **error)
+{
+  Bed bed;
+  if (!bed_init (&bed, o, store, compute, copy, FALSE, error))
+    return FALSE;
+  SiftEngine *engine = bed.engine;
+  SiftRunner *runner = bed.runner;
+  SiftModelShape shape = sift_engine_config (engine)->shape;
+  const gint64 total = n + steps;
+  Contig c;
+  SiftModelSource *src = pattern_new (&shape);
+  contig_init (&c, src, &shape, total, compute);
+  sift_model_source_free (src);
+  g_autofree float *o1 = g_new (float, (gsize) shape.n_q_heads * shape.head_dim);
+  g_autofree float *lse = g_new (float, (gsize) shape.n_q_heads);
+  double best_e = 1e30, best_k = 1e30;
+  gboolean ok = sift_runner_prefill (runner, n, error);
+  for (gint i = 0; i < steps && ok; i++)
+    {
+      double before = engine_secs (engine, SIFT_PHASE_DECODE);
+      ok = sift_runner_decode (runner, 1, error);
+      best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_DECODE) - before);
+      const gint64 keys = n + i + 1;
+      SiftView q1 = sift_view_thd (c.q + (gsize) (keys - 1) * shape.n_q_heads * shape.head_dim, SIFT_DTYPE_F32, 1,
+                                   shape.n_q_heads, shape.head_dim);
+      SiftView k1 = sift_view_thd (c.k, compute, keys, shape.n_kv_heads, shape.head_dim);
+      SiftView v1 = sift_view_thd (c.v, compute, keys, shape.n_kv_heads, shape.head_dim);
+      SiftView ov = sift_view_thd (o1, SIFT_DTYPE_F32, 1, shape.n_q_heads, shape.head_dim);
+      double t0 = now_s ();
+      sift_attn_decode (&q1, &k1, &v1, NULL, &ov, lse, NULL);
+      best_k = MIN (best_k, now_s () - t0);
+    }
+  if (ok)
+    {
+      g_autofree char *what = g_strdup_printf ("decode at %" G_GINT64_FORMAT, n);
+      overhead_line (what, best_e, best_k, "ms", 1e3);
+    }
+  contig_clear (&c);
+  bed_clear (&bed);
+  return ok;
+}
+
+static int
+bench_overhead (const Opts *o, SiftDType stored, SiftDType compute)
+{
+  g_autoptr (GError) error = NULL;
+  SiftStoreConfig sc = { stored, o->kv_heads, o->block, o->head_dim, 0, NULL, FALSE, FALSE };
+  g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+  if (store == NULL)
+    return sift_cli_fail ("bench offload", error);
+  g_auto (GStrv) lengths = g_strsplit (o->decode_at, ",", -1);
+  const gint steps = MAX (o->steps / 2, 4), reps = o->reps;
+  printf ("\nEngine overhead, dense (no policy), 1 layer, %d/%d heads x %d, block %d, host store %s, compute %s,\n"
+          "against the kernels on contiguous %s memory (engine: seconds in attention + stalled; best of %d prefills,"
+          " best step of %d):\n",
+          o->q_heads, o->kv_heads, o->head_dim, o->block, sift_dtype_name (stored), sift_dtype_name (compute),
+          sift_dtype_name (compute), reps, steps);
+  for (int copy = 0; copy < 2; copy++)
+    {
+      if (!copy && stored != compute)
+        {
+          printf (" zero-copy: not possible (stored %s, compute %s: every load converts)\n", sift_dtype_name (stored),
+                  sift_dtype_name (compute));
+          continue;
+        }
+      printf (" %s\n", copy ? "copying (offload.force_copy: true; every block copied into a ring slot)"
+                            : "zero-copy (resident blocks read in place)");
+      if (!overhead_prefill (o, store, compute, copy, reps, &error))
+        return sift_cli_fail ("bench offload", error);
+      for (char **l = lengths; *l != NULL; l++)
+        if (!overhead_decode (o, store, compute, copy, g_ascii_strtoll (*l, NULL, 10), steps, &error))
+          return sift_cli_fail ("bench offload", error);
+    }
   return SIFT_EXIT_OK;
+}
+
+/* Option checks before anything runs: each named with its value. */
+typedef struct {
+  const char *name;
+  const gint64 value;
+  gint64 min;
+} Bound;
+
+static gboolean
+check_options (const Opts *o)
+{
+  const Bound bounds[] = {
+    { "--layers", o->layers, 1 },          { "--q-heads", o->q_heads, 1 },
+    { "--kv-heads", o->kv_heads, 1 },      { "--head-dim", o->head_dim, 1 },
+    { "--block", o->block, 1 },            { "--chunk", o->chunk, 1 },
+    { "--slots", o->slots, 2 },            { "--tokens", o->tokens, 1 },
+    { "--steps", o->steps, 1 },            { "--store-blocks", o->store_blocks, 1 },
+    { "--store-block", o->store_block, 1 }, { "--overhead-tokens", o->overhead_tokens, 1 },
+    { "--prefill-budget", o->prefill_budget, 0 }, { "--decode-budget", o->decode_budget, 0 },
+    { "--rows", o->rows, 1 },              { "--reps", o->reps, 1 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bounds); i++)
+    if (bounds[i].value < bounds[i].min)
+      {
+        fprintf (stderr, "sift bench offload: %s %" G_GINT64_FORMAT ": must be at least %" G_GINT64_FORMAT "\n",
+                 bounds[i].name, bounds[i].value, bounds[i].min);
+        return FALSE;
+      }
+  if (o->rows > SIFT_ATTN_DECODE_MAX_ROWS)
+    {
+      fprintf (stderr, "sift bench offload: --rows %d: at most %d decode rows per step\n", o->rows,
+               SIFT_ATTN_DECODE_MAX_ROWS);
+      return FALSE;
+    }
+  if (o->q_heads % o->kv_heads != 0)
+    {
+      fprintf (stderr, "sift bench offload: --q-heads %d is not a multiple of --kv-heads %d\n", o->q_heads,
+               o->kv_heads);
+      return FALSE;
+    }
+  if (o->chunk % o->block != 0)
+    {
+      fprintf (stderr, "sift bench offload: --chunk %d is not a multiple of --block %d\n", o->chunk, o->block);
+      return FALSE;
+    }
+  g_auto (GStrv) sections = g_strsplit (o->sections, ",", -1);
+  for (char **w = sections; *w != NULL; w++)
+    if (strcmp (*w, "stores") != 0 && strcmp (*w, "pipeline") != 0 && strcmp (*w, "overhead") != 0)
+      {
+        fprintf (stderr, "sift bench offload: --sections: unknown section '%s' (stores, pipeline, overhead)\n", *w);
+        return FALSE;
+      }
+  g_auto (GStrv) lengths = g_strsplit (o->decode_at, ",", -1);
+  for (char **l = lengths; *l != NULL; l++)
+    {
+      char *end = NULL;
+      gint64 v = g_ascii_strtoll (*l, &end, 10);
+      if (**l == '\0' || end == NULL || *end != '\0' || v < 1)
+        {
+          fprintf (stderr, "sift bench offload: --decode-at: '%s' is not a positive length\n", *l);
+          return FALSE;
+        }
+    }
+  return TRUE;
 }
 
 int
@@ -455,7 +676,7 @@ sift_bench_offload (int argc, char **argv)
   Opts o = {
     .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 128, .chunk = 128, .slots = 4,
     .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
-    .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048,
+    .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048, .rows = 1, .reps = 5,
   };
   GOptionEntry entries[] = {
     { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
@@ -479,15 +700,28 @@ sift_bench_offload (int argc, char **argv)
     { "decode-budget", 0, 0, G_OPTION_ARG_INT, &o.decode_budget, "Decode: last blocks selected (0: all, default)", "N" },
     { "steps", 0, 0, G_OPTION_ARG_INT, &o.steps, "Decode steps (default 32)", "N" },
     { "overhead-tokens", 0, 0, G_OPTION_ARG_INT, &o.overhead_tokens, "Dense prefill length of the overhead test (2048)", "N" },
+    { "decode-at", 0, 0, G_OPTION_ARG_STRING, &o.decode_at, "Decode lengths of the overhead test (2048,32768)", "LIST" },
+    { "sections", 0, 0, G_OPTION_ARG_STRING, &o.sections, "What to run: stores,pipeline,overhead (default all)", "LIST" },
+    { "reps", 0, 0, G_OPTION_ARG_INT, &o.reps, "Overhead test: best of N dense prefills (default 5)", "N" },
+    { "rows", 0, 0, G_OPTION_ARG_INT, &o.rows, "Query rows per decode step in the pipeline test (1..16, default 1)", "N" },
     { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
     G_OPTION_ENTRY_NULL,
   };
   if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
     return SIFT_EXIT_USAGE;
+  if (o.sections == NULL)
+    o.sections = g_strdup ("stores,pipeline,overhead");
+  if (o.decode_at == NULL)
+    o.decode_at = g_strdup (o.quick ? "512,4096" : "2048,32768");
   if (o.quick)
     {
       o.tokens = 4096, o.store_blocks = 32, o.steps = 8, o.overhead_tokens = 512;
+    }
+  if (!check_options (&o))
+    {
+      g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
+      return SIFT_EXIT_USAGE;
     }
   SiftDType stored = SIFT_DTYPE_F32, compute = SIFT_DTYPE_F32;
   if ((o.stored != NULL && !sift_dtype_from_name (o.stored, &stored))
@@ -507,13 +741,11 @@ sift_bench_offload (int argc, char **argv)
     o.stores = g_strdup ("host,file");
   if (o.path == NULL)
     o.path = g_strdup_printf ("%s/sift-bench-offload-%d.kv", g_get_tmp_dir (), (int) getpid ());
-  if (o.tokens <= 0 || o.steps < 0 || o.store_blocks <= 0 || o.overhead_tokens <= 0)
-    {
-      fprintf (stderr, "sift bench offload: sizes must be positive\n");
-      return SIFT_EXIT_USAGE;
-    }
 
-  int status = bench_stores (&o, stored, compute);
+  const gboolean want_stores = strstr (o.sections, "stores") != NULL,
+                 want_pipeline = strstr (o.sections, "pipeline") != NULL,
+                 want_overhead = strstr (o.sections, "overhead") != NULL;
+  int status = want_stores ? bench_stores (&o, stored, compute) : SIFT_EXIT_OK;
   if (status == SIFT_EXIT_OK)
     {
       g_autoptr (GError) error = NULL;
@@ -521,11 +753,13 @@ sift_bench_offload (int argc, char **argv)
       g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
       if (store == NULL)
         status = sift_cli_fail ("bench offload", error);
-      if (status == SIFT_EXIT_OK)
-        status = bench_pipeline (&o, store, compute);
-      if (status == SIFT_EXIT_OK)
-        status = bench_overhead (&o, store, compute);
+      if (status == SIFT_EXIT_OK && want_pipeline)
+        status = bench_pipeline (&o, store, compute, TRUE);
+      if (status == SIFT_EXIT_OK && want_pipeline && stored == compute)
+        status = bench_pipeline (&o, store, compute, FALSE);
+      if (status == SIFT_EXIT_OK && want_overhead)
+        status = bench_overhead (&o, stored, compute);
     }
-  g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores);
+  g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
   return status;
 }

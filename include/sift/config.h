@@ -102,6 +102,7 @@ typedef struct {
   gboolean store_direct;
   gint32 ring_slots;                  /* 4 */
   SiftPipeline pipeline;              /* ring */
+  gboolean force_copy;                /* false: ring loads from a host store in the compute dtype map (zero-copy) */
   /* policies */
   GPtrArray *setups;                  /* SiftPolicySetup *, at least one */
   /* harness */

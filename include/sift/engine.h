@@ -100,6 +100,14 @@ void sift_engine_free (SiftEngine *engine);
  * store) and the counters cleared. Policies are reset by the runner. */
 void sift_engine_reset (SiftEngine *engine);
 const SiftEngineConfig *sift_engine_config (const SiftEngine *engine);
+/* Zero-copy slots (docs/engine.md): when the store keeps blocks in memory
+ * in the compute dtype (host store, stored dtype == compute dtype), a ring
+ * load maps the slot onto the stored bytes instead of copying them, and the
+ * default pipeline reads the blocks in place. force_copy = TRUE (offload
+ * copy: always) copies every load through the copy worker anyway; call it
+ * between attention calls. Whether loads map now: */
+void sift_engine_set_force_copy (SiftEngine *engine, gboolean force_copy);
+gboolean sift_engine_maps (const SiftEngine *engine);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftEngine, sift_engine_free)
 
 /* Bounded KV (docs/eviction.md): each layer keeps at most capacity_tokens
@@ -128,7 +136,7 @@ double sift_engine_accumulated_attention (SiftEngine *engine, gint32 layer, gint
 
 /* Counters since the last reset. */
 typedef struct {
-  guint64 bytes_loaded;       /* store -> compute side */
+  guint64 bytes_loaded;       /* store -> compute side: bytes the compute side got from the store, copied or mapped */
   guint64 bytes_stored;       /* compute side -> store */
   guint64 blocks_available;   /* summed over select calls */
   guint64 blocks_selected;
@@ -139,6 +147,7 @@ typedef struct {
   gdouble seconds_load;       /* copy worker busy loading */
   guint64 tokens_evicted;     /* stored tokens removed to stay within capacity_tokens */
   guint64 bytes_compacted;    /* bytes read and rewritten by compaction and re-offload hooks (also in loaded/stored) */
+  guint64 bytes_mapped;       /* of bytes_loaded, those read in place through zero-copy slots (not copied) */
 } SiftCounters;
 
 /* Per layer and phase (layer = -1: totals over layers). */

@@ -347,6 +347,25 @@ test_gather_rows (void **state)
       }
   /* 100 and 104 are in the decode buffer; the other 6 were read from the store (bf16 rows). */
   assert_int_equal (after.bytes_loaded - before.bytes_loaded, 6 * 2 * 2 * 32 * 2);
+  /* Runs of consecutive positions (read a run per block at once) across
+   * block boundaries and into the decode buffer: the same rows. */
+  gint64 run[45];
+  for (gsize i = 0; i < 31; i++)
+    run[i] = 10 + (gint64) i; /* 10..40: blocks 0, 1, 2 */
+  for (gsize i = 31; i < 45; i++)
+    run[i] = 90 + (gint64) (i - 31); /* 90..103: stored up to 99, then local */
+  g_autofree float *kr = g_new (float, 45 * 2 * 32), *vr = g_new (float, 45 * 2 * 32);
+  SiftView k2 = sift_view_thd (kr, SIFT_DTYPE_F32, 45, 2, 32), v2 = sift_view_thd (vr, SIFT_DTYPE_F32, 45, 2, 32);
+  sift_engine_counters (r.engine, 1, SIFT_PHASE_DECODE, &before);
+  assert_true (sift_engine_gather_rows (r.engine, 1, run, 45, &k2, &v2, &error));
+  sift_engine_counters (r.engine, 1, SIFT_PHASE_DECODE, &after);
+  for (gsize i = 0; i < 45; i++)
+    for (gint32 h = 0; h < 2; h++)
+      {
+        assert_memory_equal (sift_view_row (&k2, h, (gint64) i), r.check->k[1] + (run[i] * 2 + h) * 32, 32 * sizeof (float));
+        assert_memory_equal (sift_view_row (&v2, h, (gint64) i), r.check->v[1] + (run[i] * 2 + h) * 32, 32 * sizeof (float));
+      }
+  assert_int_equal (after.bytes_loaded - before.bytes_loaded, (31 + 10) * 2 * 2 * 32 * 2);
   const gint64 bad = 105;
   assert_false (sift_engine_gather_rows (r.engine, 1, &bad, 1, &k, &v, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);

@@ -191,6 +191,8 @@ fix_open (Fix *f, const SiftPolicyOps *ops, Mode mode, SiftPipeline pipe, gint32
   SiftEngineConfig ec = { f->shape, SIFT_DTYPE_F32, 3, pipe, 0 };
   f->engine = sift_engine_new (&ec, f->store, &error);
   g_assert_no_error (error);
+  /* Resident blocks skip the cross-layer pipeline: copy to exercise it. */
+  sift_engine_set_force_copy (f->engine, pipe == SIFT_PIPELINE_CROSS_LAYER);
   f->src = test_source_new (&f->shape, 77, SIFT_DTYPE_F32);
   f->policy = (TestPolicy *) sift_policy_new (ops, NULL, &f->shape, &error);
   g_assert_no_error (error);

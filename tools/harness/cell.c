@@ -264,6 +264,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
   if (engine == NULL || !sift_engine_set_eviction (engine, &ev, error))
     return FALSE;
+  sift_engine_set_force_copy (engine, cfg->force_copy);
 
   gint32 L = shape.n_layers;
   SiftPolicy **prefill = g_new0 (SiftPolicy *, L), **decode = g_new0 (SiftPolicy *, L);
