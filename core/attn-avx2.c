@@ -8,10 +8,13 @@
 #include <math.h>
 
 #include "attn-private.h"
+#include "attn-x86-hsum.h"
 
 #define VL 8
 #define MR 4
 #define DOT_KEYS 2 /* keys per dot-product block (must divide MR) */
+#define DEC_NB_MANY 2 /* decode O += P V, 3-4 rows: registers: 3 or 4 rows keep 2 vectors of O each */
+#define DEC_KEYS 2 /* keys per step of the decode scores (divides VL) */
 #define NR 2  /* 8 of the 16 registers accumulate */
 
 typedef __m256 vf;
@@ -33,6 +36,22 @@ vhsum (vf x)
   s = _mm_add_ps (s, _mm_movehl_ps (s, s));
   s = _mm_add_ss (s, _mm_movehdup_ps (s));
   return _mm_cvtss_f32 (s);
+}
+
+/* dst[i] = the sum of the lanes of acc[i], i < n (n a constant). */
+static inline __attribute__ ((always_inline)) void
+vhsum_block (const vf *acc, const int n, float *dst)
+{
+  vhsum_n_256 (acc, n, dst);
+}
+
+static inline float
+vhmax (vf x)
+{
+  __m128 m = _mm_max_ps (_mm256_castps256_ps128 (x), _mm256_extractf128_ps (x, 1));
+  m = _mm_max_ps (m, _mm_movehl_ps (m, m));
+  m = _mm_max_ss (m, _mm_movehdup_ps (m));
+  return _mm_cvtss_f32 (m);
 }
 
 /* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 8: an 8 x 8 block

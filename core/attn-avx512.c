@@ -5,10 +5,13 @@
 #include <math.h>
 
 #include "attn-private.h"
+#include "attn-x86-hsum.h"
 
 #define VL 16
 #define MR 4  /* broadcast rows of the microkernel */
 #define DOT_KEYS 4 /* keys per dot-product block (MR x 4 accumulators) */
+#define DEC_NB_MANY 4 /* decode O += P V, 3-4 rows: 3 or 4 rows keep 4 vectors of O each in 32 registers */
+#define DEC_KEYS 4 /* keys per step of the decode scores (divides VL) */
 #define NR 4  /* vectors per row: MR x NR = 16 of the 32 registers accumulate */
 
 typedef __m512 vf;
@@ -24,6 +27,19 @@ static inline vf vsub (vf a, vf b) { return _mm512_sub_ps (a, b); }
 static inline vf vmax (vf a, vf b) { return _mm512_max_ps (a, b); }
 
 static inline float vhsum (vf x) { return _mm512_reduce_add_ps (x); }
+
+/* dst[i] = the sum of the lanes of acc[i], i < n (n a constant, at most
+ * MR * DEC_KEYS): each vector folded to 8 lanes, then attn-x86-hsum.h. */
+static inline __attribute__ ((always_inline)) void
+vhsum_block (const vf *acc, const int n, float *dst)
+{
+  __m256 h[MR * DEC_KEYS];
+  for (int i = 0; i < n; i++)
+    h[i] = _mm256_add_ps (_mm512_castps512_ps256 (acc[i]), _mm512_extractf32x8_ps (acc[i], 1));
+  vhsum_n_256 (h, n, dst);
+}
+
+static inline float vhmax (vf x) { return _mm512_reduce_max_ps (x); }
 
 /* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 16: a 16 x 16 block
  * transposed in registers (4x4 within 128-bit lanes, then lanes). */

@@ -283,6 +283,37 @@ test_decode_random (void **state)
   random_cases (KIND_DECODE, 2, 40);
 }
 
+/* The decode path's scores take several keys per step (DEC_KEYS) and sum
+ * them across lanes together: every key count 1..40 (steps and chunks cut
+ * anywhere, the last step repeating its last key), 1..4 rows per kv head
+ * (query heads of a group x query rows), causal offsets that mask inside a
+ * chunk, each dtype, against the double reference. */
+static void
+test_decode_steps (void **state)
+{
+  (void) state;
+  static const SiftDType dtypes[] = { SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_DTYPE_BF16 };
+  static const gint32 dims[] = { 32, 64, 128 };
+  for (gint64 n_kv = 1; n_kv <= 40; n_kv++)
+    for (gint32 rows = 1; rows <= 4; rows++)
+      {
+        Case c = {
+          .kind = KIND_DECODE,
+          .d = dims[(n_kv + rows) % G_N_ELEMENTS (dims)],
+          .kv_heads = 2,
+          .group = n_kv % 2 ? rows : 1,
+          .n_q = n_kv % 2 ? 1 : rows,
+          .n_kv = n_kv,
+          .dtype = dtypes[(n_kv * 4 + rows) % G_N_ELEMENTS (dtypes)],
+          .causal = rows % 2 == 0,
+          .logit_gain = 1.0f,
+          .threads = 1,
+        };
+        c.q_offset = n_kv / 2 - 1;
+        check_case (&c, (guint32) (n_kv * 10 + rows));
+      }
+}
+
 static void
 test_gather_random (void **state)
 {
@@ -615,6 +646,7 @@ main (void)
     cmocka_unit_test (test_fixed_shapes),
     cmocka_unit_test (test_dense_random),
     cmocka_unit_test (test_decode_random),
+    cmocka_unit_test (test_decode_steps),
     cmocka_unit_test (test_gather_random),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
