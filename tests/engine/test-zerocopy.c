@@ -153,6 +153,7 @@ test_mapped_equals_copied (void **state)
 
 static double compare_max_err;
 static gboolean compare_per_head;
+static gboolean compare_late; /* the first two blocks only for query head 1, the rest whole */
 
 /* A selection mixing whole blocks, kv-head and query-head picks. */
 static SiftSelection *
@@ -178,6 +179,27 @@ mixed_selection (const SiftPolicyContext *ctx, GError **error)
   return sel;
 }
 
+/* Query head 1 alone attends blocks 0 and 1; every head the later ones. A
+ * ring group of only the early blocks leaves the other heads unwritten,
+ * and a later group is whole. */
+static SiftSelection *
+late_selection (const SiftPolicyContext *ctx, GError **error)
+{
+  SiftSelection *sel = sift_selection_new (ctx->shape->n_q_heads, ctx->shape->n_kv_heads);
+  g_autofree gint64 *avail = g_new (gint64, MAX (ctx->n_blocks, 1));
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    {
+      avail[b] = b;
+      if (b < 2)
+        sift_selection_add_q_head (sel, b, 1);
+      else
+        sift_selection_add (sel, b);
+    }
+  if (!sift_selection_validate (sel, avail, (gsize) ctx->n_blocks, "test-compare-batched", error))
+    g_clear_pointer (&sel, sift_selection_free);
+  return sel;
+}
+
 /* A policy whose compute runs the default pipeline (batched) and checks it
  * against the obvious way: every stored block through the ring protocol,
  * one kernel call and one sift_attn_merge each, then the local tokens. */
@@ -186,8 +208,9 @@ compare_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
 {
   (void) self;
   SiftEngine *e = ctx->engine;
-  g_autoptr (SiftSelection) sel = compare_per_head ? mixed_selection (ctx, error) : NULL;
-  if ((compare_per_head && sel == NULL) || !sift_engine_attend_default (e, ctx, sel, out, lse, error))
+  g_autoptr (SiftSelection) sel = compare_late ? late_selection (ctx, error)
+                                  : compare_per_head ? mixed_selection (ctx, error) : NULL;
+  if ((compare_per_head + compare_late > 0 && sel == NULL) || !sift_engine_attend_default (e, ctx, sel, out, lse, error))
     return FALSE;
   const gint32 H = ctx->shape->n_q_heads, d = ctx->shape->head_dim, G = H / ctx->shape->n_kv_heads;
   const gint64 nq = ctx->n_q;
@@ -279,6 +302,43 @@ test_batched_equals_per_block (void **state)
         g_assert_no_error (error);
         assert_true (compare_max_err < 5e-6);
       }
+}
+
+/* A head that no block of the first ring groups reaches (and the local
+ * tokens come only with the last group) is still unwritten when a later
+ * group that every head attends arrives: that group must merge into the
+ * heads already written, not overwrite them. */
+static void
+test_batched_late_heads (void **state)
+{
+  (void) state;
+  compare_late = TRUE;
+  for (int copy = 0; copy < 2; copy++)
+    for (gint32 slots = 2; slots <= 4; slots += 2)
+      for (int gqa = 0; gqa < 2; gqa++)
+        {
+          SiftModelShape shape = { 1, 4, gqa ? 2 : 4, 16, 16, 32, 0 };
+          g_autoptr (GError) error = NULL;
+          SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+          g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+          SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = slots };
+          g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+          sift_engine_set_force_copy (engine, copy);
+          g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
+          g_autoptr (SiftPolicy) pol = sift_policy_new (&compare_ops, NULL, &shape, &error);
+          SiftPolicy *per[1] = { pol };
+          g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, per, per, &error);
+          g_assert_no_error (error);
+          compare_max_err = 0;
+          assert_true (sift_runner_prefill (runner, 96, &error));
+          for (int i = 0; i < 6; i++)
+            assert_true (sift_runner_decode (runner, 1, &error));
+          g_assert_no_error (error);
+          if (!(compare_max_err < 5e-6))
+            fail_msg ("%s, %d slots, %s: error %g", copy ? "copied" : "mapped", slots, gqa ? "gqa" : "mha",
+                      compare_max_err);
+        }
+  compare_late = FALSE;
 }
 
 /* ---- Results do not depend on load timing ------------------------------- */
@@ -544,6 +604,7 @@ main (void)
     cmocka_unit_test (test_mapped_equals_copied),
     cmocka_unit_test (test_when_maps),
     cmocka_unit_test (test_batched_equals_per_block),
+    cmocka_unit_test (test_batched_late_heads),
     cmocka_unit_test (test_deterministic_timing),
     cmocka_unit_test (test_mapped_slot_survives_eviction),
     cmocka_unit_test (test_mapped_load_after_store),
