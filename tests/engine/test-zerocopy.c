@@ -581,6 +581,71 @@ test_mapped_load_after_store (void **state)
 }
 
 /* offload.force_copy reaches the config. */
+/* ---- Randomized: any slots, block, chunk, store and dtype --------------- */
+
+/* DESIGN.md: the engine's output matches the dense reference within 1e-5
+ * relative for any slot count, block size, chunk size and store. Random
+ * configurations, mapped and copied, host and file stores, in the stored
+ * dtypes the compute dtype can hold exactly. */
+static void
+test_random_configs (void **state)
+{
+  (void) state;
+  static const SiftDType pairs[][2] = { /* store, compute */
+    { SIFT_DTYPE_F32, SIFT_DTYPE_F32 }, { SIFT_DTYPE_F16, SIFT_DTYPE_F16 }, { SIFT_DTYPE_BF16, SIFT_DTYPE_BF16 },
+    { SIFT_DTYPE_F16, SIFT_DTYPE_F32 }, { SIFT_DTYPE_BF16, SIFT_DTYPE_F32 }, { SIFT_DTYPE_F32, SIFT_DTYPE_F16 },
+  };
+  g_autoptr (GRand) rng = g_rand_new_with_seed (2024);
+  for (int it = 0; it < 64; it++)
+    {
+      const gint32 kv = g_rand_int_range (rng, 1, 3), group = 1 << g_rand_int_range (rng, 0, 3);
+      const gint32 bs = 4 << g_rand_int_range (rng, 0, 3);
+      SiftModelShape shape = { g_rand_int_range (rng, 1, 3), kv * group, kv, 16 << g_rand_int_range (rng, 0, 2), bs,
+                               bs * g_rand_int_range (rng, 1, 4), 0 };
+      const gint32 slots = g_rand_int_range (rng, 2, 7);
+      const SiftDType *dt = pairs[g_rand_int_range (rng, 0, G_N_ELEMENTS (pairs))];
+      const gboolean file = g_rand_boolean (rng), copy = g_rand_boolean (rng);
+      const SiftPipeline pipe = g_rand_boolean (rng) ? SIFT_PIPELINE_CROSS_LAYER : SIFT_PIPELINE_RING;
+      const gint64 prompt = g_rand_int_range (rng, 1, 9 * bs);
+      const gint32 steps = g_rand_int_range (rng, 1, 12);
+      gint32 rows[12];
+      gint64 n_tokens = prompt;
+      for (gint32 i = 0; i < steps; i++)
+        n_tokens += rows[i] = g_rand_int_range (rng, 1, SIFT_ATTN_DECODE_MAX_ROWS + 1);
+
+      g_autoptr (GError) error = NULL;
+      if (g_getenv ("TEST_VERBOSE"))
+        g_printerr ("case %d: %d layers %d/%d heads dim %d block %d chunk %d slots %d %s %s->%s %s %s prompt %" G_GINT64_FORMAT " steps %d\n",
+                    it, shape.n_layers, shape.n_q_heads, kv, shape.head_dim, bs, shape.chunk_size, slots, file ? "file" : "host",
+                    sift_dtype_name (dt[0]), sift_dtype_name (dt[1]), copy ? "copy" : "map", pipe ? "xl" : "ring", prompt, steps);
+      g_autofree char *path = file ? test_tmp_path ("random") : NULL;
+      SiftStoreConfig sc = test_store_config (&shape, dt[0], path);
+      g_autoptr (SiftStore) store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
+      g_assert_no_error (error);
+      SiftEngineConfig ec = { .shape = shape, .compute_dtype = dt[1], .n_slots = slots, .pipeline = pipe };
+      g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+      g_assert_no_error (error);
+      sift_engine_set_force_copy (engine, copy);
+      g_autoptr (SiftModelSource) src = test_source_new (&shape, (guint64) it + 1,
+                                                        dt[0] != SIFT_DTYPE_F32 ? dt[0] : dt[1]);
+      g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
+      g_assert_no_error (error);
+      TestChecker *check = test_checker_new (src, n_tokens);
+      sift_runner_set_observer (runner, &test_checker_observer, check);
+      assert_true (sift_runner_prefill (runner, prompt, &error));
+      for (gint32 i = 0; i < steps && error == NULL; i++)
+        sift_runner_decode (runner, rows[i], &error);
+      g_assert_no_error (error);
+      if (!(check->max_err < 1e-5 && check->max_lse_err < 1e-5 && check->calls > 0))
+        fail_msg ("case %d: %d layers, %d/%d heads, dim %d, block %d, chunk %d, %d slots, %s store %s -> %s, %s, %s: "
+                  "error %g, lse %g, %" G_GINT64_FORMAT " calls", it, shape.n_layers, shape.n_q_heads, kv,
+                  shape.head_dim, bs, shape.chunk_size, slots, file ? "file" : "host", sift_dtype_name (dt[0]),
+                  sift_dtype_name (dt[1]), copy ? "copied" : "maps", pipe ? "cross-layer" : "ring", check->max_err,
+                  check->max_lse_err, check->calls);
+      test_checker_free (check);
+    }
+}
+
 static void
 test_config_force_copy (void **state)
 {
@@ -609,6 +674,7 @@ main (void)
     cmocka_unit_test (test_mapped_slot_survives_eviction),
     cmocka_unit_test (test_mapped_load_after_store),
     cmocka_unit_test (test_config_force_copy),
+    cmocka_unit_test (test_random_configs),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
