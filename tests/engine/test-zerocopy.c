@@ -646,6 +646,72 @@ test_random_configs (void **state)
     }
 }
 
+/* ---- Engines sharing a store ------------------------------------------- */
+
+typedef struct {
+  SiftRunner *runner;
+  gint64 prompt;
+  gint32 steps;
+  GError *error;
+} SharedRun;
+
+static gpointer
+shared_run (gpointer data)
+{
+  SharedRun *r = data;
+  if (sift_runner_prefill (r->runner, r->prompt, &r->error))
+    for (gint32 i = 0; i < r->steps && r->error == NULL; i++)
+      sift_runner_decode (r->runner, i % 3 == 2 ? 5 : 1, &r->error);
+  return NULL;
+}
+
+/* DESIGN.md lets engines share a store. Two engines on one host store run
+ * at once in two threads, both reading in place; one evicts (compacting
+ * and releasing blocks whose ids the other's new blocks then take). The
+ * one without eviction still matches the dense reference. */
+static void
+test_shared_store (void **state)
+{
+  (void) state;
+  for (int gran = 0; gran < 2; gran++)
+    {
+      SiftModelShape shape = { 2, 4, 2, 16, 8, 16, 0 };
+      g_autoptr (GError) error = NULL;
+      SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+      g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+      SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 3 };
+      SiftEngine *a = sift_engine_new (&ec, store, &error), *b = sift_engine_new (&ec, store, &error);
+      g_assert_no_error (error);
+      SiftEvictConfig ev = { 48, gran == 0 ? SIFT_EVICT_TOKEN : SIFT_EVICT_BLOCK, 4, 16 };
+      assert_true (sift_engine_set_eviction (b, &ev, &error));
+      assert_true (sift_engine_maps (a) && sift_engine_maps (b));
+      SiftModelSource *sa = test_source_new (&shape, 3, SIFT_DTYPE_F32), *sb = test_source_new (&shape, 4, SIFT_DTYPE_F32);
+      SharedRun ra = { sift_runner_new (a, sa, NULL, NULL, &error), 37, 60, NULL };
+      SharedRun rb = { sift_runner_new (b, sb, NULL, NULL, &error), 45, 60, NULL };
+      g_assert_no_error (error);
+      TestChecker *check = test_checker_new (sa, 37 + 60 * 5);
+      sift_runner_set_observer (ra.runner, &test_checker_observer, check);
+      GThread *ta = g_thread_new ("engine-a", shared_run, &ra), *tb = g_thread_new ("engine-b", shared_run, &rb);
+      g_thread_join (ta);
+      g_thread_join (tb);
+      g_assert_no_error (ra.error);
+      g_assert_no_error (rb.error);
+      SiftCounters c;
+      sift_engine_counters (b, -1, SIFT_PHASE_DECODE, &c);
+      assert_true (c.tokens_evicted > 0);
+      if (!(check->max_err < 1e-5 && check->calls > 0))
+        fail_msg ("engine beside an evicting one on a shared store: error %g", check->max_err);
+      test_checker_free (check);
+      sift_runner_free (ra.runner);
+      sift_runner_free (rb.runner);
+      sift_engine_free (a);
+      sift_engine_free (b);
+      sift_model_source_free (sa);
+      sift_model_source_free (sb);
+      assert_int_equal (sift_store_blocks_in_use (store), 0);
+    }
+}
+
 static void
 test_config_force_copy (void **state)
 {
@@ -675,6 +741,7 @@ main (void)
     cmocka_unit_test (test_mapped_load_after_store),
     cmocka_unit_test (test_config_force_copy),
     cmocka_unit_test (test_random_configs),
+    cmocka_unit_test (test_shared_store),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
