@@ -34,8 +34,10 @@ typedef struct {
   gint q_heads, kv_heads, head_dim, heads;
   gint kv_block, chunk, stride, block, sample, threads;
   gboolean density_only;
-  double threshold, vote_threshold;
-  char *vote, *granularity, *clock;
+  double threshold, vote_threshold, norm;
+  gboolean sum_exp, paged;
+  gint64 exact_rows;
+  char *vote, *granularity, *clock, *antidiagonal;
   char *config;                  /* input from the synthetic source of this config */
   SiftConfig *cfg;
   gint64 min_query_len;
@@ -252,6 +254,57 @@ attend_rows (const Input *in, const SiftView *q, gint64 q_pos, gint64 r0, gint64
   return TRUE;
 }
 
+/* attend_rows with paged attention (sift_attn_paged): per run of
+ * consecutive heads with the same blocks, one call over those blocks and
+ * the chunk's keys up to row r1 (causal: the chunk's keys come last, so
+ * query row i sees them up to r0 + i). */
+static gboolean
+attend_rows_paged (const Input *in, const SiftView *q, gint64 q_pos, gint64 r0, gint64 r1, const guint8 *attend,
+                   gint64 n_blocks, gint32 bs, float scale, float *out, float *lse, double *pairs, GError **error)
+{
+  const gint32 H = in->n_q, d = in->d;
+  const gint64 n = r1 - r0, n_q = q->n_tokens;
+  SiftView k_all = sift_view_htd (in->k, SIFT_DTYPE_F32, 1, in->n, d);
+  SiftView v_all = sift_view_htd (in->v, SIFT_DTYPE_F32, 1, in->n, d);
+  SiftView qr = sift_view_tokens (q, r0, n);
+  g_autofree SiftView *kb = g_new (SiftView, (gsize) n_blocks + 1);
+  g_autofree SiftView *vb = g_new (SiftView, (gsize) n_blocks + 1);
+  g_autofree float *o = g_new (float, (gsize) H * (gsize) n * (gsize) d);
+  g_autofree float *l = g_new (float, (gsize) H * (gsize) n);
+  for (gint32 h = 0; h < H;)
+    {
+      const guint8 *a = attend + (gsize) h * (gsize) n_blocks;
+      gint32 h1 = h + 1;
+      while (h1 < H && memcmp (a, attend + (gsize) h1 * (gsize) n_blocks, (gsize) n_blocks) == 0)
+        h1++;
+      gsize nb = 0;
+      for (gint64 e = 0; e < n_blocks; e++)
+        if (a[e])
+          {
+            kb[nb] = sift_view_tokens (&k_all, e * bs, bs);
+            vb[nb] = sift_view_tokens (&v_all, e * bs, bs);
+            nb++;
+          }
+      kb[nb] = sift_view_tokens (&k_all, q_pos, r1);
+      vb[nb] = sift_view_tokens (&v_all, q_pos, r1);
+      SiftAttnOpts opts = { scale, TRUE, (gint64) nb * bs + r0 };
+      SiftView qh = sift_view_heads (&qr, h, h1 - h);
+      SiftView oh = sift_view_htd (o + (gsize) h * (gsize) n * (gsize) d, SIFT_DTYPE_F32, h1 - h, n, d);
+      if (!sift_attn_paged (&qh, kb, vb, nb + 1, &opts, &oh, l + (gsize) h * (gsize) n, error))
+        return FALSE;
+      *pairs += (double) (h1 - h) * ((double) nb * bs * (double) n + (double) n * (double) r0
+                                     + (double) n * (double) (n + 1) / 2);
+      h = h1;
+    }
+  for (gint32 h = 0; h < H; h++)
+    {
+      memcpy (out + ((gsize) h * (gsize) n_q + (gsize) r0) * (gsize) d, o + (gsize) h * (gsize) n * (gsize) d,
+              (gsize) n * (gsize) d * sizeof (float));
+      memcpy (lse + (gsize) h * (gsize) n_q + (gsize) r0, l + (gsize) h * (gsize) n, (gsize) n * sizeof (float));
+    }
+  return TRUE;
+}
+
 static gboolean
 run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnScorer *scorer,
            ChunkResult *res, GError **error)
@@ -281,7 +334,7 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
 
   /* xattn_bsa: estimation, selection, vote. */
   t0 = now ();
-  XattnGeometry geo = { H, 1, d, o->stride, o->block, scale };
+  XattnGeometry geo = { H, 1, d, o->stride, o->block, scale, (float) o->norm, o->sum_exp };
   /* Per call of the pipeline: rows [r0, r1) and what each head attends. */
   const gsize slice = (gsize) H * (gsize) MAX (n_blocks, 1);
   g_autofree guint8 *attend = NULL;
@@ -297,14 +350,28 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
     }
   else
     {
+      /* As xattn-glue.c: the chunk's last exact_rows queries also go
+       * through a stride-1 scorer. */
+      const gint64 n_exact = MIN (o->exact_rows, n_q), exact_pos = kv_end - n_exact;
+      XattnGeometry exact_geo = { H, 1, d, 1, o->block, scale, 1.0f, FALSE };
+      g_autoptr (XattnScorer) exact = n_exact > 0 ? xattn_scorer_new (&exact_geo) : NULL;
       xattn_scorer_begin (scorer, &q, q_pos, n_q);
+      if (exact != NULL)
+        {
+          SiftView q_tail = sift_view_tokens (&q, n_q - n_exact, n_exact);
+          xattn_scorer_begin (exact, &q_tail, exact_pos, n_exact);
+        }
       for (gint64 e = 0; e < n_blocks; e++)
         {
           SiftView kb = sift_view_tokens (&k_all, e * bs, bs);
           xattn_scorer_stage_keys (scorer, &kb, e * bs, bs);
+          if (exact != NULL)
+            xattn_scorer_stage_keys (exact, &kb, e * bs, bs);
         }
       SiftView k_local = sift_view_tokens (&k_all, q_pos, n_q);
       xattn_scorer_add_keys (scorer, &k_local, q_pos, n_q);
+      if (exact != NULL)
+        xattn_scorer_add_keys (exact, &k_local, q_pos, n_q);
       gint64 qb0 = xattn_scorer_first_qb (scorer), n_qb = xattn_scorer_n_qb (scorer);
       gint64 n_kb = xattn_scorer_n_kb (scorer);
       g_autofree float *scores = g_new (float, (gsize) (H * n_qb * n_kb));
@@ -312,9 +379,16 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       g_autofree gint64 *order = g_new (gint64, (gsize) n_kb);
       xattn_scorer_finish (scorer, scores);
       for (gint64 row = 0; row < H * n_qb; row++)
+        xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, o->threshold, sel + row * n_kb, order);
+      if (exact != NULL)
+        {
+          g_autofree float *mass = g_new (float, (gsize) (H * n_exact * n_kb));
+          xattn_scorer_finish_rows (exact, mass);
+          xattn_select_exact_rows (mass, H, n_exact, exact_pos, o->block, qb0, n_qb, n_kb, o->threshold, sel);
+        }
+      for (gint64 row = 0; row < H * n_qb; row++)
         {
           gint64 qb = qb0 + row % n_qb;
-          xattn_select_row (scores + row * n_kb, n_kb, qb, o->threshold, sel + row * n_kb, order);
           for (gint64 kb = 0; kb <= qb; kb++)
             res->kb_sel += sel[row * n_kb + kb];
           res->kb_causal += (double) (qb + 1);
@@ -368,8 +442,8 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
     }
   t0 = now ();
   for (gint64 c = 0; c < n_calls; c++)
-    if (!attend_rows (in, &q, q_pos, r_lo[c], r_hi[c], attend + (gsize) c * slice, n_blocks, bs, scale, acc,
-                      acc_lse, &res->pairs, error))
+    if (!(o->paged ? attend_rows_paged : attend_rows) (in, &q, q_pos, r_lo[c], r_hi[c], attend + (gsize) c * slice,
+                                                        n_blocks, bs, scale, acc, acc_lse, &res->pairs, error))
       return FALSE;
   res->attn_s = now () - t0;
 
@@ -436,7 +510,8 @@ run_length (const Options *o, gint64 n, GError **error)
   g_autofree double *est = g_new (double, (gsize) m);
   g_autofree double *pairs = g_new (double, (gsize) m);
   g_autofree double *pairs_dense = g_new (double, (gsize) m);
-  XattnGeometry geo = { o->heads, 1, o->head_dim, o->stride, o->block, 1.0f / sqrtf ((float) o->head_dim) };
+  XattnGeometry geo = { o->heads, 1, o->head_dim, o->stride, o->block, 1.0f / sqrtf ((float) o->head_dim),
+                       (float) o->norm, o->sum_exp };
   g_autoptr (XattnScorer) scorer = xattn_scorer_new (&geo);
   double worst_err = 0;
   fprintf (stderr, "  length %" G_GINT64_FORMAT ": input in %.1f s; %" G_GINT64_FORMAT " of %" G_GINT64_FORMAT " chunks\n",
@@ -486,7 +561,7 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   Options o = {
     .lengths = NULL, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 4,
     .kv_block = 128, .chunk = 4096, .stride = 8, .block = 128, .sample = 4, .threads = 1,
-    .threshold = 0.9, .vote_threshold = 0.5, .vote = NULL, .min_query_len = 1024,
+    .threshold = 0.9, .vote_threshold = 0.5, .norm = 1.0, .exact_rows = 64, .vote = NULL, .min_query_len = 1024,
     .sink = 8.0, .locality = 4.0, .heavy = 4.0, .noise = 1.0, .n_heavy = 8, .seed = 1,
   };
   const GOptionEntry entries[] = {
@@ -504,8 +579,12 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
     { "threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.threshold, "xattn_bsa threshold (0.9)", "X" },
     { "stride", 0, 0, G_OPTION_ARG_INT, &o.stride, "xattn_bsa stride (8)", "S" },
     { "block", 0, 0, G_OPTION_ARG_INT, &o.block, "xattn_bsa block_size (128)", "B" },
+    { "paged", 0, 0, G_OPTION_ARG_NONE, &o.paged, "Attend the selection with sift_attn_paged: one call per query-block run and head run (default: block by block, as the engine's pipeline)", NULL },
+    { "exact-rows", 0, 0, G_OPTION_ARG_INT64, &o.exact_rows, "xattn_bsa exact_rows (64)", "N" },
+    { "norm", 0, 0, G_OPTION_ARG_DOUBLE, &o.norm, "xattn_bsa norm (1)", "X" },
+    { "antidiagonal", 0, 0, G_OPTION_ARG_STRING, &o.antidiagonal, "xattn_bsa antidiagonal: sum_exp | mean_logit (sum_exp)", "MODE" },
     { "vote", 0, 0, G_OPTION_ARG_STRING, &o.vote, "xattn_bsa vote: any | majority (any)", "MODE" },
-    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: chunk | query_block (chunk)", "G" },
+    { "granularity", 0, 0, G_OPTION_ARG_STRING, &o.granularity, "xattn_bsa granularity: query_block | chunk (query_block)", "G" },
     { "vote-threshold", 0, 0, G_OPTION_ARG_DOUBLE, &o.vote_threshold, "xattn_bsa vote_threshold (0.5)", "X" },
     { "min-query-len", 0, 0, G_OPTION_ARG_INT64, &o.min_query_len, "xattn_bsa min_query_len (1024)", "N" },
     { "config", 0, 0, G_OPTION_ARG_FILENAME, &o.config, "Input from this config's synthetic source; its q_heads, kv_heads, head_dim, block_size and chunk_size replace the shape options", "FILE" },
@@ -529,7 +608,10 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   lengths = o.lengths ? o.lengths : g_strdup ("32768,131072");
   vote = o.vote ? o.vote : g_strdup ("any");
   o.vote = vote;
-  granularity = o.granularity ? o.granularity : g_strdup ("chunk");
+  g_autofree char *antidiagonal = o.antidiagonal ? o.antidiagonal : g_strdup ("sum_exp");
+  o.antidiagonal = antidiagonal;
+  o.sum_exp = g_str_equal (antidiagonal, "sum_exp");
+  granularity = o.granularity ? o.granularity : g_strdup ("query_block");
   o.granularity = granularity;
   clock_name = o.clock ? o.clock : g_strdup ("cpu");
   use_cpu_clock = g_str_equal (clock_name, "cpu");
@@ -556,11 +638,13 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
       || o.kv_block % o.stride != 0 || o.chunk % o.kv_block != 0 || o.threshold < 0 || o.threshold > 1
       || (!g_str_equal (vote, "any") && !g_str_equal (vote, "majority"))
       || (!g_str_equal (granularity, "query_block") && !g_str_equal (granularity, "chunk"))
+      || (!o.sum_exp && !g_str_equal (antidiagonal, "mean_logit")) || !(o.norm > 0) || o.exact_rows < 0
       || (!use_cpu_clock && !g_str_equal (clock_name, "wall")))
     {
       fprintf (stderr, "sift bench policy xattn_bsa: impossible options: need 1 <= heads <= q-heads/kv-heads, "
                        "head-dim >= 8, stride dividing block and kv-block, kv-block dividing chunk, "
-                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk, clock cpu|wall\n");
+                       "threshold in [0, 1], vote any|majority, granularity query_block|chunk, antidiagonal sum_exp|mean_logit, "
+                       "norm > 0, exact-rows >= 0, clock cpu|wall\n");
       return 2;
     }
   if (o.threads > 0)
@@ -569,9 +653,11 @@ sift_bench_policy_xattn_bsa (int argc, char **argv)
   g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
   printf ("# xattn_bsa vs dense prefill attention: q_heads %d, kv_heads %d, head_dim %d (measured %d q head(s) "
           "of one group, scaled), kv block %d, chunk %d; threshold %.2f, stride %d, block %d, vote %s, "
-          "granularity %s; threads %d, ISA %s, %s seconds\n",
+          "granularity %s, antidiagonal %s, norm %g, exact_rows %" G_GINT64_FORMAT "; attention %s; threads %d, ISA %s, %s seconds\n",
           o.q_heads, o.kv_heads, o.head_dim, o.heads, o.kv_block, o.chunk, o.threshold, o.stride, o.block,
-          vote, granularity, sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()),
+          vote, granularity, o.sum_exp ? "sum_exp" : "mean_logit", o.norm, o.exact_rows,
+          o.paged ? "paged (one call per query-block run and head run)" : "block by block",
+          sift_parallel_n_threads (), sift_isa_name (sift_isa_active ()),
           use_cpu_clock ? "CPU" : "wall");
   if (cfg != NULL)
     printf ("# input: synthetic source of %s (seed %" G_GUINT64_FORMAT ", its knobs, no needle), layer 0\n",

@@ -29,6 +29,9 @@ typedef struct {
   double vote_threshold;
   gint64 min_query_len;
   XattnGranularity granularity;
+  double norm;
+  gboolean sum_exp;
+  gint64 exact_rows;
 } XattnBsaConfig;
 
 /* The instance. */
@@ -41,6 +44,10 @@ typedef struct {
   gint64 min_query_len;
   XattnGranularity granularity;
   XattnScorer *scorer;
+  gint64 exact_rows;   /* the chunk's last rows also scored exactly (0: none) */
+  XattnScorer *exact;  /* stride 1, for those rows */
+  float *exact_mass;   /* [n_q_heads][exact rows][n_kb] */
+  gsize exact_cap;
   float *scores;       /* [n_q_heads][n_qb][n_kb] */
   guint8 *sel;         /* [n_q_heads][n_qb][n_kb] */
   gsize cap;           /* elements of scores and sel */

@@ -20,8 +20,14 @@ static const SiftParamSpec xattn_params[] = {
     "load a block chosen by any (kv head, query block), or by more than vote_threshold of them" },
   { "vote_threshold", SIFT_PARAM_FLOAT, "0.5", 0.0, 1.0, NULL,
     "fraction of (kv head, query block) votes a block needs under vote: majority" },
-  { "granularity", SIFT_PARAM_STRING, "chunk", 1, 0, "chunk|query_block",
-    "attend a chosen block for the whole chunk (one load per block) or only for the query blocks that chose it" },
+  { "granularity", SIFT_PARAM_STRING, "query_block", 1, 0, "query_block|chunk",
+    "attend a chosen block only for the query blocks that chose it, or for the whole chunk (one load per block)" },
+  { "antidiagonal", SIFT_PARAM_STRING, "sum_exp", 1, 0, "mean_logit|sum_exp",
+    "score a reshaped column by its antidiagonal's mean logit (the reference code) or by the sum of its exp(logit)s" },
+  { "norm", SIFT_PARAM_FLOAT, "1.0", 1e-6, 1e6, NULL,
+    "the reference's norm: antidiagonal logits are divided by it (1: unchanged)" },
+  { "exact_rows", SIFT_PARAM_INT, "64", 0, 1 << 20, NULL,
+    "the chunk's last N queries are also scored exactly; each keeps the blocks holding threshold of its own mass" },
   { "min_query_len", SIFT_PARAM_INT, "1024", 0, 1e15, NULL,
     "below this query position + 1, every block is selected (no estimation)" },
   { NULL },
@@ -40,6 +46,9 @@ xattn_init (SiftPolicy *policy, const SiftParams *params, GError **error)
     .min_query_len = sift_params_get_int (params, "min_query_len"),
     .granularity = g_str_equal (sift_params_get_string (params, "granularity"), "query_block")
                      ? XATTN_GRANULARITY_QUERY_BLOCK : XATTN_GRANULARITY_CHUNK,
+    .norm = sift_params_get_float (params, "norm"),
+    .sum_exp = g_str_equal (sift_params_get_string (params, "antidiagonal"), "sum_exp"),
+    .exact_rows = sift_params_get_int (params, "exact_rows"),
   };
   return xattn_bsa_configure (policy, &cfg, error);
 }

@@ -7,13 +7,17 @@
 #ifdef XATTN_HAVE_AVX512
 #pragma GCC target("avx512f")
 #include <immintrin.h>
+#include <math.h>
 
 /* Up to 4 x 4 dot products with one code path: rows and columns past
  * nr / nc repeat the last valid one and their results are dropped. */
 static inline void
 tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
 {
+  /* Every loop over c is unrolled, so the 16 accumulators live in
+   * registers (at -O2 GCC would otherwise keep them on the stack). */
   __m512 c[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i++)
     c[i] = _mm512_setzero_ps ();
   gsize t = 0;
@@ -21,6 +25,7 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
     {
       __m512 k0 = _mm512_loadu_ps (b[0] + t), k1 = _mm512_loadu_ps (b[1] + t);
       __m512 k2 = _mm512_loadu_ps (b[2] + t), k3 = _mm512_loadu_ps (b[3] + t);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; i++)
         {
           __m512 q = _mm512_loadu_ps (a[i] + t);
@@ -34,17 +39,42 @@ tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
     {
       __mmask16 m = (__mmask16) ((1u << (len - t)) - 1);
       __m512 k[4];
+#pragma GCC unroll 4
       for (int j = 0; j < 4; j++)
         k[j] = _mm512_maskz_loadu_ps (m, b[j] + t);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; i++)
         {
           __m512 q = _mm512_maskz_loadu_ps (m, a[i] + t);
+#pragma GCC unroll 4
           for (int j = 0; j < 4; j++)
             c[4 * i + j] = _mm512_fmadd_ps (q, k[j], c[4 * i + j]);
         }
     }
-  for (int i = 0; i < 16; i++)
-    r[i] = _mm512_reduce_add_ps (c[i]);
+  /* The 16 horizontal sums as one transpose-and-add tree (short rows, as
+   * in antidiagonal: sum_exp with len = head_dim, would otherwise spend
+   * more on 16 separate reductions than on the FMAs). c[4i + j] is row i,
+   * column j. Level 1 folds lanes 2, 3 onto 0, 1 with a second vector in
+   * the upper half; level 2 leaves row m's four columns in the four
+   * 128-bit lanes of u[m]; level 3 sums within lanes across rows. */
+  __m512 s[8], u[4];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++)
+    s[k] = _mm512_add_ps (_mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (3, 2, 3, 2)));
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; m++)
+    u[m] = _mm512_add_ps (_mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (3, 1, 3, 1)));
+  __m512 v01 = _mm512_add_ps (_mm512_unpacklo_ps (u[0], u[1]), _mm512_unpackhi_ps (u[0], u[1]));
+  __m512 v23 = _mm512_add_ps (_mm512_unpacklo_ps (u[2], u[3]), _mm512_unpackhi_ps (u[2], u[3]));
+  __m512 res = _mm512_add_ps (_mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (1, 0, 1, 0)),
+                              _mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (3, 2, 3, 2)));
+  float sums[16];
+  _mm512_storeu_ps (sums, res); /* sums[4j + i]: row i, column j */
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++)
+      r[4 * i + j] = sums[4 * j + i];
 }
 
 void
@@ -70,6 +100,53 @@ xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const flo
               out[(i + ii) * n_cols + j + jj] = r[4 * ii + jj];
         }
     }
+}
+
+float
+xattn_max_scaled_avx512 (const float *x, gsize n, float scale)
+{
+  __m512 vm = _mm512_set1_ps (-INFINITY), vs = _mm512_set1_ps (scale);
+  for (gsize i = 0; i < n; i += 16)
+    {
+      __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+      vm = _mm512_mask_max_ps (vm, k, vm, _mm512_mul_ps (_mm512_maskz_loadu_ps (k, x + i), vs));
+    }
+  return _mm512_reduce_max_ps (vm);
+}
+
+/* e^y for y <= 0: y = n ln2 + r with |r| <= ln2 / 2 (ln2 split in a high
+ * part exact in float and a low correction), e^r by its Taylor polynomial
+ * to degree 6 (Horner), times 2^n by scalef. Below -87 the result is 0. */
+static inline __m512
+exp_neg (__m512 y)
+{
+  y = _mm512_max_ps (y, _mm512_set1_ps (-87.0f));
+  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (y, _mm512_set1_ps (1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145752f), y);
+  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  return _mm512_scalef_ps (p, n);
+}
+
+float
+xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
+{
+  __m512 acc = _mm512_setzero_ps (), vs = _mm512_set1_ps (scale), vm = _mm512_set1_ps (m);
+  for (gsize i = 0; i < n; i += 16)
+    {
+      __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+      /* Fused: the top entry gives e^(rounding of m), within 1e-5 of 1. */
+      __m512 y = _mm512_fmsub_ps (_mm512_maskz_loadu_ps (k, x + i), vs, vm);
+      acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
+    }
+  return _mm512_reduce_add_ps (acc);
 }
 
 #endif /* XATTN_HAVE_AVX512 */

@@ -39,6 +39,8 @@ xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **err
     .stride = (gint32) cfg->stride,
     .block = (gint32) cfg->block,
     .scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim),
+    .norm = (float) cfg->norm,
+    .sum_exp = cfg->sum_exp,
   };
   self->threshold = cfg->threshold;
   self->vote = cfg->vote;
@@ -46,6 +48,15 @@ xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **err
   self->min_query_len = cfg->min_query_len;
   self->granularity = cfg->granularity;
   self->scorer = xattn_scorer_new (&self->geo);
+  self->exact_rows = cfg->exact_rows;
+  if (self->exact_rows > 0)
+    {
+      XattnGeometry exact = self->geo;
+      exact.stride = 1;
+      exact.norm = 1.0f;
+      exact.sum_exp = FALSE;
+      self->exact = xattn_scorer_new (&exact);
+    }
   return TRUE;
 }
 
@@ -66,7 +77,7 @@ drain (SiftEngine *engine, gint64 from, gint64 to, gint32 n_slots)
  * scorer stages them, so a slot is free as soon as it is copied). */
 static gboolean
 score_history (XattnBsa *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
-               GError **error)
+               gint64 n_exact, GError **error)
 {
   SiftEngine *engine = ctx->engine;
   const gint32 n_slots = sift_engine_n_slots (engine);
@@ -103,7 +114,11 @@ score_history (XattnBsa *self, const SiftPolicyContext *ctx, const gint64 *avail
           return FALSE;
         }
       if (n_valid > 0)
-        xattn_scorer_stage_keys (self->scorer, &k, m->first_token, n_valid);
+        {
+          xattn_scorer_stage_keys (self->scorer, &k, m->first_token, n_valid);
+          if (n_exact > 0)
+            xattn_scorer_stage_keys (self->exact, &k, m->first_token, n_valid);
+        }
       sift_engine_slot_done (engine, slot);
     }
   return TRUE;
@@ -174,12 +189,22 @@ xattn_bsa_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const
       return TRUE;
     }
 
+  /* The chunk's last exact_rows queries are also scored exactly. */
+  const gint64 n_exact = MIN (self->exact_rows, (gint64) ctx->n_q);
+  const gint64 exact_pos = ctx->q_pos + ctx->n_q - n_exact;
   xattn_scorer_begin (self->scorer, &ctx->q, ctx->q_pos, ctx->n_q);
-  if (!score_history (self, ctx, available, n_available, error))
+  if (n_exact > 0)
+    {
+      SiftView q_tail = sift_view_tokens (&ctx->q, ctx->n_q - n_exact, n_exact);
+      xattn_scorer_begin (self->exact, &q_tail, exact_pos, n_exact);
+    }
+  if (!score_history (self, ctx, available, n_available, n_exact, error))
     return FALSE;
   SiftView k_local, v_local;
   sift_engine_local_kv (ctx->engine, ctx, &k_local, &v_local);
   xattn_scorer_add_keys (self->scorer, &k_local, ctx->q_pos, ctx->n_q);
+  if (n_exact > 0)
+    xattn_scorer_add_keys (self->exact, &k_local, ctx->q_pos, ctx->n_q);
 
   SelectTask t = { self, xattn_scorer_first_qb (self->scorer), xattn_scorer_n_qb (self->scorer),
                    xattn_scorer_n_kb (self->scorer) };
@@ -194,6 +219,19 @@ xattn_bsa_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const
     }
   xattn_scorer_finish (self->scorer, self->scores);
   sift_parallel_for ((gint64) g->n_q_heads * t.n_qb, 1, select_heads, &t);
+  if (n_exact > 0)
+    {
+      gsize need_exact = (gsize) g->n_q_heads * (gsize) n_exact * (gsize) t.n_kb;
+      if (need_exact > self->exact_cap)
+        {
+          g_free (self->exact_mass);
+          self->exact_mass = g_new (float, need_exact);
+          self->exact_cap = need_exact;
+        }
+      xattn_scorer_finish_rows (self->exact, self->exact_mass);
+      xattn_select_exact_rows (self->exact_mass, g->n_q_heads, n_exact, exact_pos, g->block, t.qb0, t.n_qb, t.n_kb,
+                               self->threshold, self->sel);
+    }
 
   xattn_plan_init (&self->plan, g->n_q_heads, t.n_qb, (gint64) n_available);
   xattn_aggregate (g, self->sel, t.n_qb, t.n_kb, ctx->blocks, available, (gint64) n_available, self->vote,
@@ -291,6 +329,8 @@ xattn_bsa_finalize (SiftPolicy *policy)
   XattnBsa *self = (XattnBsa *) policy;
   plan_reset (self);
   xattn_scorer_free (self->scorer);
+  xattn_scorer_free (self->exact);
+  g_free (self->exact_mass);
   g_free (self->scores);
   g_free (self->sel);
 }

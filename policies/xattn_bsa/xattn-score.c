@@ -96,6 +96,8 @@ xattn_scorer_new (const XattnGeometry *geo)
                         && geo->block % geo->stride == 0, NULL);
   XattnScorer *s = g_new0 (XattnScorer, 1);
   s->geo = *geo;
+  if (!(s->geo.norm > 0.0f))
+    s->geo.norm = 1.0f;
   s->rlen = (gsize) geo->stride * (gsize) geo->head_dim;
   return s;
 }
@@ -182,6 +184,77 @@ log_add (float a, float b)
   return m + logf (expf (a - m) + expf (b - m));
 }
 
+/* max_i x[i] * scale and sum_i exp(x[i] * scale - m), SIMD where there is. */
+static float
+max_scaled (SiftIsa isa, const float *x, gint64 n, float scale)
+{
+#ifdef XATTN_HAVE_AVX512
+  if (isa == SIFT_ISA_AVX512)
+    return xattn_max_scaled_avx512 (x, (gsize) n, scale);
+#endif
+  (void) isa;
+  float m = -INFINITY;
+  for (gint64 i = 0; i < n; i++)
+    m = MAX (m, x[i] * scale);
+  return m;
+}
+
+static float
+sum_exp (SiftIsa isa, const float *x, gint64 n, float scale, float m)
+{
+#ifdef XATTN_HAVE_AVX512
+  if (isa == SIFT_ISA_AVX512)
+    return xattn_sum_exp_avx512 (x, (gsize) n, scale, m);
+#endif
+  (void) isa;
+  float sum = 0.0f;
+  for (gint64 i = 0; i < n; i++)
+    sum += expf (x[i] * scale - m);
+  return sum;
+}
+
+/* sum_exp: the log of the summed exp(scale / norm x logit) of key block
+ * columns [j, jend) of row r (row i of the tile's products x, [S][nr][nc],
+ * column 0 = col0). Segment p pairs query rS + S - 1 - p with key cS + p;
+ * padding (past kv_end) and, on the diagonal column, keys after their
+ * query are left out. -inf when no entry counts. */
+static float
+block_log_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr, gint64 nc, gint64 i, gint64 r,
+                   gint64 col0, gint64 j, gint64 jend)
+{
+  const XattnGeometry *g = &s->geo;
+  const gint64 S = g->stride, c_last = col0 + jend - 1;
+  const float escale = g->scale / g->norm;
+  float m = -INFINITY, sum = 0.0f;
+  if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
+    {
+      /* No padding, no diagonal: every entry counts. */
+      for (gint64 p = 0; p < S; p++)
+        m = MAX (m, max_scaled (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale));
+      for (gint64 p = 0; p < S; p++)
+        sum += sum_exp (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale, m);
+      return m + logf (sum);
+    }
+  for (int pass = 0; pass < 2; pass++)
+    for (gint64 p = 0; p < S; p++)
+      {
+        if (r * S + S - 1 - p >= s->kv_end)
+          continue;
+        const float *xp = x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc;
+        for (gint64 jj = j; jj < jend; jj++)
+          {
+            gint64 c = col0 + jj;
+            if (c * S + p >= s->kv_end || (c == r && p > S - 1 - p))
+              continue;
+            if (pass == 0)
+              m = MAX (m, xp[jj] * escale);
+            else
+              sum += expf (xp[jj] * escale - m);
+          }
+      }
+  return m == -INFINITY ? -INFINITY : m + logf (sum);
+}
+
 static void
 add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
@@ -191,8 +264,12 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
   const XattnGeometry *g = &s->geo;
   const gint64 S = g->stride, cols_per_kb = g->block / g->stride;
   const gint32 group = g->n_q_heads / g->n_kv_heads;
-  const float lscale = g->scale / (float) S;
-  float *x = g_new (float, (gsize) ROW_TILE * (gsize) t->n_cols);
+  const float lscale = g->scale / (float) S / g->norm;
+  const gint64 d = g->head_dim;
+  /* mean: one product per (row, column), the antidiagonal's summed logits;
+   * sum_exp: its S logits apart, one product of length d per segment. */
+  const gint64 n_parts = g->sum_exp ? S : 1;
+  float *x = g_new (float, (gsize) n_parts * (gsize) ROW_TILE * (gsize) t->n_cols);
 
   for (gint64 item = begin; item < end; item++)
     {
@@ -207,13 +284,17 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
       gint64 nc = MIN (t->n_cols, last - 1 - t->col0 + 1);
       const float *rows = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) (first - s->row0)) * s->rlen;
       const float *cols = t->k + (gsize) (h / group) * t->k_head_stride;
-      dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
+      if (g->sum_exp)
+        for (gint64 p = 0; p < S; p++)
+          dots (t->isa, rows + p * d, s->rlen, nr, cols + p * d, s->rlen, nc, (gsize) d,
+                x + (gsize) p * (gsize) nr * (gsize) nc);
+      else
+        dots (t->isa, rows, s->rlen, nr, cols, s->rlen, nc, s->rlen, x);
 
       for (gint64 i = 0; i < nr; i++)
         {
           gint64 r = first + i;
           gint64 visible = MIN (nc, r - t->col0 + 1);
-          const float *xi = x + i * nc;
           float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
           /* Per key block: log-sum-exp of its columns (max first, for
            * stability), merged into what earlier calls added. */
@@ -222,13 +303,17 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
               gint64 c = t->col0 + j;
               gint64 kb = c / cols_per_kb;
               gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
-              float m = -INFINITY;
-              for (gint64 jj = j; jj < jend; jj++)
-                m = MAX (m, xi[jj] * lscale);
-              float sum = 0.0f;
-              for (gint64 jj = j; jj < jend; jj++)
-                sum += expf (xi[jj] * lscale - m);
-              lse[kb] = log_add (lse[kb], m + logf (sum));
+              float v;
+              if (!g->sum_exp)
+                {
+                  const float *xi = x + i * nc + j;
+                  float m = max_scaled (t->isa, xi, jend - j, lscale);
+                  v = m + logf (sum_exp (t->isa, xi, jend - j, lscale, m));
+                }
+              else
+                v = block_log_sum_exp (s, t->isa, x, nr, nc, i, r, t->col0, j, jend);
+              if (v != -INFINITY)
+                lse[kb] = log_add (lse[kb], v);
               j = jend;
             }
         }
@@ -330,6 +415,34 @@ xattn_scorer_n_kb (const XattnScorer *s)
   return s->n_kb;
 }
 
+gint64
+xattn_scorer_n_rows (const XattnScorer *s)
+{
+  return s->n_rows;
+}
+
+/* Row i's softmax over key blocks, from its per-block log masses: into
+ * out[kb] (added when add, else written); FALSE if the row saw no key. */
+static gboolean
+row_mass (const XattnScorer *s, gint32 h, gint64 i, float *out, gboolean add)
+{
+  const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+  float m = -INFINITY;
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    m = MAX (m, lse[kb]);
+  if (m == -INFINITY)
+    return FALSE;
+  double total = 0.0;
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    total += exp ((double) (lse[kb] - m));
+  for (gint64 kb = 0; kb < s->n_kb; kb++)
+    {
+      float p = (float) (exp ((double) (lse[kb] - m)) / total);
+      out[kb] = add ? out[kb] + p : p;
+    }
+  return TRUE;
+}
+
 void
 xattn_scorer_finish (XattnScorer *s, float *scores)
 {
@@ -340,20 +453,22 @@ xattn_scorer_finish (XattnScorer *s, float *scores)
   for (gint32 h = 0; h < g->n_q_heads; h++)
     for (gint64 i = 0; i < s->n_rows; i++)
       {
-        const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
-        /* Softmax of the row from its per-block log masses. */
-        float m = -INFINITY;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          m = MAX (m, lse[kb]);
-        if (m == -INFINITY)
-          continue;
-        double total = 0.0;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          total += exp ((double) (lse[kb] - m));
         gint64 qb = (s->row0 + i) * g->stride / g->block - qb0;
-        float *out = scores + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) s->n_kb;
-        for (gint64 kb = 0; kb < s->n_kb; kb++)
-          out[kb] += (float) (exp ((double) (lse[kb] - m)) / total);
+        row_mass (s, h, i, scores + ((gsize) h * (gsize) n_qb + (gsize) qb) * (gsize) s->n_kb, TRUE);
+      }
+}
+
+void
+xattn_scorer_finish_rows (XattnScorer *s, float *mass)
+{
+  const XattnGeometry *g = &s->geo;
+  stage_flush (s);
+  for (gint32 h = 0; h < g->n_q_heads; h++)
+    for (gint64 i = 0; i < s->n_rows; i++)
+      {
+        float *out = mass + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+        if (!row_mass (s, h, i, out, FALSE))
+          memset (out, 0, (gsize) s->n_kb * sizeof (float));
       }
 }
 
@@ -399,6 +514,25 @@ xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold, gu
       selected[order[i]] = 1;
       mass += row[order[i]];
     }
+}
+
+void
+xattn_select_exact_rows (const float *mass, gint32 n_q_heads, gint64 n_rows, gint64 pos0, gint64 block,
+                         gint64 qb0, gint64 n_qb, gint64 n_kb, double threshold, guint8 *sel)
+{
+  g_autofree gint64 *order = g_new (gint64, (gsize) MAX (n_kb, 1));
+  g_autofree guint8 *mine = g_new (guint8, (gsize) MAX (n_kb, 1));
+  for (gint32 h = 0; h < n_q_heads; h++)
+    for (gint64 i = 0; i < n_rows; i++)
+      {
+        gint64 qb = (pos0 + i) / block;
+        g_return_if_fail (qb >= qb0 && qb < qb0 + n_qb);
+        xattn_select_row (mass + ((gsize) h * (gsize) n_rows + (gsize) i) * (gsize) n_kb, n_kb, qb, threshold,
+                          mine, order);
+        guint8 *dst = sel + ((gsize) h * (gsize) n_qb + (gsize) (qb - qb0)) * (gsize) n_kb;
+        for (gint64 kb = 0; kb < n_kb; kb++)
+          dst[kb] |= mine[kb];
+      }
 }
 
 /* ---- Aggregation ---------------------------------------------------------- */

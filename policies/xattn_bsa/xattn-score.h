@@ -25,7 +25,9 @@ typedef struct {
   gint32 head_dim;
   gint32 stride;      /* S: tokens per reshaped row and column */
   gint32 block;       /* B: XAttention's estimation block in tokens, a multiple of S */
-  float scale;        /* attention scale (1/sqrt(d)); reshaped logits use scale / S */
+  float scale;        /* attention scale (1/sqrt(d)); reshaped logits use scale / (S * norm) */
+  float norm;         /* the reference's norm (1, or 0 for 1: the mean of the antidiagonal's logits) */
+  gboolean sum_exp;   /* score a column by the sum of its antidiagonal's exp(scale * logit / norm) */
 } XattnGeometry;
 
 /* ---- Scoring ------------------------------------------------------------
@@ -67,6 +69,14 @@ gint64 xattn_scorer_n_kb (const XattnScorer *s);
  * first); key blocks whose keys were never added score 0. */
 void xattn_scorer_finish (XattnScorer *s, float *scores);
 
+/* The reshaped rows of the chunk; with stride 1, its queries. */
+gint64 xattn_scorer_n_rows (const XattnScorer *s);
+/* Each reshaped row's softmax mass per key block, f32
+ * [n_q_heads][n_rows][n_kb] (a row sums to 1; one that saw no key is 0).
+ * With stride 1 this is each query's exact attention mass per key block:
+ * what the exact rows (xattn_select_exact_rows) select from. */
+void xattn_scorer_finish_rows (XattnScorer *s, float *mass);
+
 /* Dot products of reshaped rows and columns: out[i * n_cols + j] =
  * rows[i] . cols[j], each vector `len` floats, rows `row_stride` and
  * columns `col_stride` floats apart. The scalar path is the reference. */
@@ -79,6 +89,12 @@ void xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const 
 #ifdef XATTN_HAVE_AVX512
 void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
                         gsize col_stride, gint64 n_cols, gsize len, float *out);
+#endif
+#ifdef XATTN_HAVE_AVX512
+/* max_i x[i] * scale, and sum_i exp(x[i] * scale - m) for x[i] * scale <= m
+ * (a polynomial exp, relative error ~1e-7; the scalar path uses expf). */
+float xattn_max_scaled_avx512 (const float *x, gsize n, float scale);
+float xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m);
 #endif
 /* The path in use: the best one built in that sift_isa_active () allows,
  * unless forced scalar. */
@@ -95,6 +111,15 @@ void xattn_dots_force_scalar (gboolean scalar);
  * selected: guint8 [n_kb], written fully. order: scratch of n_kb entries. */
 void xattn_select_row (const float *row, gint64 n_kb, gint64 qb, double threshold,
                        guint8 *selected, gint64 *order);
+
+/* Exact rows (a sift extension, docs/policies/xattn_bsa.md): queries
+ * pos0 .. pos0 + n_rows - 1 scored exactly, mass [n_q_heads][n_rows][n_kb]
+ * from a stride-1 scorer. Each row keeps what xattn_select_row keeps for
+ * its own mass (sink and its query block's diagonal included), and that is
+ * added (or) to its query block's row of sel [n_q_heads][n_qb][n_kb]
+ * (query blocks qb0 .. qb0 + n_qb - 1, B = block tokens each). */
+void xattn_select_exact_rows (const float *mass, gint32 n_q_heads, gint64 n_rows, gint64 pos0, gint64 block,
+                              gint64 qb0, gint64 n_qb, gint64 n_kb, double threshold, guint8 *sel);
 
 /* ---- Aggregation for offload ----------------------------------------------
  * From per-(head, query block) selections of key blocks to engine blocks:

@@ -265,7 +265,7 @@ run_select (Fixture *f, const XattnBsaConfig *cfg, SiftSelection *sel, GError **
   return ok;
 }
 
-static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK };
+static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0 };
 
 static void
 test_glue_matches_direct (void **state)
@@ -295,7 +295,7 @@ test_glue_matches_direct (void **state)
       assert_int_equal (in_flight (&f.engine), 0);
 
       /* The answer: what scoring + selection + vote give on the same keys. */
-      XattnGeometry geo = { 4, 2, 16, (gint32) cfg.stride, (gint32) cfg.block, 0.25f };
+      XattnGeometry geo = { 4, 2, 16, (gint32) cfg.stride, (gint32) cfg.block, 0.25f, 1.0f, FALSE };
       g_autoptr (XattnScorer) s = xattn_scorer_new (&geo);
       xattn_scorer_begin (s, &f.ctx.q, f.q_pos, f.n_q);
       SiftView all = sift_view_htd (f.engine.k, SIFT_DTYPE_F32, 2, f.engine.n_tokens, 16);
@@ -323,6 +323,78 @@ test_glue_matches_direct (void **state)
       xattn_plan_clear (&plan);
       fixture_clear (&f);
     }
+}
+
+/* exact_rows: the chunk's last rows go through a stride-1 scorer too. A
+ * one-token needle (key 37, engine block 4) that only the chunk's last
+ * query asks for, in q head 0, with a logit the antidiagonal estimate
+ * dilutes below a low threshold: head 0 attends its block only with exact
+ * rows, and the answer equals estimate + exact rows + vote run directly. */
+static void
+test_glue_exact_rows (void **state)
+{
+  (void) state;
+  const gint64 needle = 37;
+  guint8 has_needle[2];
+  for (int with = 0; with < 2; with++)
+    {
+      Fixture f;
+      fixture_init (&f, 3, 12, 40);
+      float *kn = f.engine.k + (gsize) needle * 16;             /* kv head 0 */
+      float *qn = f.q + (gsize) (f.n_q - 1) * 16;                /* q head 0, last row */
+      for (int i = 0; i < 16; i++)
+        {
+          kn[i] = i == 0 ? 7.0f : 0.0f;
+          qn[i] = i == 0 ? 7.0f : 0.0f;                          /* logit 0.25 x 49 = 12.25 */
+        }
+      XattnBsaConfig cfg = base_cfg;
+      cfg.threshold = 0.2;
+      cfg.exact_rows = with ? 5 : 0;
+      g_autoptr (SiftSelection) sel = sift_selection_new (4, 2);
+      g_autoptr (GError) error = NULL;
+      assert_true (run_select (&f, &cfg, sel, &error));
+      assert_true (sift_selection_validate (sel, f.ids, (gsize) f.n_blocks, "xattn_bsa", &error));
+      has_needle[with] = sift_selection_has (sel, needle / 8, 0);
+
+      /* Direct: estimate, selection, exact rows, vote. */
+      XattnGeometry geo = { 4, 2, 16, (gint32) cfg.stride, (gint32) cfg.block, 0.25f, 1.0f, FALSE };
+      XattnGeometry geo1 = geo;
+      geo1.stride = 1;
+      g_autoptr (XattnScorer) s = xattn_scorer_new (&geo);
+      g_autoptr (XattnScorer) s1 = xattn_scorer_new (&geo1);
+      xattn_scorer_begin (s, &f.ctx.q, f.q_pos, f.n_q);
+      const gint64 n_exact = cfg.exact_rows, exact_pos = f.q_pos + f.n_q - n_exact;
+      SiftView tail = sift_view_tokens (&f.ctx.q, f.n_q - n_exact, MAX (n_exact, 1));
+      if (n_exact > 0)
+        xattn_scorer_begin (s1, &tail, exact_pos, n_exact);
+      SiftView all = sift_view_htd (f.engine.k, SIFT_DTYPE_F32, 2, f.engine.n_tokens, 16);
+      xattn_scorer_add_keys (s, &all, 0, f.engine.n_tokens);
+      if (n_exact > 0)
+        xattn_scorer_add_keys (s1, &all, 0, f.engine.n_tokens);
+      gint64 qb0 = xattn_scorer_first_qb (s), n_qb = xattn_scorer_n_qb (s), n_kb = xattn_scorer_n_kb (s);
+      g_autofree float *scores = g_new (float, (gsize) (4 * n_qb * n_kb));
+      g_autofree guint8 *chosen = g_new (guint8, (gsize) (4 * n_qb * n_kb));
+      g_autofree gint64 *order = g_new (gint64, (gsize) n_kb);
+      xattn_scorer_finish (s, scores);
+      for (gint64 row = 0; row < 4 * n_qb; row++)
+        xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, cfg.threshold, chosen + row * n_kb, order);
+      if (n_exact > 0)
+        {
+          g_autofree float *mass = g_new (float, (gsize) (4 * n_exact * n_kb));
+          xattn_scorer_finish_rows (s1, mass);
+          xattn_select_exact_rows (mass, 4, n_exact, exact_pos, cfg.block, qb0, n_qb, n_kb, cfg.threshold, chosen);
+        }
+      XattnPlan plan;
+      xattn_plan_init (&plan, 4, n_qb, f.n_blocks);
+      xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, &plan);
+      for (gint32 h = 0; h < 4; h++)
+        for (gint64 b = 0; b < f.n_blocks; b++)
+          assert_int_equal (sift_selection_has (sel, b, h), plan.attend[h * f.n_blocks + b]);
+      xattn_plan_clear (&plan);
+      fixture_clear (&f);
+    }
+  assert_false (has_needle[0]);
+  assert_true (has_needle[1]);
 }
 
 static void
@@ -492,6 +564,7 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_glue_matches_direct),
+    cmocka_unit_test (test_glue_exact_rows),
     cmocka_unit_test (test_glue_select_everything),
     cmocka_unit_test (test_glue_load_failure),
     cmocka_unit_test (test_glue_rejects_bad_stride),

@@ -68,6 +68,7 @@ oracle_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 *n_qb_out, gin
   const gint64 S = g->stride, B = g->block, D = g->head_dim;
   const gint64 qb0 = q_pos / B, n_qb = (kv_end - 1) / B - qb0 + 1, n_kb = (kv_end + B - 1) / B;
   const gint64 row0 = q_pos / S, row_end = (kv_end + S - 1) / S;
+  const double norm = g->norm > 0.0f ? g->norm : 1.0;
   double *out = g_new0 (double, (gsize) g->n_q_heads * (gsize) n_qb * (gsize) n_kb);
   double *x = g_new (double, (gsize) row_end);
   for (gint32 h = 0; h < g->n_q_heads; h++)
@@ -76,16 +77,23 @@ oracle_scores (const Data *d, gint64 q_pos, gint64 kv_end, gint64 *n_qb_out, gin
         double m = -INFINITY;
         for (gint64 c = 0; c <= r; c++)
           {
-            double acc = 0.0;
+            /* mean_logit: the antidiagonal's logits summed, / (S norm);
+             * sum_exp: log of the sum of exp(scale logit / norm) over its
+             * entries, leaving out keys after their query (diagonal). */
+            double acc = 0.0, lsum = 0.0;
             for (gint64 t = 0; t < S; t++)
               {
                 gint64 qp = r * S + S - 1 - t, kp = c * S + t;
                 if (qp < q_pos || qp >= kv_end || kp >= kv_end)
                   continue;
+                double dot = 0.0;
                 for (gint64 e = 0; e < D; e++)
-                  acc += (double) q_row (d, h, qp)[e] * (double) k_row (d, h / (g->n_q_heads / g->n_kv_heads), kp)[e];
+                  dot += (double) q_row (d, h, qp)[e] * (double) k_row (d, h / (g->n_q_heads / g->n_kv_heads), kp)[e];
+                acc += dot;
+                if (kp <= qp)
+                  lsum += exp (dot * g->scale / norm);
               }
-            x[c] = acc * g->scale / (double) S;
+            x[c] = g->sum_exp ? (lsum > 0 ? log (lsum) : -INFINITY) : acc * g->scale / (double) S / norm;
             m = MAX (m, x[c]);
           }
         double total = 0.0;
@@ -155,8 +163,10 @@ static const XattnGeometry small_geo = {
 };
 
 static void
-check_against_oracle (gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16, gboolean scalar)
+check_against_oracle_geo (const XattnGeometry *geo, gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16,
+                          gboolean scalar)
 {
+  XattnGeometry small_geo = *geo;
   Data *d = data_new (&small_geo, kv_end, 11);
   if (as_f16)
     /* The oracle sees what the scorer sees: keys rounded to f16. */
@@ -177,6 +187,172 @@ check_against_oracle (gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16
 }
 
 static void
+check_against_oracle (gint64 q_pos, gint64 kv_end, gint64 piece, gboolean as_f16, gboolean scalar)
+{
+  check_against_oracle_geo (&small_geo, q_pos, kv_end, piece, as_f16, scalar);
+}
+
+/* The reference's norm and the sum_exp antidiagonal against the same
+ * term-by-term definition. */
+static void
+test_norm_and_sum_exp_match_oracle (void **state)
+{
+  (void) state;
+  XattnGeometry g = small_geo;
+  g.norm = 0.5f;
+  check_against_oracle_geo (&g, 48, 85, 8, FALSE, FALSE);
+  g.norm = 1.0f;
+  g.sum_exp = TRUE;
+  check_against_oracle_geo (&g, 48, 85, 8, FALSE, FALSE);
+  check_against_oracle_geo (&g, 48, 85, 32, FALSE, TRUE);
+  check_against_oracle_geo (&g, 0, 61, 8, FALSE, FALSE);
+  check_against_oracle_geo (&g, 64, 130, 16, TRUE, FALSE);
+  g.norm = 2.0f;
+  check_against_oracle_geo (&g, 40, 96, 8, FALSE, FALSE);
+}
+
+/* Stride 1 (what exact_rows uses): finish_rows is each query's exact
+ * softmax mass per key block, against a direct computation. */
+static void
+test_exact_rows_mass (void **state)
+{
+  (void) state;
+  XattnGeometry g = small_geo;
+  g.stride = 1;
+  const gint64 q_pos = 70, kv_end = 101, n_q = kv_end - q_pos, B = g.block, n_kb = (kv_end + B - 1) / B;
+  Data *d = data_new (&g, kv_end, 23);
+  g_autoptr (XattnScorer) s = xattn_scorer_new (&g);
+  SiftView q = sift_view_htd (d->q, SIFT_DTYPE_F32, g.n_q_heads, kv_end, g.head_dim);
+  q = sift_view_tokens (&q, q_pos, n_q);
+  xattn_scorer_begin (s, &q, q_pos, n_q);
+  SiftView k = sift_view_htd (d->k, SIFT_DTYPE_F32, g.n_kv_heads, kv_end, g.head_dim);
+  for (gint64 p = 0; p < q_pos; p += 8)
+    {
+      SiftView part = sift_view_tokens (&k, p, MIN (8, q_pos - p));
+      xattn_scorer_stage_keys (s, &part, p, part.n_tokens);
+    }
+  SiftView local = sift_view_tokens (&k, q_pos, n_q);
+  xattn_scorer_add_keys (s, &local, q_pos, n_q);
+  assert_int_equal (xattn_scorer_n_rows (s), n_q);
+  assert_int_equal (xattn_scorer_n_kb (s), n_kb);
+  g_autofree float *got = g_new (float, (gsize) (g.n_q_heads * n_q * n_kb));
+  xattn_scorer_finish_rows (s, got);
+  g_autofree double *x = g_new (double, (gsize) kv_end);
+  for (gint32 h = 0; h < g.n_q_heads; h++)
+    for (gint64 i = 0; i < n_q; i++)
+      {
+        gint64 pos = q_pos + i;
+        double m = -INFINITY, total = 0.0, want[8] = { 0 };
+        for (gint64 j = 0; j <= pos; j++)
+          {
+            double dot = 0.0;
+            for (gint32 e = 0; e < g.head_dim; e++)
+              dot += (double) q_row (d, h, pos)[e] * (double) k_row (d, h / 2, j)[e];
+            x[j] = dot * g.scale;
+            m = MAX (m, x[j]);
+          }
+        for (gint64 j = 0; j <= pos; j++)
+          total += exp (x[j] - m);
+        for (gint64 j = 0; j <= pos; j++)
+          want[j / B] += exp (x[j] - m) / total;
+        for (gint64 kb = 0; kb < n_kb; kb++)
+          {
+            float v = got[((gsize) h * (gsize) n_q + (gsize) i) * (gsize) n_kb + (gsize) kb];
+            if (fabs (v - want[kb]) > 1e-5)
+              fail_msg ("head %d query %" G_GINT64_FORMAT " block %" G_GINT64_FORMAT ": got %g, want %g", h, pos, kb,
+                        (double) v, want[kb]);
+          }
+      }
+  data_free (d);
+}
+
+/* The smallest number of optional blocks (besides sink and diagonal) whose
+ * mass reaches threshold x total, by trying every subset. */
+static gint64
+min_blocks_brute (const float *row, gint64 qb, double threshold)
+{
+  double total = 0.0;
+  for (gint64 kb = 0; kb <= qb; kb++)
+    total += row[kb];
+  const gint64 n_opt = MAX (qb - 1, 0);
+  gint64 best = n_opt;
+  for (guint32 mask = 0; mask < (1u << n_opt); mask++)
+    {
+      double mass = row[0] + (qb > 0 ? row[qb] : 0.0);
+      for (gint64 b = 0; b < n_opt; b++)
+        if (mask & (1u << b))
+          mass += row[1 + b];
+      if (mass >= threshold * total)
+        best = MIN (best, (gint64) __builtin_popcount (mask));
+    }
+  return best;
+}
+
+/* Exact rows: each row keeps the smallest block set reaching the threshold
+ * of its own mass (brute force over subsets), and its query block's row of
+ * sel gets the union of its rows' sets, on top of what was there. */
+static void
+test_select_exact_rows (void **state)
+{
+  (void) state;
+  const gint32 H = 2;
+  const gint64 B = 16, n_kb = 9, pos0 = 120, n_rows = 20; /* queries 120..139: query blocks 7 and 8 */
+  const gint64 qb0 = 6, n_qb = 3;
+  GRand *r = g_rand_new_with_seed (31);
+  g_autofree float *mass = g_new (float, (gsize) (H * n_rows * n_kb));
+  for (gint64 i = 0; i < H * n_rows; i++)
+    {
+      gint64 pos = pos0 + i % n_rows, qb = pos / B;
+      double total = 0.0;
+      float *row = mass + i * n_kb;
+      for (gint64 kb = 0; kb < n_kb; kb++)
+        {
+          /* Peaked masses: a few blocks matter. */
+          double u = g_rand_double (r);
+          row[kb] = kb <= qb ? (float) (u * u * u * u) : 0.0f;
+          total += row[kb];
+        }
+      for (gint64 kb = 0; kb < n_kb; kb++)
+        row[kb] = (float) (row[kb] / total);
+    }
+  g_rand_free (r);
+  const double thresholds[] = { 0.5, 0.9, 0.99 };
+  for (gsize ti = 0; ti < G_N_ELEMENTS (thresholds); ti++)
+    {
+      g_autofree guint8 *sel = g_new0 (guint8, (gsize) (H * n_qb * n_kb));
+      sel[(0 * n_qb + 0) * n_kb + 3] = 1; /* already chosen by the estimate: kept */
+      xattn_select_exact_rows (mass, H, n_rows, pos0, B, qb0, n_qb, n_kb, thresholds[ti], sel);
+      g_autofree guint8 *want = g_new0 (guint8, (gsize) (H * n_qb * n_kb));
+      want[(0 * n_qb + 0) * n_kb + 3] = 1;
+      for (gint32 h = 0; h < H; h++)
+        for (gint64 i = 0; i < n_rows; i++)
+          {
+            const float *row = mass + ((gsize) h * (gsize) n_rows + (gsize) i) * (gsize) n_kb;
+            gint64 qb = (pos0 + i) / B;
+            guint8 one[9];
+            gint64 order[9];
+            xattn_select_row (row, n_kb, qb, thresholds[ti], one, order);
+            gint64 n_opt = 0;
+            double got_mass = 0.0, total = 0.0;
+            for (gint64 kb = 0; kb < n_kb; kb++)
+              {
+                total += kb <= qb ? row[kb] : 0.0;
+                got_mass += one[kb] ? row[kb] : 0.0;
+                n_opt += one[kb] && kb != 0 && kb != qb;
+                want[((gsize) h * (gsize) n_qb + (gsize) (qb - qb0)) * (gsize) n_kb + (gsize) kb] |= one[kb];
+              }
+            assert_true (one[0] && one[qb]);
+            assert_true (got_mass >= thresholds[ti] * total - 1e-6);
+            assert_int_equal (n_opt, min_blocks_brute (row, qb, thresholds[ti]));
+          }
+      assert_memory_equal (sel, want, (gsize) (H * n_qb * n_kb));
+      /* Query block 6 has no exact row: only what was there before. */
+      for (gint64 kb = 0; kb < n_kb; kb++)
+        assert_int_equal (sel[(1 * n_qb + 0) * n_kb + kb], 0);
+    }
+}
+
+static void
 test_scores_match_oracle (void **state)
 {
   (void) state;
@@ -194,7 +370,7 @@ static void
 test_full_rows_sum_to_b_over_s (void **state)
 {
   (void) state;
-  const XattnGeometry geo = { 8, 2, 32, 8, 64, 0.17677669f };
+  const XattnGeometry geo = { 8, 2, 32, 8, 64, 0.17677669f, 1.0f, FALSE };
   const gint64 q_pos = 128, kv_end = 128 + 200;
   Data *d = data_new (&geo, kv_end, 5);
   g_autofree float *got = NULL;
@@ -277,6 +453,47 @@ G_GNUC_UNUSED check_dots (DotsFunc f)
   g_rand_free (r);
 }
 
+#ifdef XATTN_HAVE_AVX512
+/* The AVX-512 max and sum of exponentials against expf, over lengths with
+ * and without a masked tail and exponents down to the underflow clamp. */
+static void
+check_exp_avx512 (void)
+{
+  GRand *r = g_rand_new_with_seed (8);
+  const gsize lens[] = { 1, 15, 16, 17, 64, 100 };
+  for (gsize li = 0; li < G_N_ELEMENTS (lens); li++)
+    {
+      gsize n = lens[li];
+      g_autofree float *x = g_new (float, n);
+      for (gsize i = 0; i < n; i++)
+        x[i] = (float) g_rand_double_range (r, -400.0, 40.0);
+      const float scale = 0.3f;
+      float m = -INFINITY;
+      for (gsize i = 0; i < n; i++)
+        m = MAX (m, x[i] * scale);
+      assert_true (xattn_max_scaled_avx512 (x, n, scale) == m);
+      double want = 0.0;
+      for (gsize i = 0; i < n; i++)
+        want += exp ((double) (x[i] * scale - m));
+      double got = xattn_sum_exp_avx512 (x, n, scale, m);
+      /* x * scale - m is fused (in the kernel, and maybe here): the top
+       * term is e^(rounding error of m), |m| <= 120: within 1e-5. */
+      if (fabs (got - want) > 1e-5 * want)
+        fail_msg ("sum_exp over %zu: got %.9g, want %.9g", n, got, want);
+      /* Each term alone, across the range (a single entry at m - y). */
+      for (int k = 0; k <= 100; k++)
+        {
+          float one = (float) -k + 0.37f;
+          double e = exp ((double) one), g = xattn_sum_exp_avx512 (&one, 1, 1.0f, 0.0f);
+          /* Clamped at -87: below, a negligible e^-87 instead of 0. */
+          if (one > -87.0f ? fabs (g - e) > 2e-7 * e : g > 2e-38)
+            fail_msg ("exp(%g): got %.9g, want %.9g", (double) one, g, e);
+        }
+    }
+  g_rand_free (r);
+}
+#endif
+
 /* Each SIMD path the CPU can run (whatever sift_isa_active () says, so the
  * paths are compared even where kernels are forced scalar). */
 static void
@@ -298,6 +515,7 @@ test_simd_matches_scalar (void **state)
   if (__builtin_cpu_supports ("avx512f"))
     {
       check_dots (xattn_dots_avx512);
+      check_exp_avx512 ();
       checked++;
     }
 #endif
@@ -398,7 +616,7 @@ test_vote_constructed (void **state)
   /* 4 q heads in 2 kv groups ({0,1}, {2,3}); 2 query blocks (4, 5) of B = 16;
    * key blocks 0..5; engine blocks of 8 tokens: ids 0..7 cover key blocks 0..3
    * (two engine blocks per key block). */
-  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f, 1.0f, FALSE };
   const gint64 n_qb = 2, n_kb = 6, n_ids = 8;
   SiftBlockMeta meta[8];
   gint64 ids[8];
@@ -478,7 +696,7 @@ static void
 test_threshold_extremes_in_attention (void **state)
 {
   (void) state;
-  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f };
+  const XattnGeometry geo = { 4, 2, 16, 4, 16, 0.25f, 1.0f, FALSE };
   const gint64 bs = 8, q_pos = 64, kv_end = 100, n_ids = q_pos / bs;
   Data *d = data_new (&geo, kv_end, 17);
   g_autofree float *scores = scorer_scores (d, q_pos, kv_end, bs, FALSE);
@@ -550,6 +768,9 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_scores_match_oracle),
+    cmocka_unit_test (test_norm_and_sum_exp_match_oracle),
+    cmocka_unit_test (test_exact_rows_mass),
+    cmocka_unit_test (test_select_exact_rows),
     cmocka_unit_test (test_full_rows_sum_to_b_over_s),
     cmocka_unit_test (test_simd_matches_scalar),
     cmocka_unit_test (test_select_constructed),
