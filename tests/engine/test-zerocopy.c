@@ -580,7 +580,6 @@ test_mapped_load_after_store (void **state)
     }
 }
 
-/* offload.force_copy reaches the config. */
 /* ---- Randomized: any slots, block, chunk, store and dtype --------------- */
 
 /* DESIGN.md: the engine's output matches the dense reference within 1e-5
@@ -696,6 +695,35 @@ test_shared_store (void **state)
     }
 }
 
+/* A load mapped after a store failed reports the store's error (the block
+ * may never have been written), and so does the next decode step. No
+ * store that maps can fail a write, so the failure is set by hand. */
+static void
+test_mapped_after_failed_store (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 16, 16, 0 };
+  Run r;
+  run_open (&r, &shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, FALSE, 64);
+  run_steps (&r, 48, 0);
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_engine_sync (r.engine, &error));
+  r.engine->store_error = g_error_new_literal (SIFT_STORE_ERROR, SIFT_STORE_ERROR_IO, "injected: store failed");
+  assert_true (sift_engine_load_block (r.engine, 0, 1, 0, SIFT_LOAD_KV, &error));
+  assert_false (sift_engine_wait_slot (r.engine, 0, &error));
+  assert_non_null (strstr (error->message, "injected"));
+  g_clear_error (&error);
+  /* The slot is free again. */
+  assert_true (sift_engine_load_block (r.engine, 0, 1, 0, SIFT_LOAD_KV, &error));
+  assert_false (sift_engine_wait_slot (r.engine, 0, &error));
+  g_clear_error (&error);
+  assert_false (sift_runner_decode (r.runner, 1, &error));
+  assert_non_null (strstr (error->message, "injected"));
+  sift_runner_reset (r.runner);
+  run_close (&r);
+}
+
+/* offload.force_copy reaches the config. */
 static void
 test_config_force_copy (void **state)
 {
@@ -726,6 +754,7 @@ main (void)
     cmocka_unit_test (test_config_force_copy),
     cmocka_unit_test (test_random_configs),
     cmocka_unit_test (test_shared_store),
+    cmocka_unit_test (test_mapped_after_failed_store),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
