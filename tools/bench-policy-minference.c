@@ -17,7 +17,9 @@
 #include <sift/sift.h>
 
 #include "../policies/minference/vs.h"
+#include "bench-synth.h"
 #include "commands.h"
+#include "sift-paths.h"
 
 typedef struct {
   gint32 q_heads, kv_heads, head_dim, heads, tile;
@@ -27,6 +29,8 @@ typedef struct {
   gint threads;
   gint64 seed;
   char *lengths, *data;
+  char *config;      /* --data synth: the config whose synthetic source gives Q/K/V */
+  SiftConfig *cfg;
 } Options;
 
 /* Seconds of CPU time used by the process: on a shared machine it tracks
@@ -132,6 +136,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
 static int
 run_length (const Options *o, gint64 n)
 {
+  g_autoptr (GError) error = NULL;
   const gint32 d = o->head_dim, H = o->heads, G = MAX (1, o->heads / (o->q_heads / o->kv_heads));
   const float scale = 1.0f / sqrtf ((float) d);
   const double head_factor = (double) o->q_heads / H;
@@ -140,7 +145,16 @@ run_length (const Options *o, gint64 n)
   g_autofree float *v = g_new (float, (gsize) G * n * d);
   g_autofree float *out = g_new (float, (gsize) H * n * d);
   g_autofree float *lse = g_new (float, (gsize) H * n);
-  fill_qkv (o, n, q, k, v);
+  if (o->cfg != NULL)
+    {
+      if (!sift_bench_synth_qkv (o->cfg, H, n, q, k, v, &error))
+        {
+          fprintf (stderr, "sift bench policy minference: %s\n", error->message);
+          return 2;
+        }
+    }
+  else
+    fill_qkv (o, n, q, k, v);
   SiftView qv = sift_view_htd (q, SIFT_DTYPE_F32, H, n, d);
   SiftView kv = sift_view_htd (k, SIFT_DTYPE_F32, G, n, d);
   SiftView vv = sift_view_htd (v, SIFT_DTYPE_F32, G, n, d);
@@ -151,7 +165,10 @@ run_length (const Options *o, gint64 n)
   for (gint32 h = 0; h < H; h++)
     vs_sizes (n, o->vertical, o->slash, o->budget, o->sink, o->recent, &sizes[h].vertical, &sizes[h].slash);
   VsStats st = { 0 };
-  g_autoptr (GError) error = NULL;
+  /* Touch the output first: the dense timing reuses a warm buffer, so the
+   * page faults of a fresh one would count against the sparse side only. */
+  memset (out, 0, (gsize) H * n * d * sizeof (float));
+  memset (lse, 0, (gsize) H * n * sizeof (float));
   gint64 t0 = g_get_monotonic_time ();
   double c0 = cpu_seconds ();
   if (!vs_prefill (&qv, &kv, &vv, scale, &est, sizes, &ov, lse, &st, &error))
@@ -195,7 +212,8 @@ sift_bench_policy_minference (int argc, char **argv)
     { "last-q", 0, 0, G_OPTION_ARG_INT64, &o.last_q, "estimation rows (64)", "N" },
     { "dense-tiles", 0, 0, G_OPTION_ARG_INT, &o.dense_tiles, "64-row tiles dense is timed on, scaled to all rows (16)", "N" },
     { "threads", 't', 0, G_OPTION_ARG_INT, &o.threads, "threads (default: SIFT_THREADS or all CPUs)", "N" },
-    { "data", 0, 0, G_OPTION_ARG_STRING, &o.data, "rope (position-structured q/k, default) or random", "KIND" },
+    { "data", 0, 0, G_OPTION_ARG_STRING, &o.data, "rope (position-structured q/k, default), random, or synth (the synthetic model of --config)", "KIND" },
+    { "config", 0, 0, G_OPTION_ARG_FILENAME, &o.config, "with --data synth: the config whose synthetic source gives Q/K/V and the shape (configs/large.yaml)", "FILE" },
     { "seed", 0, 0, G_OPTION_ARG_INT64, &o.seed, "random seed (1)", "S" },
     { NULL },
   };
@@ -211,12 +229,35 @@ sift_bench_policy_minference (int argc, char **argv)
   g_autofree char *data = o.data ? o.data : g_strdup ("rope");
   o.lengths = lengths;
   o.data = data;
+  g_autofree char *config = o.config;
+  g_autoptr (SiftConfig) cfg = NULL;
+  if (config != NULL && strcmp (data, "synth") != 0)
+    {
+      fprintf (stderr, "sift bench policy minference: --config is the input of --data synth\n");
+      return 2;
+    }
+  if (strcmp (data, "synth") == 0)
+    {
+      if (config == NULL)
+        config = g_strdup (SIFT_SOURCE_CONFIG_DIR "/large.yaml");
+      cfg = sift_config_load (config, NULL, &error);
+      if (cfg == NULL)
+        {
+          fprintf (stderr, "sift bench policy minference: %s\n", error->message);
+          return 2;
+        }
+      o.cfg = cfg;
+      o.q_heads = cfg->shape.n_q_heads;
+      o.kv_heads = cfg->shape.n_kv_heads;
+      o.head_dim = cfg->shape.head_dim;
+      o.heads = MIN (o.heads, o.q_heads);
+    }
   if (o.q_heads <= 0 || o.kv_heads <= 0 || o.q_heads % o.kv_heads != 0 || o.head_dim <= 0
       || o.head_dim % 2 != 0 || o.heads <= 0 || o.heads > o.q_heads || o.heads % (o.q_heads / o.kv_heads) != 0
-      || o.dense_tiles < 1 || o.last_q < 1 || o.tile < 1 || o.tile > VS_TILE_MAX || (strcmp (data, "rope") != 0 && strcmp (data, "random") != 0))
+      || o.dense_tiles < 1 || o.last_q < 1 || o.tile < 1 || o.tile > VS_TILE_MAX || (strcmp (data, "rope") != 0 && strcmp (data, "random") != 0 && strcmp (data, "synth") != 0))
     {
       fprintf (stderr, "sift bench policy minference: bad shape or option (heads must be a multiple of "
-                       "q-heads / kv-heads, head-dim even, data rope|random)\n");
+                       "q-heads / kv-heads, head-dim even, data rope|random|synth)\n");
       return 2;
     }
   g_auto (GStrv) parts = g_strsplit (lengths, ",", -1);
@@ -239,6 +280,9 @@ sift_bench_policy_minference (int argc, char **argv)
           ", tile %d; data %s; isa %s, %d threads\n",
           o.q_heads, o.heads, o.kv_heads, o.head_dim, o.vertical, o.slash, o.budget, o.last_q, o.tile, data,
           sift_isa_name (sift_isa_active ()), sift_parallel_n_threads ());
+  if (cfg != NULL)
+    printf ("# input: synthetic source of %s (seed %" G_GUINT64_FORMAT ", its knobs, no needle), layer 0\n", config,
+            cfg->seed);
   printf ("# seconds (wall, cpu) for all %d heads; sparse includes the estimate (estim, wall); dense = "
           "sift_attn_dense, densevs = the sparse kernel keeping every diagonal, both timed on %d 64-row "
           "tiles and scaled by causal work; speedups: wall, cpu, cpu against densevs\n",

@@ -186,10 +186,13 @@ sift_bench_policy_subquadratic (int argc, char **argv)
   gint64 seq = 8192, min_seq = 1024, max_seq = 32768;
   gint heads = 8, dim = 64, reps = 3, threads = 0;
   gboolean no_dense = FALSE, no_tiled = FALSE, table_only = FALSE;
+  g_autofree char *lengths_text = NULL;
   GOptionEntry entries[] = {
     { "seq", 0, 0, G_OPTION_ARG_INT64, &seq, "sequence of the dense comparison (8192)", "N" },
-    { "min-seq", 0, 0, G_OPTION_ARG_INT64, &min_seq, "first length of the doubling series (1024)", "N" },
-    { "max-seq", 0, 0, G_OPTION_ARG_INT64, &max_seq, "last length of the doubling series (32768)", "N" },
+    { "lengths", 'l', 0, G_OPTION_ARG_STRING, &lengths_text,
+      "lengths of the scaling series, ascending, comma-separated (default 1024,2048,...,32768)", "N,..." },
+    { "min-seq", 0, 0, G_OPTION_ARG_INT64, &min_seq, "scaling series by doubling from N (1024; ignored with --lengths)", "N" },
+    { "max-seq", 0, 0, G_OPTION_ARG_INT64, &max_seq, "... up to N (32768; ignored with --lengths)", "N" },
     { "heads", 0, 0, G_OPTION_ARG_INT, &heads, "heads (8)", "H" },
     { "dim", 0, 0, G_OPTION_ARG_INT, &dim, "head_dim (64)", "D" },
     { "reps", 0, 0, G_OPTION_ARG_INT, &reps, "repetitions, best kept (3)", "R" },
@@ -213,6 +216,27 @@ sift_bench_policy_subquadratic (int argc, char **argv)
                        "and --reps must be positive\n");
       return 2;
     }
+  /* The scaling series: --lengths, or doubling from --min-seq to --max-seq. */
+  g_autoptr (GArray) lengths = g_array_new (FALSE, FALSE, sizeof (gint64));
+  if (lengths_text != NULL)
+    {
+      g_auto (GStrv) parts = g_strsplit (lengths_text, ",", -1);
+      for (gsize i = 0; parts[i] != NULL; i++)
+        {
+          gint64 v;
+          if (!g_ascii_string_to_signed (g_strstrip (parts[i]), 10, 1, G_MAXINT32, &v, NULL)
+              || (lengths->len > 0 && v <= g_array_index (lengths, gint64, lengths->len - 1)))
+            {
+              fprintf (stderr, "sift bench policy subquadratic: --lengths: '%s' is not a positive integer "
+                               "above the previous length\n", parts[i]);
+              return 2;
+            }
+          g_array_append_val (lengths, v);
+        }
+    }
+  else
+    for (gint64 n = min_seq; n <= max_seq; n *= 2)
+      g_array_append_val (lengths, n);
   if (threads > 0)
     sift_parallel_set_n_threads (threads);
 
@@ -272,11 +296,14 @@ sift_bench_policy_subquadratic (int argc, char **argv)
     }
   if (!no_dense)
     printf ("\n  %-8s %10.4f %10.4f", "dense", td.wall, td.cpu);
+  /* Time per doubling: the ratio to the previous length, taken to the
+   * power 1 / log2 (n / previous) when the lengths do not double. */
   printf ("\n\nTime per doubling (sparse forward)\n%8s %10s %8s %10s %8s\n", "seq", "wall s", "ratio",
           "cpu s", "ratio");
-  Timing prev = { 0.0, 0.0 };
-  for (gint64 n = min_seq; n <= max_seq; n *= 2)
+  Timing prev = { 0.0, 0.0 }, first = { 0.0, 0.0 };
+  for (guint i = 0; i < lengths->len; i++)
     {
+      gint64 n = g_array_index (lengths, gint64, i);
       data_init (&d, n, heads, dim);
       Timing t = time_run (&api, &c, &d, RUN_SPARSE, reps, &error);
       data_clear (&d);
@@ -285,12 +312,25 @@ sift_bench_policy_subquadratic (int argc, char **argv)
           fprintf (stderr, "sift bench policy subquadratic: %s\n", error->message);
           return 2;
         }
-      if (prev.wall > 0)
-        printf ("%8" G_GINT64_FORMAT " %10.4f %7.2fx %10.4f %7.2fx\n", n, t.wall, t.wall / prev.wall, t.cpu,
-                t.cpu / prev.cpu);
+      if (i > 0)
+        {
+          double dbl = log2 ((double) n / (double) g_array_index (lengths, gint64, i - 1));
+          printf ("%8" G_GINT64_FORMAT " %10.4f %7.2fx %10.4f %7.2fx\n", n, t.wall, pow (t.wall / prev.wall, 1.0 / dbl),
+                  t.cpu, pow (t.cpu / prev.cpu, 1.0 / dbl));
+        }
       else
-        printf ("%8" G_GINT64_FORMAT " %10.4f %8s %10.4f %8s\n", n, t.wall, "-", t.cpu, "-");
+        {
+          printf ("%8" G_GINT64_FORMAT " %10.4f %8s %10.4f %8s\n", n, t.wall, "-", t.cpu, "-");
+          first = t;
+        }
       prev = t;
+    }
+  if (lengths->len > 1)
+    {
+      gint64 n0 = g_array_index (lengths, gint64, 0), n1 = g_array_index (lengths, gint64, lengths->len - 1);
+      double dbl = log2 ((double) n1 / (double) n0);
+      printf ("%" G_GINT64_FORMAT " to %" G_GINT64_FORMAT ": %.2fx per doubling (wall), %.2fx (cpu), "
+              "geometric mean\n", n0, n1, pow (prev.wall / first.wall, 1.0 / dbl), pow (prev.cpu / first.cpu, 1.0 / dbl));
     }
   return status;
 }

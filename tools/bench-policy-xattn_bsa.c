@@ -26,6 +26,7 @@
 #include <glib.h>
 #include <sift/sift.h>
 
+#include "bench-synth.h"
 #include "commands.h"
 #include "../policies/xattn_bsa/xattn-score.h"
 
@@ -122,39 +123,16 @@ input_new (const Options *o, gint64 n)
   return in;
 }
 
-/* The input from the config's synthetic source (its seed and knobs, no
- * needle): layer 0, q heads 0..heads-1 and kv head 0, generated 4096
- * tokens at a time. */
+/* The input from the config's synthetic source (bench-synth.h): q heads
+ * 0..heads-1 and kv head 0 of layer 0. */
 static Input *
 input_from_config (const Options *o, gint64 n, GError **error)
 {
-  SiftModelShape shape = o->cfg->shape;
-  shape.n_layers = 1;
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, o->cfg->seed, &o->cfg->synthetic, NULL, error);
-  if (src == NULL)
-    return NULL;
-  const gint32 d = shape.head_dim, Hq = shape.n_q_heads, Hk = shape.n_kv_heads;
-  const gint64 step = 4096;
-  Input *in = input_alloc (o->heads, n, d);
-  g_autofree float *q = g_new (float, (gsize) step * (gsize) Hq * (gsize) d);
-  g_autofree float *k = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
-  g_autofree float *v = g_new (float, (gsize) step * (gsize) Hk * (gsize) d);
-  for (gint64 p0 = 0; p0 < n; p0 += step)
+  Input *in = input_alloc (o->heads, n, o->cfg->shape.head_dim);
+  if (!sift_bench_synth_qkv (o->cfg, o->heads, n, in->q, in->k, in->v, error))
     {
-      gint64 m = MIN (step, n - p0);
-      if (!sift_model_source_qkv (src, 0, p0, m, q, k, v, error))
-        {
-          input_free (in);
-          return NULL;
-        }
-      for (gint64 t = 0; t < m; t++)
-        {
-          for (gint32 h = 0; h < o->heads; h++)
-            memcpy (in->q + ((gsize) h * (gsize) n + (gsize) (p0 + t)) * (gsize) d,
-                    q + ((gsize) t * (gsize) Hq + (gsize) h) * (gsize) d, (gsize) d * sizeof (float));
-          memcpy (in->k + (gsize) (p0 + t) * (gsize) d, k + (gsize) t * (gsize) Hk * (gsize) d, (gsize) d * sizeof (float));
-          memcpy (in->v + (gsize) (p0 + t) * (gsize) d, v + (gsize) t * (gsize) Hk * (gsize) d, (gsize) d * sizeof (float));
-        }
+      input_free (in);
+      return NULL;
     }
   return in;
 }

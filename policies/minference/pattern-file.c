@@ -25,8 +25,9 @@ node_error (const Reader *rd, const yaml_node_t *node, GError **error, SiftConfi
   va_start (ap, fmt);
   g_autofree char *msg = g_strdup_vprintf (fmt, ap);
   va_end (ap);
+  /* No node (an empty file): point at its start. */
   g_set_error (error, SIFT_CONFIG_ERROR, code, "%s:%zu:%zu: %s", rd->path,
-               node ? node->start_mark.line + 1 : 0, node ? node->start_mark.column + 1 : 0, msg);
+               node ? node->start_mark.line + 1 : 1, node ? node->start_mark.column + 1 : 1, msg);
   return FALSE;
 }
 
@@ -102,7 +103,7 @@ read_root (const Reader *rd, VsPatternFile *pf, GError **error)
                            "layer %zu must be a mapping of head id to pattern", l);
       for (yaml_node_pair_t *p = layer->data.mapping.pairs.start; p < layer->data.mapping.pairs.top; p++)
         {
-          gint64 head;
+          gint64 head = 0;
           if (!node_int (rd, yaml_document_get_node (rd->doc, p->key), "head id", 0, pf->n_heads - 1,
                          &head, error))
             return FALSE;

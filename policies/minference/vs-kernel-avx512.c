@@ -162,10 +162,11 @@ row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow
     }
 }
 
-/* acc[r..r+3] = alpha * acc + p . V over `lanes`: four rows share
- * each value load, 16 accumulators per 64 dims. */
+/* acc[r..r+3] = alpha * acc + p . V over `lanes` (p[k][i] for row r + k,
+ * value row vrow[i]): four rows share each value load, 16 accumulators per
+ * 64 dims. */
 static inline void
-pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, const float *const *vrow)
+pv4 (VsTile *t, gint32 r, float *const *p, const float *alpha, guint64 lanes, const float *const *vrow)
 {
   const gint32 d = t->d;
   float *acc0 = t->acc + (gsize) r * d, *acc1 = acc0 + d, *acc2 = acc1 + d, *acc3 = acc2 + d;
@@ -190,9 +191,9 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
       __m512 a31 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 16), al3);
       __m512 a32 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 32), al3);
       __m512 a33 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 48), al3);
-      for (guint32 m = lanes; m; m &= m - 1)
+      for (guint64 m = lanes; m; m &= m - 1)
         {
-          const gint32 i = __builtin_ctz (m);
+          const gint32 i = __builtin_ctzll (m);
           const float *v = vrow[i] + c0;
           const __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
           const __m512 v2 = _mm512_loadu_ps (v + 32), v3 = _mm512_loadu_ps (v + 48);
@@ -240,9 +241,9 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
       __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
       __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
       __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
-      for (guint32 m = lanes; m; m &= m - 1)
+      for (guint64 m = lanes; m; m &= m - 1)
         {
-          const gint32 i = __builtin_ctz (m);
+          const gint32 i = __builtin_ctzll (m);
           const __m512 v0 = _mm512_loadu_ps (vrow[i] + c0);
           a0 = _mm512_fmadd_ps (_mm512_set1_ps (p[0][i]), v0, a0);
           a1 = _mm512_fmadd_ps (_mm512_set1_ps (p[1][i]), v0, a1);
@@ -256,35 +257,91 @@ pv4 (VsTile *t, gint32 r, float (*p)[G], const float *alpha, guint32 lanes, cons
     }
 }
 
-/* Scores of the few lanes in vis for one row, as dot products against the
- * untransposed keys: cheaper than a 16-lane pass when at most
- * SPARSE_LANES lanes are needed. */
-#define SPARSE_LANES 6
-
-/* q . k over d (a multiple of 16), two chains. */
-static inline float
-dot (const float *q, const float *k, gint32 d)
+/* Transposed sum of 16 vectors: lane i of the result = the sum of v[i]'s
+ * lanes (pairs within 128-bit lanes, then across them). */
+static inline __attribute__ ((always_inline)) __m512
+reduce16 (const __m512 *v)
 {
-  __m512 a0 = _mm512_setzero_ps (), a1 = a0;
-  gint32 c = 0;
-  for (; c + 32 <= d; c += 32)
+  __m512 x[8], z[4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++)
+    x[i] = _mm512_add_ps (_mm512_unpacklo_ps (v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps (v[2 * i], v[2 * i + 1]));
+  /* x[i], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of a = v[2i], b = v[2i+1]. */
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++)
     {
-      a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
-      a1 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c + 16), _mm512_loadu_ps (k + c + 16), a1);
+      __m512d lo = _mm512_unpacklo_pd (_mm512_castps_pd (x[2 * i]), _mm512_castps_pd (x[2 * i + 1]));
+      __m512d hi = _mm512_unpackhi_pd (_mm512_castps_pd (x[2 * i]), _mm512_castps_pd (x[2 * i + 1]));
+      z[i] = _mm512_add_ps (_mm512_castpd_ps (lo), _mm512_castpd_ps (hi));
     }
-  for (; c < d; c += 16)
-    a0 = _mm512_fmadd_ps (_mm512_loadu_ps (q + c), _mm512_loadu_ps (k + c), a0);
-  return _mm512_reduce_add_ps (_mm512_add_ps (a0, a1));
+  /* z[i][4L + e]: the sum over 128-bit lane L of v[4i + e]. */
+  __m512 w01 = _mm512_add_ps (_mm512_shuffle_f32x4 (z[0], z[1], 0x44), _mm512_shuffle_f32x4 (z[0], z[1], 0xee));
+  __m512 w23 = _mm512_add_ps (_mm512_shuffle_f32x4 (z[2], z[3], 0x44), _mm512_shuffle_f32x4 (z[2], z[3], 0xee));
+  return _mm512_add_ps (_mm512_shuffle_f32x4 (w01, w23, 0x88), _mm512_shuffle_f32x4 (w01, w23, 0xdd));
 }
 
+/* Scores of rows q[0..nr) (nr <= 4) against the lanes of `any` as 4 x 4
+ * blocks of dot products along head_dim (d a multiple of 16): each block
+ * loads 4 query and 4 key vectors per 16 dims for 16 FMAs, then one
+ * transposed reduction; for a few keys this beats a pass over the
+ * transposed panel, whose cost is per 16 lanes whatever the lanes used. */
 static inline void
-row_scores_sparse (const float *q, gint32 d, const VsGroup *g, guint32 vis, float *s)
+rows_scores_few (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 any, float (*s)[G])
 {
-  for (guint32 m = vis; m; m &= m - 1)
+  const float *qr[4];
+  for (gint32 k = 0; k < 4; k++)
+    qr[k] = q + (gsize) MIN (k, nr - 1) * d;
+  gint32 idx[G], n = 0;
+  for (guint32 m = any; m; m &= m - 1)
+    idx[n++] = __builtin_ctz (m);
+  for (gint32 j0 = 0; j0 < n; j0 += 4)
     {
-      const gint32 i = __builtin_ctz (m);
-      s[i] = dot (q, g->krow[i], d);
+      const float *kr[4];
+      for (gint32 j = 0; j < 4; j++)
+        kr[j] = g->krow[idx[MIN (j0 + j, n - 1)]];
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps ();
+      for (gint32 c = 0; c < d; c += 16)
+        {
+          const __m512 k0 = _mm512_loadu_ps (kr[0] + c), k1 = _mm512_loadu_ps (kr[1] + c);
+          const __m512 k2 = _mm512_loadu_ps (kr[2] + c), k3 = _mm512_loadu_ps (kr[3] + c);
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; r++)
+            {
+              const __m512 x = _mm512_loadu_ps (qr[r] + c);
+              acc[4 * r] = _mm512_fmadd_ps (x, k0, acc[4 * r]);
+              acc[4 * r + 1] = _mm512_fmadd_ps (x, k1, acc[4 * r + 1]);
+              acc[4 * r + 2] = _mm512_fmadd_ps (x, k2, acc[4 * r + 2]);
+              acc[4 * r + 3] = _mm512_fmadd_ps (x, k3, acc[4 * r + 3]);
+            }
+        }
+      float out[16];
+      _mm512_storeu_ps (out, reduce16 (acc));
+      for (gint32 r = 0; r < nr; r++)
+        for (gint32 j = 0; j < 4 && j0 + j < n; j++)
+          s[r][idx[j0 + j]] = out[4 * r + j];
     }
+}
+
+/* Few lanes: dot-product blocks, else the transposed panel (see above).
+ * One block, i.e. a lone diagonal of a 4-row tile: at 32K on the synthetic
+ * model, thresholds from 0 to 20 lanes timed the same within the noise of
+ * the shared machine (the blocks read K rows, the panel pass the transposed
+ * copy already in cache), and 32 was ~10% slower. */
+#define FEW_LANES_HALF 4  /* lanes inside one half of the panel */
+#define FEW_LANES 4       /* lanes in both halves */
+
+static inline void
+rows_scores_any (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 any, float (*s)[G])
+{
+  const gint32 n = __builtin_popcount (any);
+  const gboolean one_half = (any & 0xffff0000u) == 0 || (any & 0xffffu) == 0;
+  if (n <= (one_half ? FEW_LANES_HALF : FEW_LANES))
+    rows_scores_few (q, nr, d, g, any, s);
+  else
+    rows_scores (q, nr, g->kt, d, any, s);
 }
 
 void
@@ -302,11 +359,7 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
         any |= vis[k] = k < nr ? vs_visible_lanes (g, t->pos0 + r + k) : 0;
       if (any == 0)
         continue;
-      if (__builtin_popcount (any) <= SPARSE_LANES)
-        for (gint32 k = 0; k < nr; k++)
-          row_scores_sparse (t->q + (gsize) (r + k) * d, d, g, vis[k], s[k]);
-      else
-        rows_scores (t->q + (gsize) r * d, nr, g->kt, d, any, s);
+      rows_scores_any (t->q + (gsize) r * d, nr, d, g, any, s);
       if (nr < 4)
         {
           for (gint32 k = 0; k < nr; k++)
@@ -322,54 +375,100 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
             alpha[k] = 1.0f; /* the row sees none of these keys: unchanged */
             memset (s[k], 0, sizeof s[k]);
           }
-      pv4 (t, r, s, alpha, any, g->vrow);
+      float *const p[4] = { s[0], s[1], s[2], s[3] };
+      pv4 (t, r, p, alpha, any, g->vrow);
     }
 }
 
 void
 vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
 {
-  const gint32 d = t->d;
   guint32 vis[4] = { 0, 0, 0, 0 }, any = 0;
   for (gint32 k = 0; k < t->n_rows; k++)
-    any |= vis[k] = vs_visible_lanes (g, t->pos0 + k);
+    {
+      any |= vis[k] = vs_visible_lanes (g, t->pos0 + k);
+      t->attended += __builtin_popcount (vis[k]);
+    }
   if (any == 0)
     return;
-  if (pd->n + __builtin_popcount (any) > G)
+  const gint32 nk = __builtin_popcount (any);
+  if (pd->n + nk > VS_PENDING_KEYS)
     vs_pending_flush_avx512 (t, pd);
-  for (guint32 m = any; m; m &= m - 1)
+  float s[4][G];
+  rows_scores_any (t->q, t->n_rows, t->d, g, any, s);
+  /* Pack the lanes of `any` to the buffer's end, -inf where the row does
+   * not see the key (its probability is then exactly 0). */
+  const __mmask16 a0 = (__mmask16) any, a1 = (__mmask16) (any >> 16);
+  const gint32 n0 = __builtin_popcount (a0);
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  for (gint32 k = 0; k < t->n_rows; k++)
     {
-      const gint32 i = __builtin_ctz (m), j = pd->n++;
-      pd->vrow[j] = g->vrow[i];
-      for (gint32 k = 0; k < t->n_rows; k++)
-        if (vis[k] >> i & 1)
-          {
-            pd->s[k][j] = dot (t->q + (gsize) k * d, g->krow[i], d);
-            pd->vis[k] |= 1u << j;
-          }
+      float *dst = pd->s[k] + pd->n;
+      if (a0)
+        _mm512_storeu_ps (dst, _mm512_maskz_compress_ps (a0, _mm512_mask_loadu_ps (ninf, (__mmask16) vis[k], s[k])));
+      if (a1)
+        _mm512_storeu_ps (dst + n0, _mm512_maskz_compress_ps (
+                                        a1, _mm512_mask_loadu_ps (ninf, (__mmask16) (vis[k] >> 16), s[k] + 16)));
     }
+  for (guint32 m = any; m; m &= m - 1)
+    pd->vrow[pd->n++] = g->vrow[__builtin_ctz (m)];
+}
+
+/* Softmax step of row r over the n buffered scores s (-inf: not seen):
+ * p = e^(s - m_new) written over s (zero past n up to a whole vector);
+ * returns alpha. A row that sees none of them is left unchanged. */
+static inline float
+buffer_softmax (VsTile *t, gint32 r, float *s, gint32 n)
+{
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  __m512 v[VS_PENDING_KEYS / 16];
+  __m512 mx = ninf;
+  const gint32 nv = (n + 15) / 16;
+  for (gint32 i = 0; i < nv; i++)
+    {
+      const gint32 left = n - 16 * i;
+      const __mmask16 in = left >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << left) - 1);
+      v[i] = _mm512_mask_loadu_ps (ninf, in, s + 16 * i);
+      mx = _mm512_max_ps (mx, v[i]);
+    }
+  const float m_old = t->m[r], mxs = _mm512_reduce_max_ps (mx);
+  if (mxs == -INFINITY)
+    {
+      for (gint32 i = 0; i < nv; i++)
+        _mm512_storeu_ps (s + 16 * i, _mm512_setzero_ps ());
+      return 1.0f;
+    }
+  const float m_new = mxs > m_old ? mxs : m_old;
+  const float alpha = m_new == m_old ? 1.0f : expf (m_old - m_new);
+  const __m512 mv = _mm512_set1_ps (m_new);
+  __m512 sum = _mm512_setzero_ps ();
+  for (gint32 i = 0; i < nv; i++)
+    {
+      /* -inf - m_new is -inf: exp512 flushes it to 0. */
+      const __m512 p = exp512 (_mm512_sub_ps (v[i], mv));
+      _mm512_storeu_ps (s + 16 * i, p);
+      sum = _mm512_add_ps (sum, p);
+    }
+  t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (sum);
+  t->m[r] = m_new;
+  return alpha;
 }
 
 void
 vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
 {
-  if (pd->n == 0)
+  const gint32 n = pd->n;
+  if (n == 0)
     return;
-  float alpha[4];
-  guint32 any = 0;
-  for (gint32 k = 0; k < 4; k++)
-    {
-      if (k < t->n_rows && pd->vis[k])
-        alpha[k] = row_softmax (t, k, pd->s[k], pd->vis[k]);
-      else
-        {
-          alpha[k] = 1.0f;
-          memset (pd->s[k], 0, sizeof pd->s[k]);
-        }
-      any |= pd->vis[k];
-    }
+  float alpha[4] = { 1.0f, 1.0f, 1.0f, 1.0f };
+  for (gint32 k = 0; k < t->n_rows; k++)
+    alpha[k] = buffer_softmax (t, k, pd->s[k], n);
+  const guint64 lanes = n == 64 ? ~(guint64) 0 : ((guint64) 1 << n) - 1;
   if (t->n_rows == 4)
-    pv4 (t, 0, pd->s, alpha, any, pd->vrow);
+    {
+      float *const p[4] = { pd->s[0], pd->s[1], pd->s[2], pd->s[3] };
+      pv4 (t, 0, p, alpha, lanes, pd->vrow);
+    }
   else
     for (gint32 k = 0; k < t->n_rows; k++)
       {
@@ -378,14 +477,10 @@ vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
         for (gint32 c0 = 0; c0 < t->d; c0 += 16)
           {
             __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
-            for (guint32 m = pd->vis[k]; m; m &= m - 1)
-              {
-                const gint32 i = __builtin_ctz (m);
-                a0 = _mm512_fmadd_ps (_mm512_set1_ps (pd->s[k][i]), _mm512_loadu_ps (pd->vrow[i] + c0), a0);
-              }
+            for (gint32 i = 0; i < n; i++)
+              a0 = _mm512_fmadd_ps (_mm512_set1_ps (pd->s[k][i]), _mm512_loadu_ps (pd->vrow[i] + c0), a0);
             _mm512_storeu_ps (acc + c0, a0);
           }
       }
   pd->n = 0;
-  pd->vis[0] = pd->vis[1] = pd->vis[2] = pd->vis[3] = 0;
 }

@@ -154,7 +154,7 @@ vs_view_f32 (const SiftView *k, float **buf, gsize *cap)
  * panel is a lane bitmask: its merged slash ranges OR the head's columns
  * (a key in both is one bit, so visited once). */
 
-#define VS_CHUNK_ROWS 64
+#define VS_CHUNK_ROWS 128
 
 struct _VsAttn {
   gint32 n_q_heads, n_kv_heads, d;
@@ -178,6 +178,10 @@ struct _VsAttn {
   guint32 *colmask;          /* [n_q_heads][n_panels]: the head's columns in each panel */
   gsize panels_cap, colmask_cap;
   gint64 n_panels;
+#ifdef VS_HAVE_AVX512
+  VsPending *pending;        /* [n_threads][heads per group][tiles per chunk] */
+  gsize pending_per_worker;
+#endif
 };
 
 VsAttn *
@@ -218,6 +222,13 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->n_threads = sift_parallel_n_threads ();
   a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
   a->scratch = g_new (VsRange, (gsize) a->n_threads * a->scratch_per_worker);
+#ifdef VS_HAVE_AVX512
+  if (tile <= 4)
+    {
+      a->pending_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile);
+      a->pending = g_new (VsPending, (gsize) a->n_threads * a->pending_per_worker);
+    }
+#endif
   return a;
 }
 
@@ -236,6 +247,9 @@ vs_attn_free (VsAttn *a)
   g_free (a->vbuf);
   g_free (a->panels);
   g_free (a->colmask);
+#ifdef VS_HAVE_AVX512
+  g_free (a->pending);
+#endif
   g_free (a);
 }
 
@@ -293,11 +307,11 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
       }
   const gint64 last_panel = (key_end - job->key0 + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
 #ifdef VS_HAVE_AVX512
-  /* Few-key groups wait in a per-(head, tile) buffer (see VsPending). */
+  /* Tiles of at most 4 rows buffer their scored keys (see VsPending). */
   const gboolean pend = vs_isa () >= SIFT_ISA_AVX512 && a->tile <= 4 && a->d % 16 == 0;
-  VsPending pending[pend ? hg * nt : 1];
+  VsPending *pending = pend ? a->pending + (gsize) worker * a->pending_per_worker : NULL;
   for (gint64 i = 0; pend && i < hg * nt; i++)
-    pending[i].n = 0, pending[i].vis[0] = pending[i].vis[1] = pending[i].vis[2] = pending[i].vis[3] = 0;
+    pending[i].n = 0;
 #endif
   VsGroup grp;
   for (gint64 pi = 0; pi < last_panel; pi++)
@@ -336,7 +350,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
                               a->acc + row * a->d, 0 };
 #ifdef VS_HAVE_AVX512
-              if (pend && __builtin_popcount (mask) <= VS_PENDING_LANES)
+              if (pend)
                 vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &grp);
               else
 #endif

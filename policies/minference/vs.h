@@ -15,7 +15,7 @@ G_BEGIN_DECLS
 /* Query rows per tile of the sparse kernel by default: the slash diagonals
  * of a tile become whole key ranges [tile_start - d, tile_end - d), so a
  * lone diagonal costs `tile` keys per row. MInference's GPU kernel uses 64;
- * the CPU kernel reuses each key panel across 64 rows whatever the tile,
+ * the CPU kernel reuses each key panel across 128 rows whatever the tile,
  * so a small tile wastes less on scattered diagonals at little cost. */
 #define VS_TILE_DEFAULT 4
 #define VS_TILE_MAX 256
@@ -153,17 +153,19 @@ void vs_group_attend_avx2 (VsTile *t, const VsGroup *g);
 #ifdef VS_HAVE_AVX512
 void vs_group_attend_avx512 (VsTile *t, const VsGroup *g);
 
-/* Groups with at most VS_PENDING_LANES keys (lone diagonals, stray
- * columns) for tiles of at most 4 rows: their scores are dot products put
- * aside until VS_KEY_GROUP keys have gathered, so the softmax step and the
- * accumulator pass are paid once per 32 keys rather than once per group.
- * Every pending key is flushed before the tile's state is read. */
-#define VS_PENDING_LANES 16
+/* Tiles of at most 4 rows: a per-(head, tile) buffer of scored keys.
+ * Each group's keys are scored as it passes (the K panel is in L1 then)
+ * and packed into the buffer, rows' invisible keys as -inf; the online
+ * softmax step, the accumulator's rescale and the P.V pass run once the
+ * buffer holds VS_PENDING_KEYS keys, however the keys were scattered over
+ * groups (lone diagonals, stray columns, partial panels). Scores of a few
+ * keys are 4 x 4 blocks of dot products, of many the transposed panel.
+ * Every buffered key is flushed before the tile's state is read. */
+#define VS_PENDING_KEYS 32
 typedef struct {
-  float s[4][VS_KEY_GROUP];            /* scores of the pending keys, per row */
-  const float *vrow[VS_KEY_GROUP];
-  guint32 vis[4];                      /* pending keys each row attends */
-  gint32 n;
+  float s[4][VS_PENDING_KEYS + 16];    /* scores, then probabilities, of the buffered keys per row */
+  const float *vrow[VS_PENDING_KEYS];  /* their value rows */
+  gint32 n;                            /* keys buffered */
 } VsPending;
 
 void vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g);

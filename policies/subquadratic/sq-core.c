@@ -349,6 +349,7 @@ typedef struct {
   float *lk, *lv;      /* causal forward: this worker's landmarks, [kv_heads][n_blocks][d] */
   gint64 lm_done;      /* blocks [0, lm_done) of lk, lv are computed */
   float *ring;         /* band panels: [kv_heads][ring_n][d][16], or NULL */
+  SqSharedCache shared; /* band tiles' shared keys, packed */
   gint64 ring_n, ring_next; /* panels [ring_next - ring_n, ring_next) are packed */
   float *acc;          /* [head_dim], or [tile][head_dim] for the tiled forward */
   float *m, *l;        /* tiled: [tile] */
@@ -394,6 +395,7 @@ worker_alloc (Worker *w, const Forward *f, gboolean tiled)
     {
       w->ring_n = f->c->window / 16 + SQ_BAND_ROWS / 16 + 3;
       w->ring = g_aligned_alloc ((gsize) w->ring_n * 16 * (gsize) d * (gsize) f->k->n_heads, sizeof (float), 64);
+      sq_shared_cache_init (&w->shared, f->k->n_heads, d);
     }
   w->row_start = g_new (gsize, 2 * (rows + 1));
   if (tiled)
@@ -422,6 +424,7 @@ worker_free (Worker *w)
   g_free (w->lv);
   g_free (w->vp);
   g_aligned_free (w->ring);
+  sq_shared_cache_clear (&w->shared);
   g_free (w->m);
   g_free (w->l);
   g_free (w->rows);
@@ -447,6 +450,82 @@ row_candidates (const Forward *f, Worker *w, gint64 i, gsize tok_at, gsize blk_a
 }
 
 void
+sq_shared_cache_init (SqSharedCache *cache, gint32 kv_heads, gint32 d)
+{
+  *cache = (SqSharedCache) { 0 };
+  cache->panels = g_aligned_alloc ((gsize) kv_heads * (gsize) d * 16, sizeof (float), 64);
+}
+
+void
+sq_shared_cache_clear (SqSharedCache *cache)
+{
+  g_aligned_free (cache->panels);
+  *cache = (SqSharedCache) { 0 };
+}
+
+/* The union of the tile's landmark blocks into key (as -1 - block), bit c
+ * of mask[r] for row r's; -1 if more than SQ_SHARED_MAX. */
+static gint32
+shared_landmarks (const SqTile *t, gint64 *key, guint16 *mask)
+{
+  gint32 n = 0;
+  for (gint64 r = 0; r < t->q.n_tokens; r++)
+    for (gsize x = t->lidx_start[r]; x < t->lidx_start[r + 1]; x++)
+      {
+        gint64 id = -1 - (gint64) t->lidx[x];
+        gint32 c = 0;
+        while (c < n && key[c] != id)
+          c++;
+        if (c == n)
+          {
+            if (n == SQ_SHARED_MAX)
+              return -1;
+            key[n++] = id;
+          }
+        mask[r] |= (guint16) (1u << c);
+      }
+  return n;
+}
+
+static gboolean
+is_shared_token (const gint64 *key, gint32 n, gint64 j)
+{
+  for (gint32 c = 0; c < n; c++)
+    if (key[c] == j)
+      return TRUE;
+  return FALSE;
+}
+
+/* Tokens every row of the tile names (the globals outside the windows),
+ * while there is room, after the n keys already in key; returns the new
+ * count. */
+static gint32
+shared_tokens (const SqTile *t, gint64 *key, gint32 n, guint16 *mask)
+{
+  const gint64 rows = t->q.n_tokens;
+  if (rows < 2)
+    return n;
+  for (gsize x = t->idx_start[0]; x < t->idx_start[1] && n < SQ_SHARED_MAX; x++)
+    {
+      gint64 j = t->idx[x];
+      gboolean everywhere = TRUE;
+      for (gint64 r = 1; r < rows && everywhere; r++)
+        {
+          gsize y = t->idx_start[r];
+          while (y < t->idx_start[r + 1] && t->idx[y] != j)
+            y++;
+          everywhere = y < t->idx_start[r + 1];
+        }
+      if (!everywhere)
+        continue;
+      for (gint64 r = 0; r < rows; r++)
+        mask[r] |= (guint16) (1u << n);
+      key[n++] = j;
+    }
+  return n;
+}
+
+void
 sq_attend_tile (const SqTile *t)
 {
   const gint32 d = t->q.head_dim, group = t->q.n_heads / t->k.n_heads;
@@ -457,6 +536,26 @@ sq_attend_tile (const SqTile *t)
   g_assert (n <= SQ_BAND_ROWS);
   for (gint64 r = 0; r < n; r++)
     st[r].acc = t->acc + r * d;
+  /* The rows of a tile name nearly the same landmark blocks (the pivot
+   * moves once every block_size rows) and the same globals: these go
+   * through the shared-keys kernel as one small dense block, a mask per
+   * row; each row's strides stay its own. */
+  SqSharedFunc shared = rows != NULL ? sq_simd_shared (d) : NULL;
+  gint64 sh_key[SQ_SHARED_MAX];
+  gint32 sh_n = 0, sh_lm = 0;
+  guint16 sh_mask[SQ_BAND_ROWS] = { 0 };
+  if (shared != NULL)
+    sh_n = sh_lm = shared_landmarks (t, sh_key, sh_mask);
+  if (sh_n < 0)
+    shared = NULL; /* too many: the landmarks stay with each row */
+  if (shared != NULL)
+    sh_n = shared_tokens (t, sh_key, sh_n, sh_mask);
+  /* Packed keys: kept from earlier tiles when the set is the same. */
+  SqSharedCache local = { 0 };
+  float local_panel[128 * 16] __attribute__ ((aligned (64)));
+  SqSharedCache *cache = t->shared != NULL ? t->shared : &local;
+  gboolean repack = t->shared == NULL || cache->n != sh_n || cache->k != t->k.data || cache->lk != t->lk
+                    || memcmp (cache->key, sh_key, (gsize) sh_n * sizeof (gint64)) != 0;
   for (gint32 h = 0; h < t->q.n_heads; h++)
     {
       gint32 g = h / group;
@@ -499,19 +598,40 @@ sq_attend_tile (const SqTile *t)
       sq_prefetch_rest (&pf);
       if (rows != NULL)
         {
-          /* Every row's other keys, then its landmarks, side by side. */
-          gsize cnt[SQ_BAND_ROWS];
           const float *lkb = t->lk + (gint64) g * t->l_n * d, *lvb = t->lv + (gint64) g * t->l_n * d;
+          if (shared != NULL && sh_n > 0)
+            {
+              const float *shk[SQ_SHARED_MAX], *shv[SQ_SHARED_MAX];
+              for (gint32 c = 0; c < sh_n; c++)
+                {
+                  gint64 j = sh_key[c];
+                  shk[c] = j >= 0 ? kb + j * t->k.token_stride : lkb + (-1 - j) * d;
+                  shv[c] = j >= 0 ? vb + j * t->v.token_stride : lvb + (-1 - j) * d;
+                }
+              float *panel = t->shared != NULL ? cache->panels + (gsize) g * d * 16 : local_panel;
+              if (repack && h % group == 0)
+                sq_pack_rows (shk, sh_n, d, panel);
+              SqShared b = {
+                .q = sift_view_row (&t->q, h, 0), .q_stride = t->q.token_stride, .n_rows = (gint32) n,
+                .scale = t->scale, .panel = panel, .v = shv, .n = sh_n, .mask = sh_mask,
+              };
+              shared (&b, st);
+            }
+          /* Every row's other keys, then its landmarks (unless shared), side by side. */
+          gsize cnt[SQ_BAND_ROWS];
           for (gint64 r = 0; r < n; r++)
             {
               gsize c = 0;
               const float **kp = t->kp + r * t->ptr_max, **vp = t->vp + r * t->ptr_max;
-              for (gsize x = t->idx_start[r]; x < t->idx_start[r + 1]; x++, c++)
+              for (gsize x = t->idx_start[r]; x < t->idx_start[r + 1]; x++)
                 {
+                  if (shared != NULL && is_shared_token (sh_key + sh_lm, sh_n - sh_lm, t->idx[x]))
+                    continue;
                   kp[c] = kb + t->idx[x] * t->k.token_stride;
                   vp[c] = vb + t->idx[x] * t->v.token_stride;
+                  c++;
                 }
-              for (gsize x = t->lidx_start[r]; x < t->lidx_start[r + 1]; x++, c++)
+              for (gsize x = t->lidx_start[r]; shared == NULL && x < t->lidx_start[r + 1]; x++, c++)
                 {
                   kp[c] = lkb + (gint64) t->lidx[x] * d;
                   vp[c] = lvb + (gint64) t->lidx[x] * d;
@@ -541,6 +661,14 @@ sq_attend_tile (const SqTile *t)
           sq_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
                            t->lse ? &t->lse[h * t->lse_stride + r] : NULL);
         }
+    }
+  if (shared != NULL && sh_n > 0 && t->shared != NULL)
+    {
+      /* Every kv head's panel now holds this set. */
+      memcpy (cache->key, sh_key, (gsize) sh_n * sizeof (gint64));
+      cache->n = sh_n;
+      cache->k = t->k.data;
+      cache->lk = t->lk;
     }
 }
 
@@ -639,6 +767,7 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
         /* The next tile's strides are these rows' shifted by its size; they are far
          * behind the window, so fetch them while this tile computes. */
         .prefetch_shift = SQ_BAND_ROWS,
+        .shared = w->shared.panels != NULL ? &w->shared : NULL,
       };
       sq_attend_tile (&t);
     }

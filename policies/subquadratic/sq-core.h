@@ -93,6 +93,20 @@ void sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float s
  * online softmax one row at a time. */
 #define SQ_BAND_ROWS 8
 
+/* The keys a band tile shares between its rows (its landmarks, then tokens
+ * every row names), packed per kv head; consecutive tiles share the same
+ * set until the pivot block moves (every block_size rows), so a caller
+ * keeps one across tiles and packs again only when the set changes. */
+typedef struct {
+  gint32 n;                   /* keys packed; 0: nothing valid */
+  gint64 key[16];             /* >= 0: token row; < 0: landmark -1 - key */
+  const float *k, *lk;        /* what they were packed from */
+  float *panels;              /* [kv_heads][d][16], 64-byte aligned */
+} SqSharedCache;
+
+void sq_shared_cache_init (SqSharedCache *cache, gint32 kv_heads, gint32 d);
+void sq_shared_cache_clear (SqSharedCache *cache);
+
 typedef struct {
   SiftView q, out;            /* the tile's rows: f32 [q_heads][n_rows <= SQ_BAND_ROWS][d] */
   SiftView k, v;              /* f32 [kv_heads][n][d]: every key row the tile reads */
@@ -115,6 +129,7 @@ typedef struct {
   const float **kp, **vp;     /* scratch [SQ_BAND_ROWS][ptr_max]: >= most idx + lidx of a row */
   gsize ptr_max;
   gint64 prefetch_shift;      /* > 0: while a head runs, fetch its idx + shift rows and rows [hi + n, hi + n + shift) into L2 (the next tile's) */
+  SqSharedCache *shared;      /* packed shared keys kept between tiles, or NULL (packed per tile) */
 } SqTile;
 
 void sq_attend_tile (const SqTile *t);

@@ -22,6 +22,14 @@ mean_scalar (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
     dst[x] *= inv;
 }
 
+static void
+pack_rows_scalar (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  for (gint32 x = 0; x < d; x++)
+    for (gint32 c = 0; c < 16; c++)
+      panel[x * 16 + c] = c < n ? rows[c][x] : 0.0f;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -262,6 +270,9 @@ band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *
   const int d = 16 * nv;
   const float *panel[2];
   __m512 s[2][R];
+  /* A local copy: the vector stores below may alias *b->pf, which would
+   * otherwise be stored and reloaded every step. */
+  SqPrefetch pf = b->pf != NULL ? *b->pf : (SqPrefetch) { 0 };
 #pragma GCC unroll 2
   for (int u = 0; u < np; u++)
     {
@@ -274,8 +285,7 @@ band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *
   for (int x = 0; x < d; x++)
     {
       /* Spread the next tile's far rows over the FMAs, one line a step. */
-      if (b->pf != NULL)
-        sq_prefetch_step (b->pf);
+      sq_prefetch_step (&pf);
       __m512 kx[2];
 #pragma GCC unroll 2
       for (int u = 0; u < np; u++)
@@ -302,6 +312,8 @@ band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *
         mx[r] = _mm512_max_ps (mx[r], sv);
         _mm512_store_ps (sb + r * SQ_BAND_SB + u * L, sv);
       }
+  if (b->pf != NULL)
+    *b->pf = pf;
 }
 
 /* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
@@ -582,6 +594,105 @@ pack_transpose_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float 
     }
 }
 
+/* ---- Shared-keys kernel (AVX-512) ----------------------------------------- */
+
+/* The keys come packed in one panel ([d][16]), so q . k for 8 rows x 16
+ * keys is d steps of one load and 8 broadcast FMAs; a row's keys it does
+ * not name score -inf. One max per row, one rescale, then P . V for all
+ * rows 32 floats of d at a time, as the band. */
+INLINE AVX512 void
+shared_avx512 (const SqShared *b, SqState *st, int nv)
+{
+  enum { R = SQ_BAND_ROWS, L = 16 };
+  const int d = 16 * nv, n_rows = b->n_rows, n = b->n;
+  const float *panel = b->panel;
+  float qs[R * 128] __attribute__ ((aligned (64)));
+  float sb[R][L] __attribute__ ((aligned (64))); /* weights */
+  float rf[R];
+  g_assert (n >= 1 && n <= L);
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int j = 0; j < nv; j++)
+      _mm512_store_ps (qs + r * d + 16 * j,
+                       r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (b->q + r * b->q_stride + 16 * j),
+                                                   _mm512_set1_ps (b->scale))
+                                  : _mm512_setzero_ps ());
+  __m512 s[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    s[r] = _mm512_setzero_ps ();
+#pragma GCC unroll 2
+  for (int x = 0; x < d; x++)
+    {
+      __m512 kx = _mm512_loadu_ps (panel + x * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        s[r] = _mm512_fmadd_ps (kx, _mm512_set1_ps (qs[r * d + x]), s[r]);
+    }
+  for (int r = 0; r < R; r++)
+    {
+      const __mmask16 k = r < n_rows ? (__mmask16) (b->mask[r] & ((1u << n) - 1u)) : 0;
+      rf[r] = 1.0f;
+      if (k == 0)
+        {
+          /* Nothing for this row: weights 0, its state unchanged. */
+          _mm512_store_ps (sb[r], _mm512_setzero_ps ());
+          continue;
+        }
+      __m512 sv = _mm512_mask_blend_ps (k, _mm512_set1_ps (-INFINITY), s[r]);
+      float mn = MAX (st[r].m, _mm512_reduce_max_ps (sv));
+      /* What was summed shrinks by e^(m_old - m_new) (0 for a fresh row). */
+      if (mn > st[r].m)
+        rf[r] = expf (st[r].m - mn);
+      __m512 w = exp512 (_mm512_sub_ps (sv, _mm512_set1_ps (mn)));
+      st[r].l = st[r].l * rf[r] + _mm512_reduce_add_ps (w);
+      st[r].m = mn;
+      _mm512_store_ps (sb[r], w);
+    }
+  for (int jv = 0; jv < nv; jv += 2)
+    {
+      __m512 acc[R][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++)
+          acc[r][j] = r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
+                                 : _mm512_setzero_ps ();
+      for (int c = 0; c < n; c++)
+        {
+          const float *v = b->v[c] + 16 * jv;
+          __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            {
+              __m512 w = _mm512_set1_ps (sb[r][c]);
+              acc[r][0] = _mm512_fmadd_ps (w, v0, acc[r][0]);
+              acc[r][1] = _mm512_fmadd_ps (w, v1, acc[r][1]);
+            }
+        }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        if (r < n_rows)
+#pragma GCC unroll 2
+          for (int j = 0; j < 2; j++)
+            _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
+    }
+}
+
+static AVX512 void
+pack_rows_avx512 (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  float keys[16 * 128] __attribute__ ((aligned (64)));
+  for (gint32 c = 0; c < n; c++)
+    for (gint32 x = 0; x < d; x += 16)
+      _mm512_store_ps (keys + c * d + x, _mm512_loadu_ps (rows[c] + x));
+  pack_transpose_avx512 (keys, d, n, d, panel);
+}
+
+SQ_DEFINE_TILE (shared_avx512, SqShared, 32, 2)
+SQ_DEFINE_TILE (shared_avx512, SqShared, 64, 4)
+SQ_DEFINE_TILE (shared_avx512, SqShared, 128, 8)
+
 static AVX512 void
 pack_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
@@ -744,7 +855,38 @@ sq_simd_rows (gint32 head_dim)
   return head_dim == 32 ? rows_avx512_32 : head_dim == 64 ? rows_avx512_64 : rows_avx512_128;
 }
 
+void
+sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  g_assert (n >= 0 && n <= 16);
+  if (d % 16 == 0 && d <= 128 && plugin_isa () >= SIFT_ISA_AVX512)
+    pack_rows_avx512 (rows, n, d, panel);
+  else
+    pack_rows_scalar (rows, n, d, panel);
+}
+
+SqSharedFunc
+sq_simd_shared (gint32 head_dim)
+{
+  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
+    return NULL;
+  return head_dim == 32 ? shared_avx512_32 : head_dim == 64 ? shared_avx512_64 : shared_avx512_128;
+}
+
 #else
+
+void
+sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
+{
+  pack_rows_scalar (rows, n, d, panel);
+}
+
+SqSharedFunc
+sq_simd_shared (gint32 head_dim)
+{
+  (void) head_dim;
+  return NULL;
+}
 
 SiftIsa
 sq_simd_isa (gint32 head_dim)

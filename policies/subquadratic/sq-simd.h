@@ -96,6 +96,33 @@ typedef struct {
 typedef void (*SqRowsFunc) (const SqRows *rows, SqState *st);
 SqRowsFunc sq_simd_rows (gint32 head_dim);
 
+/* Keys shared by the rows of a tile (its landmarks: the rows of a band tile
+ * name nearly the same blocks; and tokens every row names, the globals):
+ * row r (q at q + r * q_stride) continues st[r] over keys c < n (<= 16)
+ * with bit c of mask[r] set, key c packed in `panel` (sq_pack_rows) and
+ * its value at v[c]. Every row's scores come from one dense 8 x 16 block
+ * and each value line is read once for all rows. */
+typedef struct {
+  const float *q;
+  gint64 q_stride;
+  gint32 n_rows;
+  float scale;
+  const float *panel;               /* [d][16]: key c in lane c */
+  const float *const *v;            /* [n] rows of d floats */
+  gint32 n;
+  const guint16 *mask;              /* [n_rows] */
+} SqShared;
+
+#define SQ_SHARED_MAX 16
+
+typedef void (*SqSharedFunc) (const SqShared *shared, SqState *st);
+/* The shared-keys kernel for head_dim on this CPU, or NULL. */
+SqSharedFunc sq_simd_shared (gint32 head_dim);
+
+/* Packs rows[c] (c < n <= 16, d floats each) into one panel [d][16], key c
+ * in lane c, lanes from n on zero. */
+void sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel);
+
 /* dst[0, d) = src[0, d) * s. */
 void sq_scale_row (float *dst, const float *src, float s, gint32 d);
 

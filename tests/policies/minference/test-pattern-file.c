@@ -84,7 +84,9 @@ static const Bad bad_files[] = {
   { "[{\"0\": [\"vertical_and_slash\", 1, 1], \"0\": [\"vertical_and_slash\", 2, 2]}]",
     SIFT_CONFIG_ERROR_DUPLICATE_KEY, ":1:38:", "listed twice" },
   { "[[1, 2]]", SIFT_CONFIG_ERROR_TYPE, ":1:2:", "layer 0" },
-  { "", SIFT_CONFIG_ERROR_SYNTAX, "", "empty" },
+  /* No document at all: the message still names a position, not 0:0. */
+  { "", SIFT_CONFIG_ERROR_SYNTAX, ":1:1:", "file is empty" },
+  { "# only a comment\n", SIFT_CONFIG_ERROR_SYNTAX, ":1:1:", "file is empty" },
 };
 
 static void

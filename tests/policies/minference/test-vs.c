@@ -394,8 +394,22 @@ random_set (GRand *rng, gint64 n, gint64 want, gint64 forced, gint64 *out)
 /* Runs the kernel for rows [q_pos, q_pos + n_q) over keys streamed in
  * blocks; checks every head against the masked double reference. */
 static void
+check_kernel_pattern (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint64 block,
+                      const gint64 *want_vertical, const gint64 *want_slash);
+
+/* Random patterns per head (head 3 without recent diagonals). */
+static void
 check_kernel (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint64 block,
               gboolean empty_pattern)
+{
+  const gint64 wv[4] = { 12, 17, 22, 27 }, ws[4] = { 6, 10, 14, 18 }, none[4] = { -1, -1, -1, -1 };
+  check_kernel_pattern (isa, d, tile, q_pos, n_q, block, empty_pattern ? none : wv, empty_pattern ? none : ws);
+}
+
+/* want_*[h] random picks for head h (-1: an empty list). */
+static void
+check_kernel_pattern (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint64 block,
+                      const gint64 *want_vertical, const gint64 *want_slash)
 {
   if (!use_isa (isa))
     return;
@@ -410,8 +424,8 @@ check_kernel (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n_q, gint
     {
       pat[h].vertical = vert + h * n;
       pat[h].slash = slash + h * n;
-      pat[h].n_vertical = empty_pattern ? 0 : random_set (rng, n, 12 + 5 * h, 3, vert + h * n);
-      pat[h].n_slash = empty_pattern ? 0 : random_set (rng, n, 6 + 4 * h, h == 3 ? 0 : 2, slash + h * n);
+      pat[h].n_vertical = want_vertical[h] < 0 ? 0 : random_set (rng, n, want_vertical[h], 3, vert + h * n);
+      pat[h].n_slash = want_slash[h] < 0 ? 0 : random_set (rng, n, want_slash[h], h == 3 ? 0 : 2, slash + h * n);
     }
   SiftView qc = sift_view_tokens (&t.qv, q_pos, n_q);
   g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat);
@@ -492,6 +506,31 @@ test_kernel_mask_simd (void **state)
       check_kernel (isas[i], 32, 3, 41, 170, 37, FALSE);
       check_kernel (isas[i], 16, 1, 5, 120, 64, FALSE);
     }
+}
+
+/* Tiles of at most 4 rows buffer scored keys (VsPending on AVX-512): whole
+ * panels, scattered lone diagonals (few-key dot blocks), stray columns, a
+ * mix, and nearly every diagonal (the buffer flushing at every group);
+ * row counts not a multiple of 4, blocks that cut panels. */
+static void
+test_kernel_buffered (void **state)
+{
+  (void) state;
+  const gint64 n = 37 + 301;
+  const gint64 dense[4] = { n, n, n / 2, n }, scattered[4] = { n / 10, n / 8, n / 6, n / 12 };
+  const gint64 few[4] = { 3, 5, 8, 13 }, none[4] = { -1, -1, -1, -1 };
+  const gint64 columns[4] = { n / 3, n / 5, n / 9, n / 2 };
+  const SiftIsa isas[] = { SIFT_ISA_SCALAR, SIFT_ISA_AVX2, SIFT_ISA_AVX512 };
+  for (gsize i = 0; i < G_N_ELEMENTS (isas); i++)
+    for (gint32 tile = 1; tile <= 4; tile++)
+      {
+        if (isas[i] != SIFT_ISA_AVX512 && (tile == 2 || tile == 3))
+          continue; /* the buffered path is AVX-512's; the others get both ends */
+        check_kernel_pattern (isas[i], 128, tile, 37, 301, 50, few, dense);
+        check_kernel_pattern (isas[i], 128, tile, 37, 301, 1000, none, scattered);
+        check_kernel_pattern (isas[i], 64, tile, 37, 301, 64, columns, none);
+        check_kernel_pattern (isas[i], 32, tile, 37, 301, 29, columns, scattered);
+      }
 }
 
 static void
@@ -695,6 +734,7 @@ main (void)
     cmocka_unit_test (test_sizes),
     cmocka_unit_test (test_kernel_mask_scalar),
     cmocka_unit_test (test_kernel_mask_simd),
+    cmocka_unit_test (test_kernel_buffered),
     cmocka_unit_test (test_kernel_empty_pattern),
     cmocka_unit_test (test_simd_matches_scalar),
     cmocka_unit_test (test_chunk_equals_whole),
