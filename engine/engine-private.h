@@ -151,7 +151,7 @@ gboolean sift_engine_offload_prefill (SiftEngine *engine, const SiftPolicyContex
 /* Appends decode rows to the layer's decode buffer. */
 gboolean sift_engine_put_decode (SiftEngine *engine, gint32 layer, gint64 pos0, gint64 n,
                                  const float *k, const float *v, GError **error);
-/* Offloads one full block of the decode buffer if it holds block_size tokens. */
+/* Offloads every full block of the decode buffer (more than one after a step of more rows than block_size). */
 gboolean sift_engine_offload_decode (SiftEngine *engine, const SiftPolicyContext *ctx,
                                      const SiftLayerPolicies *policies, GError **error);
 /* Waits for the stores reading or writing `layer`'s blocks; reports a failed store. */

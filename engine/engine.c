@@ -943,15 +943,18 @@ sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx,
   if (!check_layer (e, layer, error))
     return FALSE;
   const SiftModelShape *s = &e->config.shape;
-  if (e->decode_len[layer] < s->block_size)
-    return TRUE;
-  gsize off = (gsize) e->decode_start[layer] * (gsize) s->head_dim * e->es;
-  if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_DECODE, e->stored_tokens[layer] /* before */,
-                      s->block_size, e->decode_k[layer] + off, e->decode_v[layer] + off, e->decode_cap,
-                      error))
-    return FALSE;
-  e->decode_start[layer] += s->block_size;
-  e->decode_len[layer] -= s->block_size;
+  /* Steps of more rows than block_size fill more than one block: offload
+   * every full one, or the next step's rows do not fit the buffer. */
+  while (e->decode_len[layer] >= s->block_size)
+    {
+      gsize off = (gsize) e->decode_start[layer] * (gsize) s->head_dim * e->es;
+      if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_DECODE, e->stored_tokens[layer] /* before */,
+                          s->block_size, e->decode_k[layer] + off, e->decode_v[layer] + off, e->decode_cap,
+                          error))
+        return FALSE;
+      e->decode_start[layer] += s->block_size;
+      e->decode_len[layer] -= s->block_size;
+    }
   return TRUE;
 }
 

@@ -151,7 +151,12 @@ batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftV
   const SiftModelShape *s = &e->config.shape;
   const gint32 G = s->n_q_heads / s->n_kv_heads;
   gboolean ok = TRUE;
-  if (b->uniform)
+  /* One call needs every head in the same state too: an earlier group may
+   * have reached some heads only (batch_call writes or merges by head q0). */
+  gboolean same_written = TRUE;
+  for (gint32 h = 1; h < s->n_q_heads; h++)
+    same_written = same_written && written[h] == written[0];
+  if (b->uniform && same_written)
     ok = batch_call (e, ctx, b, lk, lv, 0, s->n_q_heads, 0, s->n_kv_heads, out, lse, written, attended, error);
   else
     for (gint32 g = 0; g < s->n_kv_heads && ok;)

@@ -153,6 +153,7 @@ test_mapped_equals_copied (void **state)
 
 static double compare_max_err;
 static gboolean compare_per_head;
+static gboolean compare_late; /* the first two blocks only for query head 1, the rest whole */
 
 /* A selection mixing whole blocks, kv-head and query-head picks. */
 static SiftSelection *
@@ -178,6 +179,27 @@ mixed_selection (const SiftPolicyContext *ctx, GError **error)
   return sel;
 }
 
+/* Query head 1 alone attends blocks 0 and 1; every head the later ones. A
+ * ring group of only the early blocks leaves the other heads unwritten,
+ * and a later group is whole. */
+static SiftSelection *
+late_selection (const SiftPolicyContext *ctx, GError **error)
+{
+  SiftSelection *sel = sift_selection_new (ctx->shape->n_q_heads, ctx->shape->n_kv_heads);
+  g_autofree gint64 *avail = g_new (gint64, MAX (ctx->n_blocks, 1));
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    {
+      avail[b] = b;
+      if (b < 2)
+        sift_selection_add_q_head (sel, b, 1);
+      else
+        sift_selection_add (sel, b);
+    }
+  if (!sift_selection_validate (sel, avail, (gsize) ctx->n_blocks, "test-compare-batched", error))
+    g_clear_pointer (&sel, sift_selection_free);
+  return sel;
+}
+
 /* A policy whose compute runs the default pipeline (batched) and checks it
  * against the obvious way: every stored block through the ring protocol,
  * one kernel call and one sift_attn_merge each, then the local tokens. */
@@ -186,8 +208,9 @@ compare_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
 {
   (void) self;
   SiftEngine *e = ctx->engine;
-  g_autoptr (SiftSelection) sel = compare_per_head ? mixed_selection (ctx, error) : NULL;
-  if ((compare_per_head && sel == NULL) || !sift_engine_attend_default (e, ctx, sel, out, lse, error))
+  g_autoptr (SiftSelection) sel = compare_late ? late_selection (ctx, error)
+                                  : compare_per_head ? mixed_selection (ctx, error) : NULL;
+  if ((compare_per_head + compare_late > 0 && sel == NULL) || !sift_engine_attend_default (e, ctx, sel, out, lse, error))
     return FALSE;
   const gint32 H = ctx->shape->n_q_heads, d = ctx->shape->head_dim, G = H / ctx->shape->n_kv_heads;
   const gint64 nq = ctx->n_q;
@@ -279,6 +302,43 @@ test_batched_equals_per_block (void **state)
         g_assert_no_error (error);
         assert_true (compare_max_err < 5e-6);
       }
+}
+
+/* A head that no block of the first ring groups reaches (and the local
+ * tokens come only with the last group) is still unwritten when a later
+ * group that every head attends arrives: that group must merge into the
+ * heads already written, not overwrite them. */
+static void
+test_batched_late_heads (void **state)
+{
+  (void) state;
+  compare_late = TRUE;
+  for (int copy = 0; copy < 2; copy++)
+    for (gint32 slots = 2; slots <= 4; slots += 2)
+      for (int gqa = 0; gqa < 2; gqa++)
+        {
+          SiftModelShape shape = { 1, 4, gqa ? 2 : 4, 16, 16, 32, 0 };
+          g_autoptr (GError) error = NULL;
+          SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+          g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+          SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = slots };
+          g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+          sift_engine_set_force_copy (engine, copy);
+          g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
+          g_autoptr (SiftPolicy) pol = sift_policy_new (&compare_ops, NULL, &shape, &error);
+          SiftPolicy *per[1] = { pol };
+          g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, per, per, &error);
+          g_assert_no_error (error);
+          compare_max_err = 0;
+          assert_true (sift_runner_prefill (runner, 96, &error));
+          for (int i = 0; i < 6; i++)
+            assert_true (sift_runner_decode (runner, 1, &error));
+          g_assert_no_error (error);
+          if (!(compare_max_err < 5e-6))
+            fail_msg ("%s, %d slots, %s: error %g", copy ? "copied" : "mapped", slots, gqa ? "gqa" : "mha",
+                      compare_max_err);
+        }
+  compare_late = FALSE;
 }
 
 /* ---- Results do not depend on load timing ------------------------------- */
@@ -520,6 +580,149 @@ test_mapped_load_after_store (void **state)
     }
 }
 
+/* ---- Randomized: any slots, block, chunk, store and dtype --------------- */
+
+/* DESIGN.md: the engine's output matches the dense reference within 1e-5
+ * relative for any slot count, block size, chunk size and store. Random
+ * configurations, mapped and copied, host and file stores, in the stored
+ * dtypes the compute dtype can hold exactly. */
+static void
+test_random_configs (void **state)
+{
+  (void) state;
+  static const SiftDType pairs[][2] = { /* store, compute */
+    { SIFT_DTYPE_F32, SIFT_DTYPE_F32 }, { SIFT_DTYPE_F16, SIFT_DTYPE_F16 }, { SIFT_DTYPE_BF16, SIFT_DTYPE_BF16 },
+    { SIFT_DTYPE_F16, SIFT_DTYPE_F32 }, { SIFT_DTYPE_BF16, SIFT_DTYPE_F32 }, { SIFT_DTYPE_F32, SIFT_DTYPE_F16 },
+  };
+  g_autoptr (GRand) rng = g_rand_new_with_seed (2024);
+  for (int it = 0; it < 64; it++)
+    {
+      const gint32 kv = g_rand_int_range (rng, 1, 3), group = 1 << g_rand_int_range (rng, 0, 3);
+      const gint32 bs = 4 << g_rand_int_range (rng, 0, 3);
+      SiftModelShape shape = { g_rand_int_range (rng, 1, 3), kv * group, kv, 16 << g_rand_int_range (rng, 0, 2), bs,
+                               bs * g_rand_int_range (rng, 1, 4), 0 };
+      const gint32 slots = g_rand_int_range (rng, 2, 7);
+      const SiftDType *dt = pairs[g_rand_int_range (rng, 0, G_N_ELEMENTS (pairs))];
+      const gboolean file = g_rand_boolean (rng), copy = g_rand_boolean (rng);
+      const SiftPipeline pipe = g_rand_boolean (rng) ? SIFT_PIPELINE_CROSS_LAYER : SIFT_PIPELINE_RING;
+      const gint64 prompt = g_rand_int_range (rng, 1, 9 * bs);
+      const gint32 steps = g_rand_int_range (rng, 1, 12);
+      gint32 rows[12];
+      gint64 n_tokens = prompt;
+      for (gint32 i = 0; i < steps; i++)
+        n_tokens += rows[i] = g_rand_int_range (rng, 1, SIFT_ATTN_DECODE_MAX_ROWS + 1);
+
+      g_autoptr (GError) error = NULL;
+      if (g_getenv ("TEST_VERBOSE"))
+        g_printerr ("case %d: %d layers %d/%d heads dim %d block %d chunk %d slots %d %s %s->%s %s %s prompt %" G_GINT64_FORMAT " steps %d\n",
+                    it, shape.n_layers, shape.n_q_heads, kv, shape.head_dim, bs, shape.chunk_size, slots, file ? "file" : "host",
+                    sift_dtype_name (dt[0]), sift_dtype_name (dt[1]), copy ? "copy" : "map", pipe ? "xl" : "ring", prompt, steps);
+      g_autofree char *path = file ? test_tmp_path ("random") : NULL;
+      SiftStoreConfig sc = test_store_config (&shape, dt[0], path);
+      g_autoptr (SiftStore) store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
+      g_assert_no_error (error);
+      SiftEngineConfig ec = { .shape = shape, .compute_dtype = dt[1], .n_slots = slots, .pipeline = pipe };
+      g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+      g_assert_no_error (error);
+      sift_engine_set_force_copy (engine, copy);
+      g_autoptr (SiftModelSource) src = test_source_new (&shape, (guint64) it + 1,
+                                                        dt[0] != SIFT_DTYPE_F32 ? dt[0] : dt[1]);
+      g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
+      g_assert_no_error (error);
+      TestChecker *check = test_checker_new (src, n_tokens);
+      sift_runner_set_observer (runner, &test_checker_observer, check);
+      assert_true (sift_runner_prefill (runner, prompt, &error));
+      for (gint32 i = 0; i < steps && error == NULL; i++)
+        sift_runner_decode (runner, rows[i], &error);
+      g_assert_no_error (error);
+      if (!(check->max_err < 1e-5 && check->max_lse_err < 1e-5 && check->calls > 0))
+        fail_msg ("case %d: %d layers, %d/%d heads, dim %d, block %d, chunk %d, %d slots, %s store %s -> %s, %s, %s: "
+                  "error %g, lse %g, %" G_GINT64_FORMAT " calls", it, shape.n_layers, shape.n_q_heads, kv,
+                  shape.head_dim, bs, shape.chunk_size, slots, file ? "file" : "host", sift_dtype_name (dt[0]),
+                  sift_dtype_name (dt[1]), copy ? "copied" : "maps", pipe ? "cross-layer" : "ring", check->max_err,
+                  check->max_lse_err, check->calls);
+      test_checker_free (check);
+    }
+}
+
+/* ---- Engines sharing a store ------------------------------------------- */
+
+/* DESIGN.md lets engines share a store. Two engines on one host store take
+ * turns (their copy workers store while the other engine attends), both
+ * reading in place; one evicts (compacting and releasing blocks whose ids
+ * the other's new blocks then take). The one without eviction still
+ * matches the dense reference. (One calling thread: GLib 2.74's GSlice
+ * moves memory between threads unseen by ThreadSanitizer, false races.) */
+static void
+test_shared_store (void **state)
+{
+  (void) state;
+  for (int gran = 0; gran < 2; gran++)
+    {
+      SiftModelShape shape = { 2, 4, 2, 16, 8, 16, 0 };
+      g_autoptr (GError) error = NULL;
+      SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+      g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+      SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 3 };
+      SiftEngine *a = sift_engine_new (&ec, store, &error), *b = sift_engine_new (&ec, store, &error);
+      g_assert_no_error (error);
+      SiftEvictConfig ev = { 48, gran == 0 ? SIFT_EVICT_TOKEN : SIFT_EVICT_BLOCK, 4, 16 };
+      assert_true (sift_engine_set_eviction (b, &ev, &error));
+      assert_true (sift_engine_maps (a) && sift_engine_maps (b));
+      SiftModelSource *sa = test_source_new (&shape, 3, SIFT_DTYPE_F32), *sb = test_source_new (&shape, 4, SIFT_DTYPE_F32);
+      SiftRunner *ra = sift_runner_new (a, sa, NULL, NULL, &error), *rb = sift_runner_new (b, sb, NULL, NULL, &error);
+      g_assert_no_error (error);
+      TestChecker *check = test_checker_new (sa, 37 + 60 * 5);
+      sift_runner_set_observer (ra, &test_checker_observer, check);
+      assert_true (sift_runner_prefill (ra, 37, &error) && sift_runner_prefill (rb, 45, &error));
+      for (gint32 i = 0; i < 60 && error == NULL; i++)
+        assert_true (sift_runner_decode (ra, i % 3 == 2 ? 5 : 1, &error)
+                     && sift_runner_decode (rb, i % 4 == 1 ? 5 : 1, &error));
+      g_assert_no_error (error);
+      SiftCounters c;
+      sift_engine_counters (b, -1, SIFT_PHASE_DECODE, &c);
+      assert_true (c.tokens_evicted > 0);
+      if (!(check->max_err < 1e-5 && check->calls > 0))
+        fail_msg ("engine beside an evicting one on a shared store: error %g", check->max_err);
+      test_checker_free (check);
+      sift_runner_free (ra);
+      sift_runner_free (rb);
+      sift_engine_free (a);
+      sift_engine_free (b);
+      sift_model_source_free (sa);
+      sift_model_source_free (sb);
+      assert_int_equal (sift_store_blocks_in_use (store), 0);
+    }
+}
+
+/* A load mapped after a store failed reports the store's error (the block
+ * may never have been written), and so does the next decode step. No
+ * store that maps can fail a write, so the failure is set by hand. */
+static void
+test_mapped_after_failed_store (void **state)
+{
+  (void) state;
+  SiftModelShape shape = { 1, 2, 2, 32, 16, 16, 0 };
+  Run r;
+  run_open (&r, &shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, FALSE, 64);
+  run_steps (&r, 48, 0);
+  g_autoptr (GError) error = NULL;
+  assert_true (sift_engine_sync (r.engine, &error));
+  r.engine->store_error = g_error_new_literal (SIFT_STORE_ERROR, SIFT_STORE_ERROR_IO, "injected: store failed");
+  assert_true (sift_engine_load_block (r.engine, 0, 1, 0, SIFT_LOAD_KV, &error));
+  assert_false (sift_engine_wait_slot (r.engine, 0, &error));
+  assert_non_null (strstr (error->message, "injected"));
+  g_clear_error (&error);
+  /* The slot is free again. */
+  assert_true (sift_engine_load_block (r.engine, 0, 1, 0, SIFT_LOAD_KV, &error));
+  assert_false (sift_engine_wait_slot (r.engine, 0, &error));
+  g_clear_error (&error);
+  assert_false (sift_runner_decode (r.runner, 1, &error));
+  assert_non_null (strstr (error->message, "injected"));
+  sift_runner_reset (r.runner);
+  run_close (&r);
+}
+
 /* offload.force_copy reaches the config. */
 static void
 test_config_force_copy (void **state)
@@ -544,10 +747,14 @@ main (void)
     cmocka_unit_test (test_mapped_equals_copied),
     cmocka_unit_test (test_when_maps),
     cmocka_unit_test (test_batched_equals_per_block),
+    cmocka_unit_test (test_batched_late_heads),
     cmocka_unit_test (test_deterministic_timing),
     cmocka_unit_test (test_mapped_slot_survives_eviction),
     cmocka_unit_test (test_mapped_load_after_store),
     cmocka_unit_test (test_config_force_copy),
+    cmocka_unit_test (test_random_configs),
+    cmocka_unit_test (test_shared_store),
+    cmocka_unit_test (test_mapped_after_failed_store),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
