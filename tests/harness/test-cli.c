@@ -246,6 +246,47 @@ test_file_store_follows_out (void **state)
   remove_tree (out);
 }
 
+/* The first record's decode "bytes_loaded" and "bytes_mapped". */
+static void
+decode_bytes (const char *out, guint64 *loaded, guint64 *mapped)
+{
+  g_autofree char *path = g_build_filename (out, "records.jsonl", NULL);
+  g_autofree char *text = NULL;
+  assert_true (g_file_get_contents (path, &text, NULL, NULL));
+  const char *dc = strstr (text, "\"decode\":{\"bytes_loaded\":");
+  assert_non_null (dc);
+  *loaded = g_ascii_strtoull (strchr (dc + 9, ':') + 1, NULL, 10);
+  const char *m = strstr (dc, "\"bytes_mapped\":");
+  assert_non_null (m);
+  *mapped = g_ascii_strtoull (m + strlen ("\"bytes_mapped\":"), NULL, 10);
+}
+
+/* A host store in the compute dtype is read in place: the records say so
+ * (bytes_mapped = bytes_loaded); force_copy copies every byte again. */
+static void
+test_records_bytes_mapped (void **state)
+{
+  (void) state;
+  const char *modes[] = { "offload.force_copy=false", "offload.force_copy=true" };
+  guint64 loaded[2], mapped[2];
+  for (int i = 0; i < 2; i++)
+    {
+      g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+      const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "kv.store_dtype=f32",
+                             "--set", "kv.compute_dtype=f32", "--set", modes[i], NULL };
+      Result r = sift (args);
+      if (r.status != 0)
+        fail_msg ("exit %d: %s", r.status, r.err);
+      result_clear (&r);
+      decode_bytes (out, &loaded[i], &mapped[i]);
+      remove_tree (out);
+    }
+  assert_true (loaded[0] > 0);
+  assert_int_equal (mapped[0], loaded[0]);
+  assert_int_equal (loaded[1], loaded[0]);
+  assert_int_equal (mapped[1], 0);
+}
+
 int
 main (void)
 {
@@ -257,6 +298,7 @@ main (void)
     cmocka_unit_test (test_bad_records_exit_2),
     cmocka_unit_test (test_config_error_exits_2),
     cmocka_unit_test (test_file_store_follows_out),
+    cmocka_unit_test (test_records_bytes_mapped),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

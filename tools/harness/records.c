@@ -94,6 +94,7 @@ write_counters (JsonWriter *w, const char *key, const SiftCounters *c)
   json_double (w, "seconds_load", c->seconds_load);
   json_uint (w, "tokens_evicted", c->tokens_evicted);
   json_uint (w, "bytes_compacted", c->bytes_compacted);
+  json_uint (w, "bytes_mapped", c->bytes_mapped);
   json_end_object (w);
 }
 
@@ -221,6 +222,7 @@ read_counters (const JsonNode *r, const char *key, SiftCounters *c)
     { "blocks_available", &c->blocks_available }, { "blocks_selected", &c->blocks_selected },
     { "tokens_available", &c->tokens_available }, { "tokens_attended", &c->tokens_attended },
     { "tokens_evicted", &c->tokens_evicted }, { "bytes_compacted", &c->bytes_compacted },
+    { "bytes_mapped", &c->bytes_mapped },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
     {
