@@ -92,6 +92,10 @@ void sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float s
  * outside its window: `idx`) and then its landmarks continue the same
  * online softmax one row at a time. */
 #define SQ_BAND_ROWS 8
+/* Distances (diagonals) and token entries of one tile the diagonal kernel
+ * takes at most; what does not fit goes side by side. */
+#define SQ_DIAG_MAX 32
+#define SQ_DIAG_ENTRIES 512
 
 /* The keys a band tile shares between its rows (its landmarks, then tokens
  * every row names), packed per kv head; consecutive tiles share the same

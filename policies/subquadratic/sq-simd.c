@@ -440,31 +440,91 @@ SQ_DEFINE_TILE (band_avx512, SqBand, 128, 8)
 
 /* ---- Rows kernel (AVX-512) ------------------------------------------------ */
 
+/* 8 rows along the lanes: q rows r < n_rows scaled into qs ([8][16 nv],
+ * zeros past n_rows), their running max and sum into m and l (padding rows
+ * at m = 0, so no lane computes -inf - -inf). */
+INLINE AVX512 void
+lanes_load_rows (const float *q, gint64 q_stride, int n_rows, float scale, int nv, float *qs, const SqState *st,
+                 __m256 *m, __m256 *l)
+{
+  float mf[8], lf[8];
+  for (int r = 0; r < 8; r++)
+    {
+#pragma GCC unroll 8
+      for (int j = 0; j < nv; j++)
+        _mm512_store_ps (qs + r * 16 * nv + 16 * j,
+                         r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (q + r * q_stride + 16 * j), _mm512_set1_ps (scale))
+                                    : _mm512_setzero_ps ());
+      mf[r] = r < n_rows ? st[r].m : 0.0f;
+      lf[r] = r < n_rows ? st[r].l : 0.0f;
+    }
+  *m = _mm256_loadu_ps (mf);
+  *l = _mm256_loadu_ps (lf);
+}
+
+/* The running max and sum of rows r < n_rows back into their states. */
+INLINE AVX512 void
+lanes_store_states (SqState *st, int n_rows, __m256 m, __m256 l)
+{
+  float mf[8], lf[8];
+  _mm256_storeu_ps (mf, m);
+  _mm256_storeu_ps (lf, l);
+  for (int r = 0; r < n_rows; r++)
+    {
+      st[r].m = mf[r];
+      st[r].l = lf[r];
+    }
+}
+
+/* One online-softmax step of 8 rows held along the lanes, over the scores
+ * s[c], c < nc (-inf where valid[c] is clear): m rises to the batch's max,
+ * l shrinks by e^(m_old - m_new) and takes the new weights; the weights go
+ * to pbuf[c][row], each row's rescale factor to rfb[row]. */
+INLINE AVX512 void
+lanes_softmax_step (const __m256 *s, const __m256 *valid, int nc, __m256 *m, __m256 *l, float pbuf[8][8],
+                    float *rfb)
+{
+  __m256 mx = *m;
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; c++)
+    if (c < nc)
+      mx = _mm256_max_ps (mx, s[c]);
+  /* Rows that have seen nothing yet (m = -inf) rescale by 0, not NaN. */
+  __m256 seen = _mm256_cmp_ps (*m, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ);
+  __m256 rf = _mm256_and_ps (exp256 (_mm256_sub_ps (*m, mx)), seen);
+  __m256 mxs = _mm256_blendv_ps (_mm256_setzero_ps (), mx, _mm256_cmp_ps (mx, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ));
+  __m256 sum = _mm256_mul_ps (*l, rf);
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; c++)
+    if (c < nc)
+      {
+        __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s[c], mxs)), valid[c]);
+        sum = _mm256_add_ps (sum, p);
+        _mm256_storeu_ps (pbuf[c], p);
+      }
+  *m = mx;
+  *l = sum;
+  _mm256_storeu_ps (rfb, rf);
+}
+
+
 INLINE AVX512 void
 rows_avx512 (const SqRows *b, SqState *st, int nv)
 {
   enum { R = 8 };
   const int d = 16 * nv, n_rows = b->n_rows;
   float qs[R * 128] __attribute__ ((aligned (64)));
-  float pbuf[R][R], rfb[R], mf[R], lf[R];
+  float pbuf[R][R], rfb[R];
   gsize n_max = 0;
   int nr[R];
   for (int r = 0; r < R; r++)
     {
-#pragma GCC unroll 8
-      for (int j = 0; j < nv; j++)
-        _mm512_store_ps (qs + r * d + 16 * j,
-                         r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (b->q + r * b->q_stride + 16 * j),
-                                                     _mm512_set1_ps (b->scale))
-                                    : _mm512_setzero_ps ());
       nr[r] = r < n_rows ? (int) b->n[r] : 0;
       n_max = MAX (n_max, (gsize) nr[r]);
-      /* Padding rows sit at m = 0 so no lane computes -inf - -inf. */
-      mf[r] = r < n_rows ? st[r].m : 0.0f;
-      lf[r] = r < n_rows ? st[r].l : 0.0f;
     }
   const __m256i len = _mm256_loadu_si256 ((const __m256i *) nr);
-  __m256 m = _mm256_loadu_ps (mf), l = _mm256_loadu_ps (lf);
+  __m256 m, l;
+  lanes_load_rows (b->q, b->q_stride, n_rows, b->scale, nv, qs, st, &m, &l);
   for (gsize c0 = 0; c0 < n_max; c0 += R)
     {
       __m256 s[R], valid[R];
@@ -489,24 +549,7 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
           valid[c] = _mm256_castsi256_ps (_mm256_cmpgt_epi32 (len, _mm256_set1_epi32 ((int) c0 + c)));
           s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), reduce8 (t), valid[c]);
         }
-      __m256 mx = m;
-#pragma GCC unroll 8
-      for (int c = 0; c < R; c++)
-        mx = _mm256_max_ps (mx, s[c]);
-      /* Rows that have seen nothing yet (m = -inf) rescale by 0, not NaN. */
-      __m256 seen = _mm256_cmp_ps (m, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ);
-      __m256 rf = _mm256_and_ps (exp256 (_mm256_sub_ps (m, mx)), seen);
-      __m256 mxs = _mm256_blendv_ps (_mm256_setzero_ps (), mx, _mm256_cmp_ps (mx, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ));
-      l = _mm256_mul_ps (l, rf);
-#pragma GCC unroll 8
-      for (int c = 0; c < R; c++)
-        {
-          __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s[c], mxs)), valid[c]);
-          l = _mm256_add_ps (l, p);
-          _mm256_storeu_ps (pbuf[c], p);
-        }
-      m = mx;
-      _mm256_storeu_ps (rfb, rf);
+      lanes_softmax_step (s, valid, R, &m, &l, pbuf, rfb);
       for (int r = 0; r < n_rows; r++)
         {
           int nc = MIN (R, nr[r] - (int) c0);
@@ -529,18 +572,108 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
             _mm512_storeu_ps (st[r].acc + 16 * j, acc[j]);
         }
     }
-  _mm256_storeu_ps (mf, m);
-  _mm256_storeu_ps (lf, l);
-  for (int r = 0; r < n_rows; r++)
-    {
-      st[r].m = mf[r];
-      st[r].l = lf[r];
-    }
+  lanes_store_states (st, n_rows, m, l);
 }
 
 SQ_DEFINE_TILE (rows_avx512, SqRows, 32, 2)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 64, 4)
 SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
+
+/* ---- Diagonal kernel (AVX-512) -------------------------------------------- */
+
+/* Up to 8 levels at a time: each level's 8 dot products (row r with key
+ * base + r - dist) folded to 8 lanes and reduced together, so the scores
+ * come out with rows along the lanes; one vector softmax step per batch;
+ * then P . V with the 8 rows' accumulators in registers, 32 floats of d at
+ * a time. Rows a level does not name score -inf and read nothing. */
+INLINE AVX512 void
+diag_avx512 (const SqDiag *b, SqState *st, int nv)
+{
+  enum { R = 8 };
+  const int d = 16 * nv, n_rows = b->n_rows;
+  float qs[R * 128] __attribute__ ((aligned (64)));
+  float pbuf[R][R], rfb[R];
+  const guint8 live = (guint8) ((1u << n_rows) - 1u);
+  __m256 m, l;
+  lanes_load_rows (b->q, b->q_stride, n_rows, b->scale, nv, qs, st, &m, &l);
+  for (gint32 c0 = 0; c0 < b->n; c0 += R)
+    {
+      const int nb = MIN (R, b->n - c0);
+      __m256 s[R], valid[R];
+      guint8 mk[R];
+      const float *kc[R], *vc[R];
+#pragma GCC unroll 8
+      for (int c = 0; c < R; c++)
+        {
+          __m256 t[R];
+          mk[c] = c < nb ? b->mask[c0 + c] & live : 0;
+          kc[c] = c < nb ? b->k + (b->base - b->dist[c0 + c]) * b->k_stride : b->k;
+          vc[c] = c < nb ? b->v + (b->base - b->dist[c0 + c]) * b->v_stride : b->v;
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            {
+              t[r] = _mm256_setzero_ps ();
+              if (mk[c] & (1u << r))
+                {
+                  const float *k = kc[c] + r * b->k_stride;
+                  /* Two chains, so the FMAs' latency halves. */
+                  __m512 z0 = _mm512_mul_ps (_mm512_load_ps (qs + r * d), _mm512_loadu_ps (k));
+                  __m512 z1 = _mm512_mul_ps (_mm512_load_ps (qs + r * d + 16), _mm512_loadu_ps (k + 16));
+#pragma GCC unroll 8
+                  for (int j = 2; j < nv; j += 2)
+                    {
+                      z0 = _mm512_fmadd_ps (_mm512_load_ps (qs + r * d + 16 * j), _mm512_loadu_ps (k + 16 * j), z0);
+                      z1 = _mm512_fmadd_ps (_mm512_load_ps (qs + r * d + 16 * j + 16), _mm512_loadu_ps (k + 16 * j + 16), z1);
+                    }
+                  __m512 z = _mm512_add_ps (z0, z1);
+                  t[r] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
+                }
+            }
+          valid[c] = _mm256_castsi256_ps (_mm256_movm_epi32 (mk[c]));
+          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), reduce8 (t), valid[c]);
+        }
+      lanes_softmax_step (s, valid, nb, &m, &l, pbuf, rfb);
+      /* Four rows at a time with their whole accumulators (16 registers
+       * for d 64; d 128 in two halves of the dimension). */
+      for (int r0 = 0; r0 < n_rows; r0 += 4)
+        for (int jv = 0; jv < nv; jv += 4)
+          {
+            const int nj = MIN (4, nv - jv);
+            __m512 acc[4][4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+              for (int j = 0; j < 4; j++)
+                acc[r][j] = r0 + r < n_rows && j < nj
+                              ? _mm512_mul_ps (_mm512_loadu_ps (st[r0 + r].acc + 16 * (jv + j)), _mm512_set1_ps (rfb[r0 + r]))
+                              : _mm512_setzero_ps ();
+            for (int c = 0; c < nb; c++)
+#pragma GCC unroll 4
+              for (int r = 0; r < 4; r++)
+                if (mk[c] & (1u << (r0 + r)))
+                  {
+                    const float *v = vc[c] + (r0 + r) * b->v_stride + 16 * jv;
+                    __m512 w = _mm512_set1_ps (pbuf[c][r0 + r]);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                      if (j < nj)
+                        acc[r][j] = _mm512_fmadd_ps (w, _mm512_loadu_ps (v + 16 * j), acc[r][j]);
+                  }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+              if (r0 + r < n_rows)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                  if (j < nj)
+                    _mm512_storeu_ps (st[r0 + r].acc + 16 * (jv + j), acc[r][j]);
+          }
+    }
+  lanes_store_states (st, n_rows, m, l);
+}
+
+SQ_DEFINE_TILE (diag_avx512, SqDiag, 32, 2)
+SQ_DEFINE_TILE (diag_avx512, SqDiag, 64, 4)
+SQ_DEFINE_TILE (diag_avx512, SqDiag, 128, 8)
 
 /* 16 keys x 16 dimensions transposed in registers: two in-lane shuffle
  * rounds give each 128-bit lane four keys of one dimension, two rounds of
@@ -865,6 +998,14 @@ sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
     pack_rows_scalar (rows, n, d, panel);
 }
 
+SqDiagFunc
+sq_simd_diag (gint32 head_dim)
+{
+  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
+    return NULL;
+  return head_dim == 32 ? diag_avx512_32 : head_dim == 64 ? diag_avx512_64 : diag_avx512_128;
+}
+
 SqSharedFunc
 sq_simd_shared (gint32 head_dim)
 {
@@ -874,6 +1015,13 @@ sq_simd_shared (gint32 head_dim)
 }
 
 #else
+
+SqDiagFunc
+sq_simd_diag (gint32 head_dim)
+{
+  (void) head_dim;
+  return NULL;
+}
 
 void
 sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)

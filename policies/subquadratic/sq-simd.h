@@ -96,6 +96,31 @@ typedef struct {
 typedef void (*SqRowsFunc) (const SqRows *rows, SqState *st);
 SqRowsFunc sq_simd_rows (gint32 head_dim);
 
+/* Diagonals of up to 8 rows of one head: consecutive rows at the same
+ * distance from their keys (a tile's log-strides: row r's stride-2^k key
+ * is the tile's first row + r - 2^k) name consecutive key rows. Row r (q at
+ * q + r * q_stride) continues st[r] over the keys base + r - dist[c] (k at
+ * k + j * k_stride, v at v + j * v_stride) of the levels c < n whose
+ * mask[c] has bit r set. Scores come out with the rows along the lanes (one
+ * reduction for eight rows), the softmax update is one vector step for all
+ * rows, and each level's eight key rows are one run of memory. */
+typedef struct {
+  const float *q;
+  gint64 q_stride;
+  gint32 n_rows;
+  float scale;
+  const float *k, *v;
+  gint64 k_stride, v_stride;
+  gint64 base;                      /* row 0's position in k and v */
+  const gint64 *dist;               /* [n] */
+  const guint8 *mask;               /* [n] */
+  gint32 n;
+} SqDiag;
+
+typedef void (*SqDiagFunc) (const SqDiag *diag, SqState *st);
+/* The diagonal kernel for head_dim on this CPU, or NULL. */
+SqDiagFunc sq_simd_diag (gint32 head_dim);
+
 /* Keys shared by the rows of a tile (its landmarks: the rows of a band tile
  * name nearly the same blocks; and tokens every row names, the globals):
  * row r (q at q + r * q_stride) continues st[r] over keys c < n (<= 16)

@@ -425,6 +425,65 @@ test_paths_agree (void **state)
     }
 }
 
+/* A tile's query rows and three earlier keys and values, at random. */
+static void
+random_rows (guint32 *seed, gint32 d, float q[SQ_BAND_ROWS][128], float pre_k[3][128], float pre_v[3][128])
+{
+  for (gint32 r = 0; r < SQ_BAND_ROWS; r++)
+    for (gint32 y = 0; y < d; y++)
+      q[r][y] = 2.0f * rnd (seed);
+  for (gint32 c = 0; c < 3; c++)
+    for (gint32 y = 0; y < d; y++)
+      {
+        pre_k[c][y] = 2.0f * rnd (seed);
+        pre_v[c][y] = rnd (seed);
+      }
+}
+
+/* A kernel's state and the reference's for row r, afresh; rows 0..3 over
+ * three other keys first (pre_k, pre_v), as a tile's earlier kernels leave
+ * them. */
+static void
+start_states (SqState *st, SqState *ref, float *acc, float *ref_acc, gint32 r, gint32 d, const float *q,
+              float scale, float pre_k[3][128], float pre_v[3][128])
+{
+  static const gint32 pre_idx[] = { 0, 1, 2 };
+  *st = (SqState) { .acc = acc };
+  *ref = (SqState) { .acc = ref_acc };
+  sq_state_reset (st, d);
+  sq_state_reset (ref, d);
+  if (r < 4)
+    {
+      sq_accumulate_scalar (st, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
+      sq_accumulate_scalar (ref, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
+    }
+}
+
+/* Rows r < n_rows of a kernel's states against the scalar path's within
+ * 1e-5 (output and lse); a row the reference left empty stays empty. */
+static void
+assert_states_match (const SqState *st, const SqState *ref, gint32 n_rows, gint32 d, const char *kernel,
+                     gint32 n)
+{
+  for (gint32 r = 0; r < n_rows; r++)
+    {
+      float o[128], ro[128], lse, rlse;
+      sq_state_finish (&st[r], d, o, &lse);
+      sq_state_finish (&ref[r], d, ro, &rlse);
+      if (ref[r].l == 0.0f)
+        {
+          /* Nothing at all (row 1 without earlier keys): still nothing. */
+          assert_true (st[r].l == 0.0f && isinf (lse) && lse < 0);
+          continue;
+        }
+      double err = fabs (lse - rlse);
+      for (gint32 y = 0; y < d; y++)
+        err = MAX (err, fabs (o[y] - ro[y]));
+      if (err > 1e-5)
+        fail_msg ("%s kernel, d %d, n %d, row %d: %g off the scalar path", kernel, d, n, r, err);
+    }
+}
+
 /* sq_pack_rows against the obvious transpose, and the shared-keys kernel
  * (the 8 x 16 block a tile's rows share) against the scalar path over each
  * row's masked keys, continuing a state that already holds other keys. */
@@ -452,15 +511,7 @@ test_shared_kernel (void **state)
             kp[c] = keys[c];
             vp[c] = vals[c];
           }
-        for (gint32 r = 0; r < SQ_BAND_ROWS; r++)
-          for (gint32 y = 0; y < d; y++)
-            q[r][y] = 2.0f * rnd (&seed);
-        for (gint32 c = 0; c < 3; c++)
-          for (gint32 y = 0; y < d; y++)
-            {
-              pre_k[c][y] = 2.0f * rnd (&seed);
-              pre_v[c][y] = rnd (&seed);
-            }
+        random_rows (&seed, d, q, pre_k, pre_v);
         sq_pack_rows (kp, n, d, panel);
         for (gint32 y = 0; y < d; y++)
           for (gint32 c = 0; c < 16; c++)
@@ -473,19 +524,10 @@ test_shared_kernel (void **state)
         guint16 mask[SQ_BAND_ROWS];
         float acc[SQ_BAND_ROWS][128], ref_acc[SQ_BAND_ROWS][128];
         SqState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
-        static const gint32 pre_idx[] = { 0, 1, 2 };
         for (gint32 r = 0; r < n_rows; r++)
           {
             mask[r] = r == 0 ? (guint16) ((1u << n) - 1u) : r == 1 ? 0 : (guint16) ((seed = seed * 1664525u + 1013904223u) >> 16);
-            st[r] = (SqState) { .acc = acc[r] };
-            ref[r] = (SqState) { .acc = ref_acc[r] };
-            sq_state_reset (&st[r], d);
-            sq_state_reset (&ref[r], d);
-            if (r < 4)
-              {
-                sq_accumulate_scalar (&st[r], q[r], d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
-                sq_accumulate_scalar (&ref[r], q[r], d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
-              }
+            start_states (&st[r], &ref[r], acc[r], ref_acc[r], r, d, q[r], scale, pre_k, pre_v);
             gint32 idx[16], ni = 0;
             for (gint32 c = 0; c < n; c++)
               if (mask[r] & (1u << c))
@@ -497,23 +539,73 @@ test_shared_kernel (void **state)
           .panel = panel, .v = vp, .n = n, .mask = mask,
         };
         fn (&b, st);
+        assert_states_match (st, ref, n_rows, d, "shared", n);
+      }
+}
+
+/* The diagonal kernel (a tile's strides: row r at level c reads key
+ * base + r - dist[c]) against the scalar path over each row's keys in
+ * level order: one level, a batch of five, exactly eight, and eleven (two
+ * batches); rows naming nothing, tiles of fewer than eight rows, states
+ * that already hold other keys. */
+static void
+test_diag_kernel (void **state)
+{
+  (void) state;
+  enum { N = 96, BASE = 60 };
+  static const gint32 dims[] = { 32, 64, 128 };
+  static const gint32 levels[] = { 1, 5, 8, 11 };
+  guint32 seed = 91;
+  for (gsize x = 0; x < G_N_ELEMENTS (dims); x++)
+    for (gsize z = 0; z < G_N_ELEMENTS (levels); z++)
+      {
+        const gint32 d = dims[x], n = levels[z], n_rows = z == 1 ? 5 : SQ_BAND_ROWS;
+        SqDiagFunc fn = sq_simd_diag (d);
+        if (fn == NULL)
+          continue; /* no SIMD kernel here: the side-by-side path takes these keys */
+        const float scale = 1.0f / sqrtf ((float) d);
+        g_autofree float *keys = g_new (float, N * d);
+        g_autofree float *vals = g_new (float, N * d);
+        float q[SQ_BAND_ROWS][128], pre_k[3][128], pre_v[3][128];
+        for (gint32 y = 0; y < N * d; y++)
+          {
+            keys[y] = 2.0f * rnd (&seed);
+            vals[y] = rnd (&seed);
+          }
+        random_rows (&seed, d, q, pre_k, pre_v);
+        /* Distances 1, 2, 4, ... and some not powers of two; level 0 (a
+         * distance larger than row 0's base) leaves row 0 out, as a stride
+         * longer than the row is. */
+        gint64 dist[16];
+        guint8 mask[16];
+        for (gint32 c = 0; c < n; c++)
+          {
+            dist[c] = c == 0 ? BASE + 1 : c < 6 ? (gint64) 1 << c : 3 * c + 1;
+            mask[c] = c == 0 ? 0xfe : c == 1 ? 0xff : (guint8) ((seed = seed * 1664525u + 1013904223u) >> 20);
+            mask[c] &= (guint8) ~2u; /* row 1 names nothing */
+          }
+        float acc[SQ_BAND_ROWS][128], ref_acc[SQ_BAND_ROWS][128];
+        SqState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
         for (gint32 r = 0; r < n_rows; r++)
           {
-            float o[128], ro[128], lse, rlse;
-            sq_state_finish (&st[r], d, o, &lse);
-            sq_state_finish (&ref[r], d, ro, &rlse);
-            if (ref[r].l == 0.0f)
-              {
-                /* Nothing at all (row 1 without earlier keys): still nothing. */
-                assert_true (st[r].l == 0.0f && isinf (lse) && lse < 0);
-                continue;
-              }
-            double err = fabs (lse - rlse);
-            for (gint32 y = 0; y < d; y++)
-              err = MAX (err, fabs (o[y] - ro[y]));
-            if (err > 1e-5)
-              fail_msg ("d %d, n %d, row %d: %g off the scalar path", d, n, r, err);
+            start_states (&st[r], &ref[r], acc[r], ref_acc[r], r, d, q[r], scale, pre_k, pre_v);
+            gint32 idx[16], ni = 0;
+            for (gint32 c = 0; c < n; c++)
+              if (mask[c] & (1u << r))
+                {
+                  gint64 j = BASE + r - dist[c];
+                  assert_true (j >= 0 && j < N);
+                  idx[ni++] = (gint32) j;
+                }
+            sq_accumulate_scalar (&ref[r], q[r], d, scale, keys, vals, d, idx, (gsize) ni);
           }
+        SqDiag b = {
+          .q = q[0], .q_stride = 128, .n_rows = n_rows, .scale = scale,
+          .k = keys, .v = vals, .k_stride = d, .v_stride = d, .base = BASE,
+          .dist = dist, .mask = mask, .n = n,
+        };
+        fn (&b, st);
+        assert_states_match (st, ref, n_rows, d, "diagonal", n);
       }
 }
 
@@ -548,6 +640,7 @@ main (void)
     cmocka_unit_test (test_sparse_matches_reference),
     cmocka_unit_test (test_paths_agree),
     cmocka_unit_test (test_shared_kernel),
+    cmocka_unit_test (test_diag_kernel),
     cmocka_unit_test (test_bad_shapes),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
