@@ -180,6 +180,19 @@ attend_merge (const SiftView *q, gint32 h0, gint32 n, const SiftView *k, const S
          && sift_attn_merge (&ah, acc_lse + (gsize) h0 * (gsize) q->n_tokens, &oh, tmp_lse, error);
 }
 
+/* Rows [r0, r0 + n) of out [H][n_q][d] and lse [H][n_q] from a result
+ * computed for those rows only, o [H][n][d] and l [H][n]. */
+static void
+rows_out (const float *o, const float *l, gint32 H, gint64 n, gint32 d, gint64 r0, gint64 n_q, float *out, float *lse)
+{
+  for (gint32 h = 0; h < H; h++)
+    {
+      memcpy (out + ((gsize) h * (gsize) n_q + (gsize) r0) * (gsize) d, o + (gsize) h * (gsize) n * (gsize) d,
+              (gsize) n * (gsize) d * sizeof (float));
+      memcpy (lse + (gsize) h * (gsize) n_q + (gsize) r0, l + (gsize) h * (gsize) n, (gsize) n * sizeof (float));
+    }
+}
+
 /* What one default-pipeline call does for chunk rows [r0, r1): every
  * stored block for the heads whose attend[h][e] is set (runs of consecutive
  * heads in one kernel call), then the chunk's keys causally; the result goes
@@ -223,12 +236,7 @@ attend_rows (const Input *in, const SiftView *q, gint64 q_pos, gint64 r0, gint64
   if (!attend_merge (&qr, 0, H, &kl, &vl, &local, &acc_v, acc_lse, tmp, tmp_lse, error))
     return FALSE;
   *pairs += (double) H * ((double) n * (double) r0 + (double) n * (double) (n + 1) / 2);
-  for (gint32 h = 0; h < H; h++)
-    {
-      memcpy (out + ((gsize) h * (gsize) n_q + (gsize) r0) * (gsize) d, acc + (gsize) h * (gsize) n * (gsize) d,
-              (gsize) n * (gsize) d * sizeof (float));
-      memcpy (lse + (gsize) h * (gsize) n_q + (gsize) r0, acc_lse + (gsize) h * (gsize) n, (gsize) n * sizeof (float));
-    }
+  rows_out (acc, acc_lse, H, n, d, r0, n_q, out, lse);
   return TRUE;
 }
 
@@ -274,12 +282,7 @@ attend_rows_paged (const Input *in, const SiftView *q, gint64 q_pos, gint64 r0, 
                                      + (double) n * (double) (n + 1) / 2);
       h = h1;
     }
-  for (gint32 h = 0; h < H; h++)
-    {
-      memcpy (out + ((gsize) h * (gsize) n_q + (gsize) r0) * (gsize) d, o + (gsize) h * (gsize) n * (gsize) d,
-              (gsize) n * (gsize) d * sizeof (float));
-      memcpy (lse + (gsize) h * (gsize) n_q + (gsize) r0, l + (gsize) h * (gsize) n, (gsize) n * sizeof (float));
-    }
+  rows_out (o, l, H, n, d, r0, n_q, out, lse);
   return TRUE;
 }
 
