@@ -23,6 +23,8 @@ struct _XattnScorer {
   float *kbuf;        /* [n_kv_heads][n_cols * S][head_dim] keys made contiguous, zero padded */
   gsize kbuf_cap;
   float *stage;       /* [n_kv_heads][XATTN_STAGE_TOKENS][head_dim] keys waiting to be scored */
+  float *kpack;       /* [n_kv_heads][ceil(n_cols / 16)][S * head_dim][16] packed panels (AVX-512 path) */
+  gsize kpack_cap;
   gint64 stage_pos0, stage_n;
 };
 
@@ -111,6 +113,7 @@ xattn_scorer_free (XattnScorer *s)
   g_free (s->lse);
   g_free (s->kbuf);
   g_free (s->stage);
+  g_free (s->kpack);
   g_free (s);
 }
 
@@ -167,6 +170,8 @@ typedef struct {
   XattnScorer *s;
   const float *k;      /* kv head g's columns at k + g * k_head_stride */
   gsize k_head_stride;
+  const float *kp;     /* NULL, or kv head g's packed panels at kp + g * kp_head_stride */
+  gsize kp_head_stride;
   gint64 col0, n_cols;
   gint64 tiles_per_head;
   SiftIsa isa;         /* dot-product path */
@@ -213,6 +218,79 @@ sum_exp (SiftIsa isa, const float *x, gint64 n, float scale, float m)
   return sum;
 }
 
+/* log sum_{p < n_seg, j < n} exp(x[p * seg_stride + j] * scale): max first,
+ * for stability (scale > 0). */
+static float
+block_lse (SiftIsa isa, const float *x, gsize seg_stride, gint64 n_seg, gint64 n, float scale)
+{
+#ifdef XATTN_HAVE_AVX512
+  if (isa == SIFT_ISA_AVX512)
+    return xattn_block_lse_avx512 (x, seg_stride, n_seg, (gsize) n, scale);
+#endif
+  float m = -INFINITY, sum = 0.0f;
+  for (gint64 p = 0; p < n_seg; p++)
+    m = MAX (m, max_scaled (isa, x + (gsize) p * seg_stride, n, scale));
+  for (gint64 p = 0; p < n_seg; p++)
+    sum += sum_exp (isa, x + (gsize) p * seg_stride, n, scale, m);
+  return m + logf (sum);
+}
+
+void
+xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim, float *dst)
+{
+  const gint64 S = stride, d = head_dim, rlen = S * d, n_cols = (n_tokens + S - 1) / S;
+  for (gint64 q = 0; q * 16 < n_cols; q++)
+    {
+      float *panel = dst + (gsize) q * (gsize) rlen * 16;
+      /* Entry (p, t) of the panel's 16 columns: keys (16q + l) S + p. */
+      for (gint64 p = 0; p < S; p++)
+        {
+          const float *src[16];
+          gint64 n_in = 0;
+          for (gint64 l = 0; l < 16; l++)
+            {
+              gint64 j = (q * 16 + l) * S + p;
+              src[l] = j < n_tokens ? k + (gsize) j * k_stride : NULL;
+              n_in += src[l] != NULL;
+            }
+          float *e = panel + (gsize) p * (gsize) d * 16;
+          if (n_in == 16)
+            for (gint64 t = 0; t < d; t++)
+              for (gint64 l = 0; l < 16; l++)
+                e[t * 16 + l] = src[l][t];
+          else
+            for (gint64 t = 0; t < d; t++)
+              for (gint64 l = 0; l < 16; l++)
+                e[t * 16 + l] = src[l] != NULL ? src[l][t] : 0.0f;
+        }
+    }
+}
+
+typedef struct {
+  const float *k;     /* kv head g's keys at k + g * k_head_stride, rows head_dim apart */
+  gsize k_head_stride;
+  gint64 n_tokens, n_panels;
+  gint32 stride, head_dim;
+  float *dst;         /* kv head g's panels at dst + g * dst_head_stride */
+  gsize dst_head_stride;
+} PackTask;
+
+static void
+pack_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const PackTask *t = user_data;
+  const gint64 per_panel = 16 * (gint64) t->stride; /* tokens */
+  const gsize panel_floats = (gsize) t->stride * (gsize) t->head_dim * 16;
+  for (gint64 item = begin; item < end; item++)
+    {
+      gint64 g = item / t->n_panels, q = item % t->n_panels;
+      xattn_pack_panels (t->k + (gsize) g * t->k_head_stride + (gsize) (q * per_panel) * (gsize) t->head_dim,
+                         (gsize) t->head_dim, MIN (per_panel, t->n_tokens - q * per_panel), t->stride, t->head_dim,
+                         t->dst + (gsize) g * t->dst_head_stride + (gsize) q * panel_floats);
+    }
+}
+
 /* sum_exp: the log of the summed exp(scale / norm x logit) of key block
  * columns [j, jend) of row r (row i of the tile's products x, [S][nr][nc],
  * column 0 = col0). Segment p pairs query rS + S - 1 - p with key cS + p;
@@ -227,14 +305,8 @@ block_log_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr,
   const float escale = g->scale / g->norm;
   float m = -INFINITY, sum = 0.0f;
   if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
-    {
-      /* No padding, no diagonal: every entry counts. */
-      for (gint64 p = 0; p < S; p++)
-        m = MAX (m, max_scaled (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale));
-      for (gint64 p = 0; p < S; p++)
-        sum += sum_exp (isa, x + ((gsize) p * (gsize) nr + (gsize) i) * (gsize) nc + j, jend - j, escale, m);
-      return m + logf (sum);
-    }
+    /* No padding, no diagonal: every entry counts. */
+    return block_lse (isa, x + (gsize) i * (gsize) nc + j, (gsize) nr * (gsize) nc, S, jend - j, escale);
   for (int pass = 0; pass < 2; pass++)
     for (gint64 p = 0; p < S; p++)
       {
@@ -284,7 +356,16 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
       gint64 nc = MIN (t->n_cols, last - 1 - t->col0 + 1);
       const float *rows = s->qr + ((gsize) h * (gsize) s->n_rows + (gsize) (first - s->row0)) * s->rlen;
       const float *cols = t->k + (gsize) (h / group) * t->k_head_stride;
-      if (g->sum_exp)
+      if (t->kp != NULL)
+        {
+#ifdef XATTN_HAVE_AVX512
+          /* Packed panels: the S products (sum_exp) or the summed
+           * antidiagonal, columns 0 .. nc - 1 of this call. */
+          xattn_dots_panels_avx512 (rows, s->rlen, nr, t->kp + (gsize) (h / group) * t->kp_head_stride, nc,
+                                    g->sum_exp ? (gsize) d : s->rlen, n_parts, x);
+#endif
+        }
+      else if (g->sum_exp)
         for (gint64 p = 0; p < S; p++)
           dots (t->isa, rows + p * d, s->rlen, nr, cols + p * d, s->rlen, nc, (gsize) d,
                 x + (gsize) p * (gsize) nr * (gsize) nc);
@@ -306,9 +387,7 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
               float v;
               if (!g->sum_exp)
                 {
-                  const float *xi = x + i * nc + j;
-                  float m = max_scaled (t->isa, xi, jend - j, lscale);
-                  v = m + logf (sum_exp (t->isa, xi, jend - j, lscale, m));
+                  v = block_lse (t->isa, x + i * nc + j, 0, 1, jend - j, lscale);
                 }
               else
                 v = block_log_sum_exp (s, t->isa, x, nr, nc, i, r, t->col0, j, jend);
@@ -354,6 +433,18 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
   gint64 rows = s->row0 + s->n_rows - first_row;
   if (rows <= 0)
     return;
+  if (t.isa == SIFT_ISA_AVX512)
+    {
+      /* Columns along the lanes (xattn_dots_panels_avx512): each kv head's
+       * columns packed once, for every row of its q heads. */
+      PackTask pt = { t.k, t.k_head_stride, n, (t.n_cols + 15) / 16, g->stride, g->head_dim, NULL,
+                      (gsize) ((t.n_cols + 15) / 16) * 16 * s->rlen };
+      s->kpack = grow (s->kpack, &s->kpack_cap, pt.dst_head_stride * (gsize) g->n_kv_heads);
+      pt.dst = s->kpack;
+      sift_parallel_for ((gint64) g->n_kv_heads * pt.n_panels, 1, pack_range, &pt);
+      t.kp = s->kpack;
+      t.kp_head_stride = pt.dst_head_stride;
+    }
   t.tiles_per_head = (rows + ROW_TILE - 1) / ROW_TILE;
   sift_parallel_for ((gint64) g->n_q_heads * t.tiles_per_head, 1, add_range, &t);
 }

@@ -96,6 +96,27 @@ void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, cons
 float xattn_max_scaled_avx512 (const float *x, gsize n, float scale);
 float xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m);
 #endif
+/* Packed key panels: the reshaped columns of a key range, 16 per panel
+ * with the columns along the lanes: panel q, element (e, l) at
+ * dst[(q * rlen + e) * 16 + l] is entry e (= p * head_dim + t, for segment p
+ * of the column) of column 16q + l, i.e. key (16q + l) S + p, dim t; keys
+ * past n_tokens and columns past the last are zeros. k: one kv head's keys
+ * [n_tokens][head_dim], f32, rows `k_stride` floats apart. dst holds
+ * ceil(n_cols / 16) * rlen * 16 floats, n_cols = ceil(n_tokens / S). */
+void xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim,
+                        float *dst);
+#ifdef XATTN_HAVE_AVX512
+/* xattn_dots over packed panels, per segment: out[(s * n_rows + i) *
+ * n_cols + j] = sum_t rows[i * row_stride + s * len + t] x entry (s * len
+ * + t) of column j, for segments s < n_seg (each panel n_seg * len
+ * entries). With n_seg = S and len = head_dim these are the S products of
+ * `sum_exp`; with n_seg = 1 and len = S * head_dim, the summed antidiagonal. */
+void xattn_dots_panels_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *panels,
+                               gint64 n_cols, gsize len, gint64 n_seg, float *out);
+/* log sum over s < n_seg, i < n of exp(x[s * seg_stride + i] * scale),
+ * as max + log(sum of exp(x scale - max)); scale > 0. */
+float xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale);
+#endif
 /* The path in use: the best one built in that sift_isa_active () allows,
  * unless forced scalar. */
 SiftIsa xattn_dots_isa (void);
