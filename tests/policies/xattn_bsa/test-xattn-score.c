@@ -494,6 +494,136 @@ check_exp_avx512 (void)
 }
 #endif
 
+/* xattn_pack_panels against its definition: entry (p, t) of column c in
+ * panel c / 16, lane c % 16, is key cS + p, dim t; zeros past the keys and
+ * past the last column. */
+static void
+test_pack_panels_layout (void **state)
+{
+  (void) state;
+  const gint32 S = 4, d = 8;
+  const gint64 lens[] = { 4, 37, 64, 65, 200 };
+  for (gsize li = 0; li < G_N_ELEMENTS (lens); li++)
+    {
+      const gint64 n = lens[li], n_cols = (n + S - 1) / S, n_panels = (n_cols + 15) / 16;
+      const gsize ks = (gsize) d + 3; /* rows further apart than head_dim */
+      g_autofree float *k = g_new (float, (gsize) n * ks);
+      for (gsize i = 0; i < (gsize) n * ks; i++)
+        k[i] = (float) i + 0.5f;
+      const gsize floats = (gsize) n_panels * (gsize) (S * d) * 16;
+      g_autofree float *dst = g_new (float, floats);
+      memset (dst, 0xff, floats * sizeof (float)); /* NaN: every entry must be written */
+      xattn_pack_panels (k, ks, n, S, d, dst);
+      for (gint64 q = 0; q < n_panels; q++)
+        for (gint64 p = 0; p < S; p++)
+          for (gint64 t = 0; t < d; t++)
+            for (gint64 l = 0; l < 16; l++)
+              {
+                gint64 j = (q * 16 + l) * S + p;
+                float want = j < n ? k[(gsize) j * ks + (gsize) t] : 0.0f;
+                float got = dst[((gsize) q * (gsize) (S * d) + (gsize) (p * d + t)) * 16 + (gsize) l];
+                if (got != want)
+                  fail_msg ("n %" G_GINT64_FORMAT ", panel %" G_GINT64_FORMAT " (%" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
+                            ") lane %" G_GINT64_FORMAT ": got %g, want %g", n, q, p, t, l, (double) got, (double) want);
+              }
+    }
+}
+
+#ifdef XATTN_HAVE_AVX512
+/* The AVX-512 panel products against xattn_dots_scalar on the same
+ * reshaped columns (row-major, zero padded): per segment (sum_exp's S
+ * products of length d) and whole (the summed antidiagonal), over row and
+ * column counts cutting the 4 x 4-panel microkernel at every edge. */
+static void
+check_panels_avx512 (void)
+{
+  GRand *r = g_rand_new_with_seed (12);
+  const gint32 S = 8, d = 24;
+  const gsize rlen = (gsize) S * (gsize) d, rs = rlen + 5;
+  const gint64 token_counts[] = { 8, 60, 128, 136, 520, 1024 };
+  for (gsize ti = 0; ti < G_N_ELEMENTS (token_counts); ti++)
+    for (gint64 nr = 1; nr <= 9; nr += 4)
+      {
+        const gint64 n = token_counts[ti], n_cols = (n + S - 1) / S;
+        g_autofree float *k = g_new0 (float, (gsize) n_cols * rlen); /* zero padded, as kbuf */
+        for (gsize i = 0; i < (gsize) n * (gsize) d; i++)
+          k[i] = (float) g_rand_double_range (r, -1, 1);
+        g_autofree float *rows = g_new (float, (gsize) nr * rs);
+        for (gsize i = 0; i < (gsize) nr * rs; i++)
+          rows[i] = (float) g_rand_double_range (r, -1, 1);
+        g_autofree float *panels = g_new (float, (gsize) ((n_cols + 15) / 16) * 16 * rlen);
+        xattn_pack_panels (k, (gsize) d, n, S, d, panels);
+        for (int whole = 0; whole < 2; whole++)
+          {
+            const gint64 n_seg = whole ? 1 : S;
+            const gsize len = whole ? rlen : (gsize) d;
+            g_autofree float *want = g_new (float, (gsize) (n_seg * nr * n_cols));
+            g_autofree float *got = g_new (float, (gsize) (n_seg * nr * n_cols));
+            for (gint64 p = 0; p < n_seg; p++)
+              xattn_dots_scalar (rows + (gsize) p * len, rs, nr, k + (gsize) p * len, rlen, n_cols, len,
+                                 want + (gsize) (p * nr * n_cols));
+            xattn_dots_panels_avx512 (rows, rs, nr, panels, n_cols, len, n_seg, got);
+            for (gint64 i = 0; i < n_seg * nr * n_cols; i++)
+              /* |a_i|, |b_i| <= 1: rounding of a length-len sum is below len x 2^-23. */
+              if (fabsf (got[i] - want[i]) > (float) len * 1.2e-7f)
+                fail_msg ("%" G_GINT64_FORMAT " tokens, %" G_GINT64_FORMAT " rows, whole %d, entry %" G_GINT64_FORMAT
+                          ": got %g, want %g", n, nr, whole, i, (double) got[i], (double) want[i]);
+          }
+      }
+  g_rand_free (r);
+}
+#endif
+
+/* The scorer's SIMD path (packed panels on AVX-512) against its scalar
+ * path at the policy's default shape (head_dim 128, stride 8, B 128: one
+ * key block per 16-column panel), history staged in engine blocks of 128
+ * and a partial last panel: block scores equal within float rounding and
+ * the same selection at 0.9; likewise the stride-1 rows (exact_rows). */
+static void
+test_fast_scoring_matches_scalar (void **state)
+{
+  (void) state;
+  if (xattn_dots_isa () == SIFT_ISA_SCALAR)
+    {
+      print_message ("no SIMD path built or supported here; scalar only\n");
+      skip ();
+    }
+  const XattnGeometry geo = { 2, 1, 128, 8, 128, 0.08838835f, 1.0f, TRUE };
+  const gint64 q_pos = 1280, kv_end = q_pos + 300;
+  Data *d = data_new (&geo, kv_end, 41);
+  /* Logits of a few units, as attention's: the raw data's span ~64. */
+  for (gsize i = 0; i < (gsize) geo.n_q_heads * (gsize) kv_end * 128; i++)
+    d->q[i] *= 0.25f;
+  for (int mode = 0; mode < 3; mode++)
+    {
+      XattnGeometry g = geo;
+      if (mode == 1)
+        g.sum_exp = FALSE; /* the reference's mean logit */
+      if (mode == 2)
+        g.stride = 1, g.sum_exp = FALSE; /* exact rows */
+      d->geo = g;
+      gint64 n_qb = (kv_end - 1) / g.block - q_pos / g.block + 1, n_kb = (kv_end + g.block - 1) / g.block;
+      gsize n = (gsize) (g.n_q_heads * n_qb * n_kb);
+      xattn_dots_force_scalar (TRUE);
+      g_autofree float *want = scorer_scores_ex (d, q_pos, kv_end, 128, FALSE, TRUE);
+      xattn_dots_force_scalar (FALSE);
+      g_autofree float *fast = scorer_scores_ex (d, q_pos, kv_end, 128, FALSE, TRUE);
+      for (gsize i = 0; i < n; i++)
+        if (fabsf (fast[i] - want[i]) > 2e-5f * MAX (1.0f, fabsf (want[i])))
+          fail_msg ("mode %d, score %zu: got %.9g, want %.9g", mode, i, (double) fast[i], (double) want[i]);
+      guint8 a[16], b[16];
+      gint64 order[16];
+      for (gint64 row = 0; row < g.n_q_heads * n_qb; row++)
+        {
+          gint64 qb = q_pos / g.block + row % n_qb;
+          xattn_select_row (want + row * n_kb, n_kb, qb, 0.9, a, order);
+          xattn_select_row (fast + row * n_kb, n_kb, qb, 0.9, b, order);
+          assert_memory_equal (a, b, (gsize) n_kb);
+        }
+    }
+  data_free (d);
+}
+
 /* Each SIMD path the CPU can run (whatever sift_isa_active () says, so the
  * paths are compared even where kernels are forced scalar). */
 static void
@@ -516,6 +646,7 @@ test_simd_matches_scalar (void **state)
     {
       check_dots (xattn_dots_avx512);
       check_exp_avx512 ();
+      check_panels_avx512 ();
       checked++;
     }
 #endif
@@ -773,6 +904,8 @@ main (void)
     cmocka_unit_test (test_select_exact_rows),
     cmocka_unit_test (test_full_rows_sum_to_b_over_s),
     cmocka_unit_test (test_simd_matches_scalar),
+    cmocka_unit_test (test_pack_panels_layout),
+    cmocka_unit_test (test_fast_scoring_matches_scalar),
     cmocka_unit_test (test_select_constructed),
     cmocka_unit_test (test_select_properties),
     cmocka_unit_test (test_vote_constructed),
