@@ -107,15 +107,15 @@ xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const flo
  * the lanes, so no horizontal sum. Per step t the microkernel loads np
  * panel vectors (16 columns each) and broadcasts one element of each of mr
  * rows: mr x np accumulators, each loaded vector feeding mr FMAs. */
-#define PANEL_MR 4 /* rows per microkernel */
-#define PANEL_NP 4 /* panels per microkernel: 16 of the 32 registers accumulate */
+#define PANEL_MR 6 /* rows per microkernel */
+#define PANEL_NP 4 /* panels per microkernel: 24 of the 32 registers accumulate */
 
 static inline __attribute__ ((always_inline)) void
 panel_micro (const float *a, gsize a_stride, const float *b, gsize b_stride, gsize len, float *c, gsize c_stride,
              __mmask16 last, const int mr, const int np)
 {
   __m512 acc[PANEL_MR][PANEL_NP];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
     for (int n = 0; n < np; n++)
@@ -126,7 +126,7 @@ panel_micro (const float *a, gsize a_stride, const float *b, gsize b_stride, gsi
 #pragma GCC unroll 4
       for (int n = 0; n < np; n++)
         bv[n] = _mm512_loadu_ps (b + (gsize) n * b_stride + t * 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int i = 0; i < mr; i++)
         {
           __m512 x = _mm512_set1_ps (a[(gsize) i * a_stride + t]);
@@ -135,7 +135,7 @@ panel_micro (const float *a, gsize a_stride, const float *b, gsize b_stride, gsi
             acc[i][n] = _mm512_fmadd_ps (x, bv[n], acc[i][n]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
     for (int n = 0; n < np; n++)
@@ -174,6 +174,8 @@ xattn_dots_panels_avx512 (const float *rows, gsize row_stride, gint64 n_rows, co
     break;
             switch (mr * 8 + np)
               {
+                PANEL_CASE (6, 4) PANEL_CASE (6, 3) PANEL_CASE (6, 2) PANEL_CASE (6, 1)
+                PANEL_CASE (5, 4) PANEL_CASE (5, 3) PANEL_CASE (5, 2) PANEL_CASE (5, 1)
                 PANEL_CASE (4, 4) PANEL_CASE (4, 3) PANEL_CASE (4, 2) PANEL_CASE (4, 1)
                 PANEL_CASE (3, 4) PANEL_CASE (3, 3) PANEL_CASE (3, 2) PANEL_CASE (3, 1)
                 PANEL_CASE (2, 4) PANEL_CASE (2, 3) PANEL_CASE (2, 2) PANEL_CASE (2, 1)
@@ -238,6 +240,24 @@ xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n,
 {
   /* scale > 0: the max of x * scale is the max of x, times scale (float
    * rounding is monotonic), so the first pass needs no multiply. */
+  if (n == 16 && n_seg == 8)
+    {
+      /* sum_exp's usual block (B / S = 16 columns, S = 8 segments): every
+       * vector loaded once and kept in registers for both passes. */
+      __m512 v[8], vm = _mm512_set1_ps (-INFINITY);
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; p++)
+        {
+          v[p] = _mm512_loadu_ps (x + (gsize) p * seg_stride);
+          vm = _mm512_max_ps (vm, v[p]);
+        }
+      const float m = _mm512_reduce_max_ps (vm) * scale;
+      __m512 acc = _mm512_setzero_ps (), vs = _mm512_set1_ps (scale), vmm = _mm512_set1_ps (m);
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; p++)
+        acc = _mm512_add_ps (acc, exp_neg (_mm512_fmsub_ps (v[p], vs, vmm)));
+      return m + logf (_mm512_reduce_add_ps (acc));
+    }
   __m512 vm = _mm512_set1_ps (-INFINITY);
   for (gint64 s = 0; s < n_seg; s++)
     for (gsize i = 0; i < n; i += 16)

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sift/memory.h>
 #include <sift/parallel.h>
 
 #include "xattn-score.h"
@@ -113,8 +114,23 @@ xattn_scorer_free (XattnScorer *s)
   g_free (s->lse);
   g_free (s->kbuf);
   g_free (s->stage);
-  g_free (s->kpack);
+  sift_mem_free (s->kpack);
   g_free (s);
+}
+
+/* As grow, 64-byte aligned (sift_mem_alloc): the panel kernel's vector
+ * loads would otherwise each straddle two cache lines. */
+static float *
+grow_aligned (float *buf, gsize *cap, gsize n)
+{
+  if (n <= *cap)
+    return buf;
+  sift_mem_free (buf);
+  *cap = n;
+  buf = sift_mem_alloc (n * sizeof (float));
+  if (buf == NULL)
+    g_error ("xattn_bsa: out of memory for %zu packed key floats", n);
+  return buf;
 }
 
 static float *
@@ -410,6 +426,20 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
   g_return_if_fail (pos0 + n <= s->kv_end);
   g_return_if_fail (n % S == 0 || pos0 + n == s->kv_end);
 
+  /* Long ranges (the chunk's own keys) in pieces of about
+   * XATTN_STAGE_TOKENS: each piece's columns (512 KiB packed, at head_dim
+   * 128) then stay in L2 while every row tile reads them. */
+  const gint64 piece = MAX (XATTN_STAGE_TOKENS / S, 1) * S;
+  if (n > piece)
+    {
+      for (gint64 off = 0; off < n; off += piece)
+        {
+          SiftView part = sift_view_tokens (k, off, MIN (piece, n - off));
+          xattn_scorer_add_keys (s, &part, pos0 + off, part.n_tokens);
+        }
+      return;
+    }
+
   AddTask t = { .s = s, .col0 = pos0 / S, .n_cols = (n + S - 1) / S, .isa = xattn_dots_isa () };
   if (k->dtype == SIFT_DTYPE_F32 && k->token_stride == g->head_dim && n % S == 0)
     {
@@ -439,7 +469,7 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
        * columns packed once, for every row of its q heads. */
       PackTask pt = { t.k, t.k_head_stride, n, (t.n_cols + 15) / 16, g->stride, g->head_dim, NULL,
                       (gsize) ((t.n_cols + 15) / 16) * 16 * s->rlen };
-      s->kpack = grow (s->kpack, &s->kpack_cap, pt.dst_head_stride * (gsize) g->n_kv_heads);
+      s->kpack = grow_aligned (s->kpack, &s->kpack_cap, pt.dst_head_stride * (gsize) g->n_kv_heads);
       pt.dst = s->kpack;
       sift_parallel_for ((gint64) g->n_kv_heads * pt.n_panels, 1, pack_range, &pt);
       t.kp = s->kpack;
