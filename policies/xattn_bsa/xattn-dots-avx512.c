@@ -236,7 +236,7 @@ xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
 }
 
 float
-xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale)
+xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale, float *m_out)
 {
   /* scale > 0: the max of x * scale is the max of x, times scale (float
    * rounding is monotonic), so the first pass needs no multiply. */
@@ -256,7 +256,8 @@ xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n,
 #pragma GCC unroll 8
       for (int p = 0; p < 8; p++)
         acc = _mm512_add_ps (acc, exp_neg (_mm512_fmsub_ps (v[p], vs, vmm)));
-      return m + logf (_mm512_reduce_add_ps (acc));
+      *m_out = m;
+      return _mm512_reduce_add_ps (acc);
     }
   __m512 vm = _mm512_set1_ps (-INFINITY);
   for (gint64 s = 0; s < n_seg; s++)
@@ -266,6 +267,7 @@ xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n,
         vm = _mm512_mask_max_ps (vm, k, vm, _mm512_maskz_loadu_ps (k, x + (gsize) s * seg_stride + i));
       }
   const float m = _mm512_reduce_max_ps (vm) * scale;
+  *m_out = m;
   __m512 acc = _mm512_setzero_ps (), vs = _mm512_set1_ps (scale), vmm = _mm512_set1_ps (m);
   for (gint64 s = 0; s < n_seg; s++)
     for (gsize i = 0; i < n; i += 16)
@@ -274,7 +276,7 @@ xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n,
         __m512 y = _mm512_fmsub_ps (_mm512_maskz_loadu_ps (k, x + (gsize) s * seg_stride + i), vs, vmm);
         acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
       }
-  return m + logf (_mm512_reduce_add_ps (acc));
+  return _mm512_reduce_add_ps (acc);
 }
 
 #endif /* XATTN_HAVE_AVX512 */

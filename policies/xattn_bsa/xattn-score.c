@@ -19,8 +19,11 @@ struct _XattnScorer {
   gint64 row0, n_rows; /* reshaped rows row0 .. row0 + n_rows - 1 (absolute) */
   gint64 n_kb;
   float *qr;          /* [n_q_heads][n_rows][S * head_dim] reshaped queries */
-  float *lse;         /* [n_q_heads][n_rows][n_kb] log of each key block's mass; -inf: none yet */
-  gsize qr_cap, lse_cap;
+  /* Each key block's unnormalised mass, as lsum x e^lmax (no log per
+   * block: the softmax in row_mass needs only ratios). */
+  float *lmax;        /* [n_q_heads][n_rows][n_kb] largest scaled logit; -inf: none yet */
+  float *lsum;        /* [n_q_heads][n_rows][n_kb] sum of e^(logit - lmax); 0: none yet */
+  gsize qr_cap, lmax_cap, lsum_cap;
   float *kbuf;        /* [n_kv_heads][n_cols * S][head_dim] keys made contiguous, zero padded */
   gsize kbuf_cap;
   float *stage;       /* [n_kv_heads][XATTN_STAGE_TOKENS][head_dim] keys waiting to be scored */
@@ -111,7 +114,8 @@ xattn_scorer_free (XattnScorer *s)
   if (s == NULL)
     return;
   g_free (s->qr);
-  g_free (s->lse);
+  g_free (s->lmax);
+  g_free (s->lsum);
   g_free (s->kbuf);
   g_free (s->stage);
   sift_mem_free (s->kpack);
@@ -177,9 +181,11 @@ xattn_scorer_begin (XattnScorer *s, const SiftView *q, gint64 q_pos, gint64 n_q)
 
   s->stage_n = 0;
   gsize nl = (gsize) g->n_q_heads * (gsize) s->n_rows * (gsize) s->n_kb;
-  s->lse = grow (s->lse, &s->lse_cap, nl);
+  s->lmax = grow (s->lmax, &s->lmax_cap, nl);
+  s->lsum = grow (s->lsum, &s->lsum_cap, nl);
   for (gsize i = 0; i < nl; i++)
-    s->lse[i] = -INFINITY;
+    s->lmax[i] = -INFINITY;
+  memset (s->lsum, 0, nl * sizeof (float));
 }
 
 typedef struct {
@@ -193,16 +199,25 @@ typedef struct {
   SiftIsa isa;         /* dot-product path */
 } AddTask;
 
-/* log(e^a + e^b) without overflow; -inf is its identity. */
-static inline float
-log_add (float a, float b)
+/* (m, sum) += (m2, sum2), masses sum x e^m, without overflow; m = -inf is
+ * the identity. */
+static inline void
+mass_add (float *m, float *sum, float m2, float sum2)
 {
-  if (a == -INFINITY)
-    return b;
-  if (b == -INFINITY)
-    return a;
-  float m = a > b ? a : b;
-  return m + logf (expf (a - m) + expf (b - m));
+  if (m2 == -INFINITY)
+    return;
+  if (*m == -INFINITY)
+    {
+      *m = m2;
+      *sum = sum2;
+    }
+  else if (m2 > *m)
+    {
+      *sum = *sum * expf (*m - m2) + sum2;
+      *m = m2;
+    }
+  else
+    *sum += sum2 * expf (m2 - *m);
 }
 
 /* max_i x[i] * scale and sum_i exp(x[i] * scale - m), SIMD where there is. */
@@ -234,21 +249,25 @@ sum_exp (SiftIsa isa, const float *x, gint64 n, float scale, float m)
   return sum;
 }
 
-/* log sum_{p < n_seg, j < n} exp(x[p * seg_stride + j] * scale): max first,
- * for stability (scale > 0). */
-static float
-block_lse (SiftIsa isa, const float *x, gsize seg_stride, gint64 n_seg, gint64 n, float scale)
+/* sum_{p < n_seg, j < n} exp(x[p * seg_stride + j] * scale) as *sum x e^m,
+ * m the largest x * scale, for stability (scale > 0). */
+static void
+block_mass (SiftIsa isa, const float *x, gsize seg_stride, gint64 n_seg, gint64 n, float scale, float *m,
+            float *sum)
 {
 #ifdef XATTN_HAVE_AVX512
   if (isa == SIFT_ISA_AVX512)
-    return xattn_block_lse_avx512 (x, seg_stride, n_seg, (gsize) n, scale);
+    {
+      *sum = xattn_block_mass_avx512 (x, seg_stride, n_seg, (gsize) n, scale, m);
+      return;
+    }
 #endif
-  float m = -INFINITY, sum = 0.0f;
+  *m = -INFINITY;
+  *sum = 0.0f;
   for (gint64 p = 0; p < n_seg; p++)
-    m = MAX (m, max_scaled (isa, x + (gsize) p * seg_stride, n, scale));
+    *m = MAX (*m, max_scaled (isa, x + (gsize) p * seg_stride, n, scale));
   for (gint64 p = 0; p < n_seg; p++)
-    sum += sum_exp (isa, x + (gsize) p * seg_stride, n, scale, m);
-  return m + logf (sum);
+    *sum += sum_exp (isa, x + (gsize) p * seg_stride, n, scale, *m);
 }
 
 void
@@ -307,22 +326,25 @@ pack_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
     }
 }
 
-/* sum_exp: the log of the summed exp(scale / norm x logit) of key block
- * columns [j, jend) of row r (row i of the tile's products x, [S][nr][nc],
- * column 0 = col0). Segment p pairs query rS + S - 1 - p with key cS + p;
- * padding (past kv_end) and, on the diagonal column, keys after their
- * query are left out. -inf when no entry counts. */
-static float
-block_log_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr, gint64 nc, gint64 i, gint64 r,
-                   gint64 col0, gint64 j, gint64 jend)
+/* sum_exp: the summed exp(scale / norm x logit) of key block columns
+ * [j, jend) of row r (row i of the tile's products x, [S][nr][nc], column
+ * 0 = col0), as *sum x e^m. Segment p pairs query rS + S - 1 - p with key
+ * cS + p; padding (past kv_end) and, on the diagonal column, keys after
+ * their query are left out. m = -inf when no entry counts. */
+static void
+block_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr, gint64 nc, gint64 i, gint64 r,
+               gint64 col0, gint64 j, gint64 jend, float *m_out, float *sum_out)
 {
   const XattnGeometry *g = &s->geo;
   const gint64 S = g->stride, c_last = col0 + jend - 1;
   const float escale = g->scale / g->norm;
   float m = -INFINITY, sum = 0.0f;
   if (r * S + S - 1 < s->kv_end && c_last < r && c_last * S + S - 1 < s->kv_end)
-    /* No padding, no diagonal: every entry counts. */
-    return block_lse (isa, x + (gsize) i * (gsize) nc + j, (gsize) nr * (gsize) nc, S, jend - j, escale);
+    {
+      /* No padding, no diagonal: every entry counts. */
+      block_mass (isa, x + (gsize) i * (gsize) nc + j, (gsize) nr * (gsize) nc, S, jend - j, escale, m_out, sum_out);
+      return;
+    }
   for (int pass = 0; pass < 2; pass++)
     for (gint64 p = 0; p < S; p++)
       {
@@ -340,7 +362,8 @@ block_log_sum_exp (const XattnScorer *s, SiftIsa isa, const float *x, gint64 nr,
               sum += expf (xp[jj] * escale - m);
           }
       }
-  return m == -INFINITY ? -INFINITY : m + logf (sum);
+  *m_out = m;
+  *sum_out = sum;
 }
 
 static void
@@ -392,23 +415,21 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
         {
           gint64 r = first + i;
           gint64 visible = MIN (nc, r - t->col0 + 1);
-          float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
-          /* Per key block: log-sum-exp of its columns (max first, for
+          gsize off = ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
+          float *lmax = s->lmax + off, *lsum = s->lsum + off;
+          /* Per key block: the mass of its columns (max first, for
            * stability), merged into what earlier calls added. */
           for (gint64 j = 0; j < visible;)
             {
               gint64 c = t->col0 + j;
               gint64 kb = c / cols_per_kb;
               gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
-              float v;
+              float m, sum;
               if (!g->sum_exp)
-                {
-                  v = block_lse (t->isa, x + i * nc + j, 0, 1, jend - j, lscale);
-                }
+                block_mass (t->isa, x + i * nc + j, 0, 1, jend - j, lscale, &m, &sum);
               else
-                v = block_log_sum_exp (s, t->isa, x, nr, nc, i, r, t->col0, j, jend);
-              if (v != -INFINITY)
-                lse[kb] = log_add (lse[kb], v);
+                block_sum_exp (s, t->isa, x, nr, nc, i, r, t->col0, j, jend, &m, &sum);
+              mass_add (&lmax[kb], &lsum[kb], m, sum);
               j = jend;
             }
         }
@@ -542,23 +563,26 @@ xattn_scorer_n_rows (const XattnScorer *s)
   return s->n_rows;
 }
 
-/* Row i's softmax over key blocks, from its per-block log masses: into
- * out[kb] (added when add, else written); FALSE if the row saw no key. */
+/* Row i's softmax over key blocks, from its per-block masses lsum e^lmax:
+ * into out[kb] (added when add, else written); FALSE if the row saw no key.
+ * Relative to the largest lmax each term is at most lsum (<= the entries
+ * summed), so nothing overflows. */
 static gboolean
 row_mass (const XattnScorer *s, gint32 h, gint64 i, float *out, gboolean add)
 {
-  const float *lse = s->lse + ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+  gsize off = ((gsize) h * (gsize) s->n_rows + (gsize) i) * (gsize) s->n_kb;
+  const float *lmax = s->lmax + off, *lsum = s->lsum + off;
   float m = -INFINITY;
   for (gint64 kb = 0; kb < s->n_kb; kb++)
-    m = MAX (m, lse[kb]);
+    m = MAX (m, lmax[kb]);
   if (m == -INFINITY)
     return FALSE;
   double total = 0.0;
   for (gint64 kb = 0; kb < s->n_kb; kb++)
-    total += exp ((double) (lse[kb] - m));
+    total += (double) lsum[kb] * exp ((double) (lmax[kb] - m));
   for (gint64 kb = 0; kb < s->n_kb; kb++)
     {
-      float p = (float) (exp ((double) (lse[kb] - m)) / total);
+      float p = (float) ((double) lsum[kb] * exp ((double) (lmax[kb] - m)) / total);
       out[kb] = add ? out[kb] + p : p;
     }
   return TRUE;

@@ -113,9 +113,9 @@ void xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 
  * `sum_exp`; with n_seg = 1 and len = S * head_dim, the summed antidiagonal. */
 void xattn_dots_panels_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *panels,
                                gint64 n_cols, gsize len, gint64 n_seg, float *out);
-/* log sum over s < n_seg, i < n of exp(x[s * seg_stride + i] * scale),
- * as max + log(sum of exp(x scale - max)); scale > 0. */
-float xattn_block_lse_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale);
+/* sum over s < n_seg, i < n of exp(x[s * seg_stride + i] * scale) as
+ * (returned sum) x e^(*m), *m the largest x * scale; scale > 0, n >= 1. */
+float xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale, float *m);
 #endif
 /* The path in use: the best one built in that sift_isa_active () allows,
  * unless forced scalar. */
