@@ -283,6 +283,23 @@ typedef struct {
   gsize n, cur;
 } Cursor;
 
+/* Lanes of the panel at key `base` that a tile's merged ranges cover, OR
+ * the head's columns there; advances the cursor past ranges that end
+ * before the panel. */
+static inline guint32
+tile_mask (Cursor *c, gint64 base, guint32 cols)
+{
+  guint32 mask = cols;
+  while (c->cur < c->n && c->r[c->cur].end <= base)
+    c->cur++;
+  for (gsize k = c->cur; k < c->n && c->r[k].start < base + VS_KEY_GROUP; k++)
+    {
+      gint64 s = MAX (c->r[k].start, base) - base, e = MIN (c->r[k].end, base + VS_KEY_GROUP) - base;
+      mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
+    }
+  return mask;
+}
+
 static void
 chunk_item (const BlockJob *job, gint64 item, gint worker)
 {
@@ -329,20 +346,41 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
         {
           const gint32 h = g * hg + hh;
           const guint32 cols = a->colmask[(gsize) h * a->n_panels + pi];
+#ifdef VS_HAVE_AVX512
+          /* 4-row tiles go in adjacent pairs: one panel pass scores both. */
+          for (gint64 t = 0; pend && a->tile == 4 && t < nt; t += 2)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile;
+              const gint64 tb1 = MIN (ta + 2 * a->tile, a->q_pos + a->n_q);
+              if (base >= tb1)
+                continue; /* every row of both tiles precedes the panel */
+              const gint64 tb = MIN (ta + a->tile, tb1);
+              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], base, cols) : 0;
+              const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base, cols) : 0;
+              if (m0 == 0 && m1 == 0)
+                continue;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tl0 = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                             a->acc + row * a->d, 0 };
+              VsTile tl1 = { 0 };
+              if (t + 1 < nt)
+                tl1 = (VsTile) { a->q + (row + 4) * a->d, tb, (gint32) (tb1 - tb), a->d, a->m + row + 4,
+                                 a->l + row + 4, a->acc + (row + 4) * a->d, 0 };
+              vs_pending_add2_avx512 (&tl0, &pending[hh * nt + t], m0, &tl1,
+                                      t + 1 < nt ? &pending[hh * nt + t + 1] : NULL, m1, &grp);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tl0.attended;
+              if (t + 1 < nt)
+                a->attended[(gsize) h * a->n_tiles + t0 + t + 1] += tl1.attended;
+            }
+          if (pend && a->tile == 4)
+            continue;
+#endif
           for (gint64 t = 0; t < nt; t++)
             {
               const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
               if (base >= tb)
                 continue; /* every row of this tile precedes the panel */
-              Cursor *c = &cur[hh * nt + t];
-              guint32 mask = cols;
-              while (c->cur < c->n && c->r[c->cur].end <= base)
-                c->cur++;
-              for (gsize k = c->cur; k < c->n && c->r[k].start < base + VS_KEY_GROUP; k++)
-                {
-                  gint64 s = MAX (c->r[k].start, base) - base, e = MIN (c->r[k].end, base + VS_KEY_GROUP) - base;
-                  mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
-                }
+              const guint32 mask = tile_mask (&cur[hh * nt + t], base, cols);
               if (mask == 0)
                 continue;
               grp.mask = mask;
