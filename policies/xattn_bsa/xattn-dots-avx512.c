@@ -221,6 +221,25 @@ exp_neg (__m512 y)
   return _mm512_scalef_ps (p, n);
 }
 
+/* 2^y for y <= 0: y = n + r with |r| <= 1/2 (exact), 2^r = e^(r ln2) by its
+ * Taylor polynomial to degree 6 (relative error ~2e-7), times 2^n by
+ * scalef. Below -126 the result is 0 or negligible. */
+static inline __m512
+exp2_neg (__m512 y)
+{
+  y = _mm512_max_ps (y, _mm512_set1_ps (-126.0f));
+  __m512 n = _mm512_roundscale_ps (y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps (y, n);
+  __m512 p = _mm512_set1_ps (1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
+  return _mm512_scalef_ps (p, n);
+}
+
 float
 xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
 {
@@ -277,6 +296,34 @@ xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n
         acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
       }
   return _mm512_reduce_add_ps (acc);
+}
+
+void
+xattn_block_masses_16x8_avx512 (const float *x, gsize seg_stride, gint64 n_blocks, float scale, float *m,
+                                float *sum)
+{
+  /* As xattn_block_mass_avx512's register path, block after block, in
+   * base 2: e^(x scale - mx) = 2^(x scale log2(e) - mx log2(e)). */
+  const __m512 vs2 = _mm512_set1_ps (scale * 1.44269504f);
+  for (gint64 b = 0; b < n_blocks; b++)
+    {
+      const float *xb = x + (gsize) b * 16;
+      __m512 v[8], vm = _mm512_set1_ps (-INFINITY);
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; p++)
+        {
+          v[p] = _mm512_loadu_ps (xb + (gsize) p * seg_stride);
+          vm = _mm512_max_ps (vm, v[p]);
+        }
+      const float mx = _mm512_reduce_max_ps (vm) * scale;
+      const __m512 vm2 = _mm512_set1_ps (mx * 1.44269504f);
+      __m512 acc = _mm512_setzero_ps ();
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; p++)
+        acc = _mm512_add_ps (acc, exp2_neg (_mm512_fmsub_ps (v[p], vs2, vm2)));
+      m[b] = mx;
+      sum[b] = _mm512_reduce_add_ps (acc);
+    }
 }
 
 #endif /* XATTN_HAVE_AVX512 */

@@ -11,6 +11,8 @@
 /* Rows of one parallel task: enough work to amortise the scratch, small
  * enough to spread a 512-row chunk of one head over threads. */
 #define ROW_TILE 16
+/* Key blocks per call of the batched block-mass path. */
+#define BATCH_BLOCKS 64
 
 struct _XattnScorer {
   XattnGeometry geo;
@@ -381,6 +383,12 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
    * sum_exp: its S logits apart, one product of length d per segment. */
   const gint64 n_parts = g->sum_exp ? S : 1;
   float *x = g_new (float, (gsize) n_parts * (gsize) ROW_TILE * (gsize) t->n_cols);
+  /* sum_exp's usual shape (16 columns x 8 segments per key block) on
+   * AVX-512: runs of whole key blocks in one call. */
+  const gboolean batched = t->isa == SIFT_ISA_AVX512 && g->sum_exp && S == 8 && cols_per_kb == 16;
+#ifdef XATTN_HAVE_AVX512
+  float bm[BATCH_BLOCKS], bs[BATCH_BLOCKS];
+#endif
 
   for (gint64 item = begin; item < end; item++)
     {
@@ -417,12 +425,29 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
           gint64 visible = MIN (nc, r - t->col0 + 1);
           gsize off = ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
           float *lmax = s->lmax + off, *lsum = s->lsum + off;
+          /* Columns j < fast_end (c < r: no diagonal; c < kv_end / S: no
+           * padding) of a row without padding may go through the batched
+           * AVX-512 path, whole key blocks at a time. */
+          const gint64 fast_end = batched && r * S + S - 1 < s->kv_end
+                                    ? MIN (visible, MIN (r, s->kv_end / S) - t->col0) : 0;
           /* Per key block: the mass of its columns (max first, for
            * stability), merged into what earlier calls added. */
           for (gint64 j = 0; j < visible;)
             {
               gint64 c = t->col0 + j;
               gint64 kb = c / cols_per_kb;
+#ifdef XATTN_HAVE_AVX512
+              if (c % cols_per_kb == 0 && fast_end - j >= cols_per_kb)
+                {
+                  gint64 nb = MIN ((fast_end - j) / cols_per_kb, BATCH_BLOCKS);
+                  xattn_block_masses_16x8_avx512 (x + i * nc + j, (gsize) nr * (gsize) nc, nb, g->scale / g->norm,
+                                                  bm, bs);
+                  for (gint64 b = 0; b < nb; b++)
+                    mass_add (&lmax[kb + b], &lsum[kb + b], bm[b], bs[b]);
+                  j += nb * cols_per_kb;
+                  continue;
+                }
+#endif
               gint64 jend = MIN (visible, (kb + 1) * cols_per_kb - t->col0);
               float m, sum;
               if (!g->sum_exp)

@@ -116,6 +116,11 @@ void xattn_dots_panels_avx512 (const float *rows, gsize row_stride, gint64 n_row
 /* sum over s < n_seg, i < n of exp(x[s * seg_stride + i] * scale) as
  * (returned sum) x e^(*m), *m the largest x * scale; scale > 0, n >= 1. */
 float xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n, float scale, float *m);
+/* The same for n_blocks consecutive blocks of 16 columns x 8 segments
+ * (block b's segment p at x + p * seg_stride + 16 b: sum_exp's blocks at
+ * stride 8, B = 128), mass b = sum[b] x e^m[b], exponentials in base 2. */
+void xattn_block_masses_16x8_avx512 (const float *x, gsize seg_stride, gint64 n_blocks, float scale, float *m,
+                                     float *sum);
 #endif
 /* The path in use: the best one built in that sift_isa_active () allows,
  * unless forced scalar. */
