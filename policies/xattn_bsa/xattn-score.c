@@ -385,8 +385,8 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
   float *x = g_new (float, (gsize) n_parts * (gsize) ROW_TILE * (gsize) t->n_cols);
   /* sum_exp's usual shape (16 columns x 8 segments per key block) on
    * AVX-512: runs of whole key blocks in one call. */
-  const gboolean batched = t->isa == SIFT_ISA_AVX512 && g->sum_exp && S == 8 && cols_per_kb == 16;
 #ifdef XATTN_HAVE_AVX512
+  const gboolean batched = t->isa == SIFT_ISA_AVX512 && g->sum_exp && S == 8 && cols_per_kb == 16;
   float bm[BATCH_BLOCKS], bs[BATCH_BLOCKS];
 #endif
 
@@ -425,11 +425,13 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
           gint64 visible = MIN (nc, r - t->col0 + 1);
           gsize off = ((gsize) h * (gsize) s->n_rows + (gsize) (r - s->row0)) * (gsize) s->n_kb;
           float *lmax = s->lmax + off, *lsum = s->lsum + off;
+#ifdef XATTN_HAVE_AVX512
           /* Columns j < fast_end (c < r: no diagonal; c < kv_end / S: no
            * padding) of a row without padding may go through the batched
            * AVX-512 path, whole key blocks at a time. */
           const gint64 fast_end = batched && r * S + S - 1 < s->kv_end
                                     ? MIN (visible, MIN (r, s->kv_end / S) - t->col0) : 0;
+#endif
           /* Per key block: the mass of its columns (max first, for
            * stability), merged into what earlier calls added. */
           for (gint64 j = 0; j < visible;)
