@@ -31,6 +31,9 @@ struct _XattnScorer {
   float *stage;       /* [n_kv_heads][XATTN_STAGE_TOKENS][head_dim] keys waiting to be scored */
   float *kpack;       /* [n_kv_heads][ceil(n_cols / 16)][S * head_dim][16] packed panels (AVX-512 path) */
   gsize kpack_cap;
+  gboolean stage_packed; /* AVX-512: staged keys go straight into spack, not stage */
+  float *spack;       /* [n_kv_heads][stage_panels ()][S * head_dim][16] staged keys, packed */
+  gsize spack_cap;
   gint64 stage_pos0, stage_n;
 };
 
@@ -121,6 +124,7 @@ xattn_scorer_free (XattnScorer *s)
   g_free (s->kbuf);
   g_free (s->stage);
   sift_mem_free (s->kpack);
+  sift_mem_free (s->spack);
   g_free (s);
 }
 
@@ -273,20 +277,23 @@ block_mass (SiftIsa isa, const float *x, gsize seg_stride, gint64 n_seg, gint64 
 }
 
 void
-xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim, float *dst)
+xattn_pack_panels_at (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim, gint64 col0,
+                      float *dst)
 {
   const gint64 S = stride, d = head_dim, rlen = S * d, n_cols = (n_tokens + S - 1) / S;
-  for (gint64 q = 0; q * 16 < n_cols; q++)
+  for (gint64 q = col0 / 16; q * 16 < col0 + n_cols; q++)
     {
       float *panel = dst + (gsize) q * (gsize) rlen * 16;
-      /* Entry (p, t) of the panel's 16 columns: keys (16q + l) S + p. */
+      /* Lanes [lo, hi) are this call's columns: lane l is column 16q + l,
+       * i.e. source column 16q + l - col0, keys (16q + l - col0) S + p. */
+      const gint64 lo = MAX (col0 - q * 16, 0), hi = MIN (col0 + n_cols - q * 16, 16);
       for (gint64 p = 0; p < S; p++)
         {
-          const float *src[16];
+          const float *src[16] = { NULL };
           gint64 n_in = 0;
-          for (gint64 l = 0; l < 16; l++)
+          for (gint64 l = lo; l < hi; l++)
             {
-              gint64 j = (q * 16 + l) * S + p;
+              gint64 j = (q * 16 + l - col0) * S + p;
               src[l] = j < n_tokens ? k + (gsize) j * k_stride : NULL;
               n_in += src[l] != NULL;
             }
@@ -297,10 +304,29 @@ xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 strid
                 e[t * 16 + l] = src[l][t];
           else
             for (gint64 t = 0; t < d; t++)
-              for (gint64 l = 0; l < 16; l++)
+              for (gint64 l = lo; l < hi; l++)
                 e[t * 16 + l] = src[l] != NULL ? src[l][t] : 0.0f;
         }
     }
+}
+
+/* Zeros the lanes past column n_cols - 1 in its panel (dst: panels of
+ * rlen entries x 16 lanes). */
+static void
+zero_tail_lanes (float *dst, gint64 n_cols, gsize rlen)
+{
+  if (n_cols % 16 == 0)
+    return;
+  float *panel = dst + (gsize) (n_cols / 16) * rlen * 16;
+  for (gsize e = 0; e < rlen; e++)
+    memset (panel + e * 16 + n_cols % 16, 0, (gsize) (16 - n_cols % 16) * sizeof (float));
+}
+
+void
+xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim, float *dst)
+{
+  xattn_pack_panels_at (k, k_stride, n_tokens, stride, head_dim, 0, dst);
+  zero_tail_lanes (dst, (n_tokens + stride - 1) / stride, (gsize) stride * (gsize) head_dim);
 }
 
 typedef struct {
@@ -464,6 +490,8 @@ add_range (gint64 begin, gint64 end, gint worker, gpointer user_data)
   g_free (x);
 }
 
+static void score_columns (XattnScorer *s, AddTask *tp, gint64 n);
+
 void
 xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
 {
@@ -507,11 +535,21 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
       t.k_head_stride = per_head;
     }
 
+  score_columns (s, &t, n);
+}
+
+/* Scores t's columns against every row that sees them; on AVX-512 packs
+ * them first unless t->kp already holds them. */
+static void
+score_columns (XattnScorer *s, AddTask *tp, gint64 n)
+{
+  const XattnGeometry *g = &s->geo;
+  AddTask t = *tp;
   gint64 first_row = MAX (s->row0, t.col0);
   gint64 rows = s->row0 + s->n_rows - first_row;
   if (rows <= 0)
     return;
-  if (t.isa == SIFT_ISA_AVX512)
+  if (t.isa == SIFT_ISA_AVX512 && t.kp == NULL)
     {
       /* Columns along the lanes (xattn_dots_panels_avx512): each kv head's
        * columns packed once, for every row of its q heads. */
@@ -527,12 +565,33 @@ xattn_scorer_add_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 n)
   sift_parallel_for ((gint64) g->n_q_heads * t.tiles_per_head, 1, add_range, &t);
 }
 
+/* Panels per kv head of the packed stage. */
+static gsize
+stage_panels (const XattnScorer *s)
+{
+  const gint64 S = s->geo.stride, cols = (XATTN_STAGE_TOKENS + S - 1) / S;
+  return (gsize) ((cols + 15) / 16);
+}
+
 static void
 stage_flush (XattnScorer *s)
 {
   if (s->stage_n == 0)
     return;
   const XattnGeometry *g = &s->geo;
+  if (s->stage_packed)
+    {
+      AddTask t = { .s = s, .col0 = s->stage_pos0 / g->stride, .n_cols = (s->stage_n + g->stride - 1) / g->stride,
+                    .isa = SIFT_ISA_AVX512, .kp = s->spack, .kp_head_stride = stage_panels (s) * 16 * s->rlen };
+      gint64 n = s->stage_n;
+      s->stage_n = 0;
+      /* Lanes past the last column are never read into a result; zeros
+       * keep them free of NaN or denormal leftovers. */
+      for (gint32 h = 0; h < g->n_kv_heads; h++)
+        zero_tail_lanes (s->spack + (gsize) h * t.kp_head_stride, t.n_cols, s->rlen);
+      score_columns (s, &t, n);
+      return;
+    }
   SiftView v = { s->stage, SIFT_DTYPE_F32, g->n_kv_heads, g->head_dim, s->stage_n,
                  (gint64) XATTN_STAGE_TOKENS * g->head_dim, g->head_dim };
   s->stage_n = 0;
@@ -552,14 +611,47 @@ xattn_scorer_stage_keys (XattnScorer *s, const SiftView *k, gint64 pos0, gint64 
       xattn_scorer_add_keys (s, k, pos0, n);
       return;
     }
-  if (s->stage == NULL)
-    s->stage = g_new (float, (gsize) g->n_kv_heads * XATTN_STAGE_TOKENS * (gsize) g->head_dim);
   if (s->stage_n == 0)
-    s->stage_pos0 = pos0;
-  for (gint32 h = 0; h < g->n_kv_heads; h++)
-    for (gint64 t = 0; t < n; t++)
-      sift_view_row_to_f32 (k, h, t,
-                            s->stage + ((gsize) h * XATTN_STAGE_TOKENS + (gsize) (s->stage_n + t)) * (gsize) g->head_dim);
+    {
+      s->stage_pos0 = pos0;
+      s->stage_packed = xattn_dots_isa () == SIFT_ISA_AVX512;
+    }
+  if (s->stage_packed)
+    {
+      /* Straight into the packed panels (no staging copy): columns from
+       * (pos0 - stage_pos0) / S on; f16 / bf16 rows through kbuf first. */
+      const gsize per_head = stage_panels (s) * 16 * s->rlen;
+      s->spack = grow_aligned (s->spack, &s->spack_cap, per_head * (gsize) g->n_kv_heads);
+      const gint64 col0 = (pos0 - s->stage_pos0) / g->stride;
+      for (gint32 h = 0; h < g->n_kv_heads; h++)
+        {
+          const float *src;
+          gsize src_stride;
+          if (k->dtype == SIFT_DTYPE_F32)
+            {
+              src = sift_view_row (k, h, 0);
+              src_stride = (gsize) k->token_stride;
+            }
+          else
+            {
+              s->kbuf = grow (s->kbuf, &s->kbuf_cap, (gsize) n * (gsize) g->head_dim);
+              for (gint64 t = 0; t < n; t++)
+                sift_view_row_to_f32 (k, h, t, s->kbuf + (gsize) t * (gsize) g->head_dim);
+              src = s->kbuf;
+              src_stride = (gsize) g->head_dim;
+            }
+          xattn_pack_panels_at (src, src_stride, n, g->stride, g->head_dim, col0, s->spack + (gsize) h * per_head);
+        }
+    }
+  else
+    {
+      if (s->stage == NULL)
+        s->stage = g_new (float, (gsize) g->n_kv_heads * XATTN_STAGE_TOKENS * (gsize) g->head_dim);
+      for (gint32 h = 0; h < g->n_kv_heads; h++)
+        for (gint64 t = 0; t < n; t++)
+          sift_view_row_to_f32 (k, h, t,
+                                s->stage + ((gsize) h * XATTN_STAGE_TOKENS + (gsize) (s->stage_n + t)) * (gsize) g->head_dim);
+    }
   s->stage_n += n;
   /* A partial column ends what can be scored together. */
   if (n % g->stride != 0)

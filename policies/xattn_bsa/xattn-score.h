@@ -105,6 +105,10 @@ float xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m);
  * ceil(n_cols / 16) * rlen * 16 floats, n_cols = ceil(n_tokens / S). */
 void xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim,
                         float *dst);
+/* The same keys as columns col0 .. of dst (their panels' other lanes left
+ * as they are): how staged keys are packed as they arrive. */
+void xattn_pack_panels_at (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim,
+                           gint64 col0, float *dst);
 #ifdef XATTN_HAVE_AVX512
 /* xattn_dots over packed panels, per segment: out[(s * n_rows + i) *
  * n_cols + j] = sum_t rows[i * row_stride + s * len + t] x entry (s * len

@@ -514,6 +514,15 @@ test_pack_panels_layout (void **state)
       g_autofree float *dst = g_new (float, floats);
       memset (dst, 0xff, floats * sizeof (float)); /* NaN: every entry must be written */
       xattn_pack_panels (k, ks, n, S, d, dst);
+      /* In two calls at a column offset (how staged keys arrive): the
+       * same panels. */
+      g_autofree float *two = g_new (float, floats);
+      memset (two, 0, floats * sizeof (float));
+      const gint64 split = (n_cols / 2) * S;
+      if (split > 0)
+        xattn_pack_panels_at (k, ks, split, S, d, 0, two);
+      xattn_pack_panels_at (k + (gsize) split * ks, ks, n - split, S, d, split / S, two);
+      assert_memory_equal (two, dst, floats * sizeof (float));
       for (gint64 q = 0; q < n_panels; q++)
         for (gint64 p = 0; p < S; p++)
           for (gint64 t = 0; t < d; t++)
