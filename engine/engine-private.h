@@ -29,6 +29,13 @@ typedef struct {
   gint64 map_id;
 } Slot;
 
+/* Spinning before a wait, with back-off after a spin that timed out
+ * (engine.c). Guarded by the engine lock. */
+typedef struct {
+  gint32 backoff;  /* waits to sleep through after the next timeout */
+  gint32 skip;     /* waits left that sleep at once */
+} SpinState;
+
 /* One half of the cross-layer double buffer: a layer's selected blocks
  * side by side on the token axis. */
 typedef struct {
@@ -40,6 +47,8 @@ typedef struct {
   GError *error;       /* first failed load */
   GArray *ids;         /* gint64 logical ids, in load order (ascending) */
 } XlHalf;
+
+typedef struct _SiftBatch SiftBatch;
 
 struct _SiftEngine {
   SiftEngineConfig config;
@@ -85,6 +94,10 @@ struct _SiftEngine {
   gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
+  guint64 queue_seq;          /* atomic: bumped by every queued job (the worker spins on it) */
+  guint64 done_seq;           /* atomic: bumped by every finished job (waiters spin on it) */
+  SpinState worker_spin;      /* the worker's spins for a job */
+  SpinState waiter_spin;      /* the compute side's spins for a finished job */
   GQueue jobs;                /* Job * */
   gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
   gint32 running_stores;      /* of those, stores */
@@ -100,6 +113,8 @@ struct _SiftEngine {
   /* The call in progress (set by the runner or attend_default). */
   SiftPhase phase;            /* loads are counted under it */
   const char *policy_name;    /* named in selection errors */
+
+  SiftBatch *batch;           /* pipeline.c: the blocks of one kernel call, reused */
 
   /* Scratch for partial attention results. */
   float *part_out;            /* [n_q_heads][max_q][head_dim] */
@@ -172,6 +187,9 @@ void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, g
 gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext *ctx,
                                     const SiftSelection *sel, const SiftView *k, const SiftView *v,
                                     gsize n_blocks, SiftView *out, float *lse, GError **error);
+
+/* Frees the pipelines' reused scratch (pipeline.c). */
+void sift_engine_batch_free (SiftEngine *engine);
 
 /* ---- Eviction (evict.c) -------------------------------------------------- */
 
