@@ -135,6 +135,16 @@ void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
  * slot_done. */
 void sift_engine_unmap_id (SiftEngine *engine, gint64 store_id);
 
+/* The default ring's group calls: load_block, wait_slot and slot_done for
+ * n slots under one lock each (copies only). ring_wait stops at the first
+ * failed load: *n_ready slots before it are ready, that one is free again
+ * and the error is its load's. */
+gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gint32 *slots,
+                                gint32 n, GError **error);
+gboolean sift_engine_ring_wait (SiftEngine *engine, const gint32 *slots, gint32 n, gint32 *n_valid,
+                                gint32 *n_ready, GError **error);
+void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
+
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
 /* Views of a slot's first n_tokens tokens (<= block_size). */

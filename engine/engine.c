@@ -1151,6 +1151,97 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   return ok;
 }
 
+/* ---- The default ring pipeline's group calls (pipeline.c) ------------------
+ * The same protocol as load_block / wait_slot / slot_done, n slots under
+ * one lock each: a group of blocks per call instead of one lock round trip
+ * (with the worker's cache line bouncing between cores) per block. Copies
+ * only: the ring runs when blocks are not read in place. */
+
+gboolean
+sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, const gint32 *slots, gint32 n,
+                       GError **error)
+{
+  GArray *ids = e->store_ids[layer];
+  for (gint32 i = 0; i < n; i++)
+    if (block_ids[i] < 0 || block_ids[i] >= (gint64) ids->len)
+      return invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
+                      ids->len, block_ids[i]);
+  pthread_mutex_lock (&e->lock);
+  for (gint32 i = 0; i < n; i++)
+    if (e->slots[slots[i]].state != SLOT_FREE)
+      {
+        pthread_mutex_unlock (&e->lock);
+        g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE, "engine: slot %d is still in use", slots[i]);
+        return FALSE;
+      }
+  for (gint32 i = 0; i < n; i++)
+    {
+      Slot *sl = &e->slots[slots[i]];
+      sl->n_valid = g_array_index (e->meta[layer], SiftBlockMeta, block_ids[i]).n_valid;
+      sl->layer = layer;
+      sl->state = SLOT_LOADING;
+      Job *j = g_new0 (Job, 1);
+      *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = e->phase,
+                   .store_id = g_array_index (ids, gint64, block_ids[i]), .what = SIFT_LOAD_KV,
+                   .k = slot_data (e, slots[i], 0), .v = slot_data (e, slots[i], 1),
+                   .cap = e->config.shape.block_size, .slot = slots[i], .half = -1 };
+      g_queue_push_tail (&e->jobs, j);
+    }
+  __atomic_add_fetch (&e->queue_seq, 1, __ATOMIC_RELEASE);
+  if (e->worker_idle && e->hold_wake == 0)
+    pthread_cond_signal (&e->work_cond);
+  pthread_mutex_unlock (&e->lock);
+  return TRUE;
+}
+
+gboolean
+sift_engine_ring_wait (SiftEngine *e, const gint32 *slots, gint32 n, gint32 *n_valid, gint32 *n_ready,
+                       GError **error)
+{
+  gint64 t0 = g_get_monotonic_time ();
+  gboolean ok = TRUE;
+  gint32 i = 0;
+  pthread_mutex_lock (&e->lock);
+  for (; i < n && ok; i++)
+    {
+      Slot *s = &e->slots[slots[i]];
+      while (s->state == SLOT_LOADING)
+        if (!help_locked (e))
+          wait_done_locked (e);
+      n_valid[i] = s->n_valid;
+      if (s->state == SLOT_FAILED)
+        {
+          g_propagate_error (error, s->error);
+          s->error = NULL;
+          s->state = SLOT_FREE;
+          ok = FALSE;
+          break;
+        }
+      g_assert (s->state == SLOT_READY);
+    }
+  *n_ready = i;
+  if (n > 0)
+    sift_engine_counters_at (e, e->slots[slots[0]].layer, e->phase)->seconds_stalled
+      += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
+  pthread_mutex_unlock (&e->lock);
+  return ok;
+}
+
+void
+sift_engine_ring_done (SiftEngine *e, const gint32 *slots, gint32 n)
+{
+  pthread_mutex_lock (&e->lock);
+  for (gint32 i = 0; i < n; i++)
+    {
+      Slot *s = &e->slots[slots[i]];
+      g_assert (s->state != SLOT_LOADING);
+      s->state = SLOT_FREE;
+      g_clear_error (&s->error);
+      unmap_slot (s);
+    }
+  pthread_mutex_unlock (&e->lock);
+}
+
 void
 sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v)
 {

@@ -352,6 +352,24 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
  * worker is woken once per group while the next group loads. The groups
  * depend on the selection and n_slots only, never on load timing: results
  * are reproducible bit for bit. */
+/* Queues the selection's blocks [*queued, to) into their ring slots (block
+ * i into slot i mod n_slots), in one call. ids, slots: scratch of n_slots. */
+static gboolean
+queue_blocks (SiftEngine *e, gint32 layer, const SiftSelection *selection, gint64 *queued, gint64 to, gint64 *ids,
+              gint32 *slots, GError **error)
+{
+  gint32 n = 0;
+  for (gint64 i = *queued; i < to; i++, n++)
+    {
+      ids[n] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+      slots[n] = (gint32) (i % e->config.n_slots);
+    }
+  if (!sift_engine_ring_load (e, layer, ids, slots, n, error))
+    return FALSE;
+  *queued = to;
+  return TRUE;
+}
+
 static gboolean
 attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
@@ -360,54 +378,41 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   const gint32 layer = ctx->layer;
   const gint32 n_slots = e->config.n_slots;
   g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
+  g_autofree gint64 *ids = g_new (gint64, n_slots);
+  g_autofree gint32 *slots = g_new (gint32, n_slots), *nv = g_new (gint32, n_slots);
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
   const gint64 G = MAX (1, n_slots / 2);
   gint64 queued = 0, done = 0;
-  gboolean ok = TRUE;
-  sift_engine_hold_wake (e, TRUE);
-  while (queued < MIN (m, n_slots) && ok)
-    if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots), SIFT_LOAD_KV, error)))
-      queued++;
-  sift_engine_hold_wake (e, FALSE);
+  gboolean ok = queue_blocks (e, layer, selection, &queued, MIN (m, n_slots), ids, slots, error);
   while (done < queued && ok)
     {
       gint64 end = MIN (queued, (done / G + 1) * G);
       end = MIN (end, done + (n_slots - done % n_slots)); /* no wrap */
-      gint64 waited = done;
-      for (; waited < end; waited++)
-        if (!sift_engine_wait_slot (e, (gint32) (waited % n_slots), error))
-          break;
-      if (waited < end)
+      const gint32 n = (gint32) (end - done);
+      for (gint32 i = 0; i < n; i++)
+        slots[i] = (gint32) ((done + i) % n_slots);
+      gint32 ready = 0;
+      if (!sift_engine_ring_wait (e, slots, n, nv, &ready, error))
         {
           ok = FALSE;
-          for (; done < waited; done++)
-            sift_engine_slot_done (e, (gint32) (done % n_slots));
-          done++; /* the failed slot is free again */
+          sift_engine_ring_done (e, slots, ready);
+          done += ready + 1; /* the failed slot is free again */
           break;
         }
-      for (gint64 i = done; i < end; i++)
+      for (gint32 i = 0; i < n; i++)
         {
           SiftView k, v;
-          gint32 nv = 0;
-          sift_engine_slot_ready (e, (gint32) (i % n_slots), &nv);
-          sift_engine_slots_kv (e, (gint32) (i % n_slots), nv, &k, &v);
-          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags));
+          sift_engine_slots_kv (e, slots[i], nv[i], &k, &v);
+          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (done + i), flags));
         }
       gint64 t0 = g_get_monotonic_time ();
       const gboolean last = end == m;
       ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
       *compute_us += g_get_monotonic_time () - t0;
-      for (; done < end; done++)
-        sift_engine_slot_done (e, (gint32) (done % n_slots));
+      sift_engine_ring_done (e, slots, n);
+      done = end;
       if (ok && queued < m)
-        {
-          sift_engine_hold_wake (e, TRUE);
-          while (queued < m && queued - done < n_slots && ok)
-            if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots),
-                                              SIFT_LOAD_KV, error)))
-              queued++;
-          sift_engine_hold_wake (e, FALSE);
-        }
+        ok = queue_blocks (e, layer, selection, &queued, MIN (m, done + n_slots), ids, slots, error);
     }
 #undef BLOCK_AT
   /* After a failure, let the loads still in flight finish and free their slots. */
