@@ -191,6 +191,10 @@ void sift_engine_fill_context (SiftEngine *engine, SiftPolicyContext *ctx, gint3
 /* Counts a call: blocks available/selected and tokens available. */
 void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
                              gsize n_selected);
+/* sift_engine_attend_default for a selection the runner has just validated
+ * against the layer's blocks (not validated again). */
+gboolean sift_engine_attend_validated (SiftEngine *engine, const SiftPolicyContext *ctx,
+                                       const SiftSelection *selection, SiftView *out, float *lse, GError **error);
 /* Attention over the blocks a cross-layer pipeline_get returned (k, v:
  * n_blocks blocks of `sel`, or of every stored block) plus the local
  * tokens, merged by LSE. */

@@ -432,15 +432,11 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   return ok;
 }
 
-gboolean
-sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
-                            SiftView *out, float *lse, GError **error)
+/* The default pipeline over a validated selection (NULL: every block). */
+static gboolean
+attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, SiftView *out, float *lse,
+        GError **error)
 {
-  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
-  if (!check_call (e, ctx, out, lse, error))
-    return FALSE;
-  if (selection != NULL && !validate (e, ctx, selection, error))
-    return FALSE;
   e->phase = ctx->phase;
   const gint64 m = selection != NULL ? (gint64) sift_selection_n_blocks (selection)
                                      : (gint64) e->store_ids[ctx->layer]->len;
@@ -461,6 +457,21 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
   return ok;
 }
 
+gboolean
+sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                            SiftView *out, float *lse, GError **error)
+{
+  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
+  return check_call (e, ctx, out, lse, error) && (selection == NULL || validate (e, ctx, selection, error))
+         && attend (e, ctx, selection, out, lse, error);
+}
+
+gboolean
+sift_engine_attend_validated (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                              SiftView *out, float *lse, GError **error)
+{
+  return check_call (e, ctx, out, lse, error) && attend (e, ctx, selection, out, lse, error);
+}
 gboolean
 sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *sel,
                            const SiftView *k, const SiftView *v, gsize n_blocks, SiftView *out, float *lse,
