@@ -8,6 +8,7 @@
 
 #include <sift/attn.h>
 #include <sift/error.h>
+#include <sift/memory.h>
 
 #include "engine-private.h"
 
@@ -496,11 +497,17 @@ check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
   return TRUE;
 }
 
+/* Zeroed, 4096-byte aligned (O_DIRECT's staging); from 2 MiB on
+ * sift_mem_alloc's huge pages (2 MiB aligned). Freed with free (). */
 static void *
 aligned_new0 (gsize n)
 {
   void *p = NULL;
-  if (posix_memalign (&p, 4096, MAX (n, 1)) != 0)
+  if (n >= SIFT_HUGE_PAGE_BYTES)
+    p = sift_mem_alloc (n);
+  else if (posix_memalign (&p, 4096, MAX (n, 1)) != 0)
+    p = NULL;
+  if (p == NULL)
     g_error ("engine: out of memory (%" G_GSIZE_FORMAT " bytes)", n);
   memset (p, 0, MAX (n, 1));
   return p;

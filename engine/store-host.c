@@ -1,15 +1,20 @@
-/* The host store: blocks in RAM, each 64-byte aligned. */
+/* The host store: blocks in RAM, each 64-byte aligned, carved out of the
+ * chunks that each reserve call allocates (one chunk per call; the store
+ * reserves geometrically, so chunks soon span many huge pages:
+ * include/sift/memory.h). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <sift/error.h>
+#include <sift/memory.h>
 
 #include "store-private.h"
 
 typedef struct {
   SiftStore parent;
-  GPtrArray *blocks;  /* void * [reserved], block_bytes each; guarded by parent.lock */
+  GPtrArray *blocks;  /* void * [reserved], block_bytes each, inside chunks; guarded by parent.lock */
+  GPtrArray *chunks;  /* sift_mem_alloc'd runs of blocks, owned */
 } HostStore;
 
 static void *
@@ -53,19 +58,21 @@ host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
                    "memory (%s); keep the KV in a file store", n_blocks, store->block_bytes, have);
       return FALSE;
     }
-  while ((gint64) self->blocks->len < n_blocks)
+  if (n_blocks <= (gint64) self->blocks->len)
+    return TRUE;
+  const gsize n_new = (gsize) (n_blocks - (gint64) self->blocks->len);
+  const gsize stride = (store->block_bytes + 63) / 64 * 64; /* each block 64-byte aligned */
+  guint8 *chunk = n_new <= G_MAXSIZE / stride ? sift_mem_alloc0 (n_new * stride) : NULL;
+  if (chunk == NULL)
     {
-      void *p = NULL;
-      if (posix_memalign (&p, 64, store->block_bytes) != 0)
-        {
-          g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
-                       "host store: out of memory reserving block %u (%" G_GSIZE_FORMAT " bytes)",
-                       self->blocks->len, store->block_bytes);
-          return FALSE;
-        }
-      memset (p, 0, store->block_bytes);
-      g_ptr_array_add (self->blocks, p);
+      g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
+                   "host store: out of memory reserving blocks %u..%" G_GINT64_FORMAT " (%" G_GSIZE_FORMAT
+                   " bytes each)", self->blocks->len, n_blocks - 1, store->block_bytes);
+      return FALSE;
     }
+  g_ptr_array_add (self->chunks, chunk);
+  for (gsize i = 0; i < n_new; i++)
+    g_ptr_array_add (self->blocks, chunk + i * stride);
   return TRUE;
 }
 
@@ -73,6 +80,7 @@ static void
 host_finalize (SiftStore *store)
 {
   g_ptr_array_unref (((HostStore *) store)->blocks);
+  g_ptr_array_unref (((HostStore *) store)->chunks);
 }
 
 static const SiftStoreClass host_class = {
@@ -124,6 +132,7 @@ sift_store_host_new (const SiftStoreConfig *config, GError **error)
   HostStore *self = (HostStore *) sift_store_construct (sizeof (HostStore), &host_class, config, error);
   if (self == NULL)
     return NULL;
-  self->blocks = g_ptr_array_new_with_free_func (free);
+  self->blocks = g_ptr_array_new ();
+  self->chunks = g_ptr_array_new_with_free_func (sift_mem_free);
   return &self->parent;
 }

@@ -32,6 +32,8 @@ typedef struct {
   SiftView qv, ov, kv, vv;
 } Problem;
 
+static gboolean small_pages; /* --small-pages: K/V and the peak's buffer on 4 KiB pages */
+
 static void
 problem_init (Problem *p, gint64 n_q, gint64 n_kv, gint32 kv_heads, GRand *r)
 {
@@ -39,8 +41,8 @@ problem_init (Problem *p, gint64 n_q, gint64 n_kv, gint32 kv_heads, GRand *r)
   p->q = g_new (float, nq);
   p->out = g_new (float, nq);
   p->lse = g_new (float, (gsize) (Q_HEADS * n_q));
-  p->k = g_new (guint16, nk);
-  p->v = g_new (guint16, nk);
+  p->k = sift_bench_alloc (nk * sizeof (guint16), small_pages);
+  p->v = sift_bench_alloc (nk * sizeof (guint16), small_pages);
   for (gsize i = 0; i < nq; i++)
     p->q[i] = (float) g_rand_double_range (r, -1, 1);
   /* A few distinct f16 values are enough for timing and fill GBs fast. */
@@ -64,8 +66,8 @@ problem_clear (Problem *p)
   g_free (p->q);
   g_free (p->out);
   g_free (p->lse);
-  g_free (p->k);
-  g_free (p->v);
+  sift_mem_free (p->k);
+  sift_mem_free (p->v);
 }
 
 /* Median over `repeats` samples of the seconds per call, each sample
@@ -108,8 +110,8 @@ paged_init (Paged *pg, const Problem *p, gint64 page)
   const gint32 kv_heads = p->kv.n_heads;
   pg->n_blocks = (gsize) ((n_kv + page - 1) / page);
   gsize block_elems = (gsize) (kv_heads * page * HEAD_DIM);
-  pg->k = g_new (guint16, pg->n_blocks * block_elems);
-  pg->v = g_new (guint16, pg->n_blocks * block_elems);
+  pg->k = sift_bench_alloc (pg->n_blocks * block_elems * sizeof (guint16), small_pages);
+  pg->v = sift_bench_alloc (pg->n_blocks * block_elems * sizeof (guint16), small_pages);
   pg->kb = g_new (SiftView, pg->n_blocks);
   pg->vb = g_new (SiftView, pg->n_blocks);
   for (gsize b = 0; b < pg->n_blocks; b++)
@@ -130,8 +132,8 @@ paged_init (Paged *pg, const Problem *p, gint64 page)
 static void
 paged_clear (Paged *pg)
 {
-  g_free (pg->k);
-  g_free (pg->v);
+  sift_mem_free (pg->k);
+  sift_mem_free (pg->v);
   g_free (pg->kb);
   g_free (pg->vb);
 }
@@ -233,6 +235,8 @@ sift_bench_attention (int argc, char **argv)
     { "blocks", 0, 0, G_OPTION_ARG_STRING, &blocks,
       "Block sizes for the per-call figures (default 64,256,1024)", "B,..." },
     { "page", 0, 0, G_OPTION_ARG_INT64, &page, "Tokens per block of the paged figures (default 128)", "N" },
+    { "small-pages", 0, 0, G_OPTION_ARG_NONE, &small_pages,
+      "K/V and the read-bandwidth buffer on 4 KiB pages (default: huge pages where the kernel allows)", NULL },
     { "non-causal", 0, 0, G_OPTION_ARG_NONE, &full, "Prefill without the causal mask (all L x L scores)", NULL },
     { NULL },
   };
@@ -260,12 +264,12 @@ sift_bench_attention (int argc, char **argv)
 
   setvbuf (stdout, NULL, _IOLBF, 0); /* each figure as soon as it is measured */
   SiftPeak peak;
-  sift_peak_measure (threads, MAX (repeats, 3), (gsize) mib << 20, &peak);
+  sift_peak_measure (threads, MAX (repeats, 3), (gsize) mib << 20, small_pages, &peak);
   sift_parallel_set_n_threads (threads);
   printf ("threads %d, kernels %s, median of %d runs\n", threads, sift_isa_name (sift_isa_active ()),
           repeats);
-  printf ("peak: fp32 FMA %.1f GFLOP/s (%s), read %.1f GB/s\n\n", peak.fma_gflops, peak.isa,
-          peak.read_gbps);
+  printf ("peak: fp32 FMA %.1f GFLOP/s (%s), read %.1f GB/s; buffers on %s\n\n", peak.fma_gflops, peak.isa,
+          peak.read_gbps, small_pages ? "4 KiB pages" : "huge pages where the kernel allows");
 
   g_autoptr (GRand) r = g_rand_new_with_seed (1);
   printf ("prefill  %s, %d q heads / 8 kv heads, head_dim %d, f16 K/V\n", full ? "non-causal" : "causal",

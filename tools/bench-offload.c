@@ -213,7 +213,9 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
   guint8 **src = g_new (guint8 *, n_blocks);
   for (gint64 i = 0; i < n_blocks; i++)
     {
-      src[i] = g_malloc (bb);
+      src[i] = sift_mem_alloc (bb); /* as the host store's blocks */
+      if (src[i] == NULL)
+        g_error ("sift bench offload: out of memory");
       memset (src[i], (int) i, bb);
     }
   g_autofree guint8 *dst = g_malloc0 (bb * (gsize) o->slots);
@@ -300,7 +302,7 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
       printf ("  %-34s %8.2f GiB/s  %5.0f%% of %s (target >= 80%%)\n", label, gbs, 100.0 * gbs / ref, ref_name);
     }
   for (gint64 i = 0; i < n_blocks; i++)
-    g_free (src[i]);
+    sift_mem_free (src[i]);
   g_free (src);
   free (buf);
   if (!o->warm)
@@ -444,8 +446,12 @@ contig_init (Contig *c, SiftModelSource *src, const SiftModelShape *s, gint64 n,
   g_free (kt);
   g_free (vt);
   c->dtype = dtype;
-  c->k = g_malloc (nk * sift_dtype_size (dtype));
-  c->v = g_malloc (nk * sift_dtype_size (dtype));
+  /* The engine's stores and buffers are on huge pages (sift_mem_alloc):
+   * so is the contiguous reference. */
+  c->k = sift_mem_alloc (nk * sift_dtype_size (dtype));
+  c->v = sift_mem_alloc (nk * sift_dtype_size (dtype));
+  if (c->k == NULL || c->v == NULL)
+    g_error ("sift bench offload: out of memory");
   sift_convert (k, SIFT_DTYPE_F32, c->k, dtype, nk);
   sift_convert (v, SIFT_DTYPE_F32, c->v, dtype, nk);
   g_free (k);
@@ -455,7 +461,7 @@ contig_init (Contig *c, SiftModelSource *src, const SiftModelShape *s, gint64 n,
 static void
 contig_clear (Contig *c)
 {
-  g_free (c->q), g_free (c->k), g_free (c->v);
+  g_free (c->q), sift_mem_free (c->k), sift_mem_free (c->v);
 }
 
 /* Seconds the engine spent in attention (kernels and merges) and stalled

@@ -162,8 +162,24 @@ sift_bench_median (double *x, gsize n)
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+void *
+sift_bench_alloc (gsize bytes, gboolean small_pages)
+{
+  void *p = NULL;
+  if (small_pages)
+    {
+      if (posix_memalign (&p, 64, MAX (bytes, 1)) != 0)
+        p = NULL;
+    }
+  else
+    p = sift_mem_alloc (bytes);
+  if (p == NULL)
+    g_error ("sift bench: out of memory (%" G_GSIZE_FORMAT " bytes)", bytes);
+  return p;
+}
+
 void
-sift_peak_measure (gint threads, gint repeats, gsize read_bytes, SiftPeak *peak)
+sift_peak_measure (gint threads, gint repeats, gsize read_bytes, gboolean small_pages, SiftPeak *peak)
 {
   gint saved = sift_parallel_n_threads ();
   sift_parallel_set_n_threads (threads);
@@ -173,8 +189,7 @@ sift_peak_measure (gint threads, gint repeats, gsize read_bytes, SiftPeak *peak)
   peak->isa = sift_isa_name (sift_isa_detect ());
 
   gsize n = read_bytes / sizeof (float) / 64 * 64;
-  float *buf = aligned_alloc (64, n * sizeof (float));
-  g_assert (buf != NULL);
+  float *buf = sift_bench_alloc (n * sizeof (float), small_pages);
   for (gsize i = 0; i < n; i++)
     buf[i] = (float) (i & 1023);
   g_autofree double *sums = g_new0 (double, threads);
@@ -195,7 +210,7 @@ sift_peak_measure (gint threads, gint repeats, gsize read_bytes, SiftPeak *peak)
     }
   peak->fma_gflops = sift_bench_median (fma, (gsize) repeats);
   peak->read_gbps = sift_bench_median (bw, (gsize) repeats);
-  free (buf);
+  sift_mem_free (buf);
   sift_parallel_set_n_threads (saved);
 }
 
@@ -203,7 +218,10 @@ int
 sift_bench_peak (int argc, char **argv)
 {
   gint threads = 2, repeats = 5, mib = 1024;
+  gboolean small_pages = FALSE;
   GOptionEntry entries[] = {
+    { "small-pages", 0, 0, G_OPTION_ARG_NONE, &small_pages,
+      "Stream a buffer on 4 KiB pages (default: huge pages where the kernel allows)", NULL },
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Threads (default 2)", "N" },
     { "repeats", 'r', 0, G_OPTION_ARG_INT, &repeats, "Runs; the median is printed (default 5)", "N" },
     { "mib", 0, 0, G_OPTION_ARG_INT, &mib, "MiB streamed for the read bandwidth (default 1024)", "N" },
@@ -223,7 +241,7 @@ sift_bench_peak (int argc, char **argv)
       return 2;
     }
   SiftPeak peak;
-  sift_peak_measure (threads, repeats, (gsize) mib << 20, &peak);
+  sift_peak_measure (threads, repeats, (gsize) mib << 20, small_pages, &peak);
   printf ("threads %d, isa %s, median of %d runs\n", threads, peak.isa, repeats);
   printf ("fp32 FMA peak   %10.1f GFLOP/s\n", peak.fma_gflops);
   printf ("read bandwidth  %10.1f GB/s (%d MiB buffer)\n", peak.read_gbps, mib);

@@ -32,7 +32,8 @@ gboolean sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *
 
 /* Decode: 1..16 query rows. Reads each K/V row once for all query heads of
  * its group and splits the KV length over threads, merging by LSE. Same
- * results as sift_attn_dense. */
+ * results as sift_attn_dense. Memory-bound on long contexts: K/V from
+ * sift_mem_alloc (huge pages) streams faster than on 4 KiB pages. */
 #define SIFT_ATTN_DECODE_MAX_ROWS 16
 gboolean sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
                            const SiftAttnOpts *opts, SiftView *out, float *lse,

@@ -7,6 +7,7 @@
 #include <sift/view.h>
 #include <sift/attn.h>
 #include <sift/parallel.h>
+#include <sift/memory.h>
 #include <sift/params.h>
 #include <sift/policy.h>
 #include <sift/store.h>
