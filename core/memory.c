@@ -1,5 +1,7 @@
 /* Large aligned buffers, backed by transparent huge pages where the kernel
  * allows (include/sift/memory.h). */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -9,13 +11,13 @@
 void *
 sift_mem_alloc (gsize bytes)
 {
+  if (bytes > (gsize) PTRDIFF_MAX - SIFT_HUGE_PAGE_BYTES) /* no object is larger than PTRDIFF_MAX */
+    return NULL;
   const gboolean huge = bytes >= SIFT_HUGE_PAGE_BYTES;
   const gsize align = huge ? SIFT_HUGE_PAGE_BYTES : 64;
   /* Whole huge pages, so that the last one is not shared with malloc's
    * other users (madvise covers it entirely). */
   const gsize n = huge ? (bytes + align - 1) / align * align : MAX (bytes, 1);
-  if (n < bytes)
-    return NULL;
   void *p = NULL;
   if (posix_memalign (&p, align, n) != 0)
     return NULL;

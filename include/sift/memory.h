@@ -15,7 +15,8 @@ G_BEGIN_DECLS
  * A decode step streams every K/V row of a long context once: with 4 KiB
  * pages it takes a TLB miss every 16 rows of 256 bytes, and the kernel's
  * prefetches wait on the page walks (docs/benchmarks.md, "Huge pages").
- * Returns NULL when out of memory. Free with sift_mem_free. */
+ * Returns NULL when out of memory or past PTRDIFF_MAX (no object is that
+ * large). Free with sift_mem_free. */
 void *sift_mem_alloc (gsize bytes);
 
 /* As sift_mem_alloc, zero-filled. */

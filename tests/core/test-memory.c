@@ -46,6 +46,7 @@ test_impossible_size (void **state)
   assert_null (sift_mem_alloc (G_MAXSIZE));
   assert_null (sift_mem_alloc (G_MAXSIZE - SIFT_HUGE_PAGE_BYTES / 2));
   assert_null (sift_mem_alloc0 (G_MAXSIZE / 2 + 1));
+  assert_null (sift_mem_alloc ((gsize) PTRDIFF_MAX));
 }
 
 /* The VmFlags of the mapping holding address a, or NULL. */
