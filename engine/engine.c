@@ -65,8 +65,11 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
  * atomic; the state itself is still read under the lock). A spin that
  * times out — the event is far off, or the thread it waits for has no CPU
  * (a loaded machine) — backs off: the next 1, 3, 7 ... 63 waits sleep at
- * once, so a starved or long-gapped pipeline wastes no CPU spinning. */
-#define SPIN_US 40
+ * once, so a starved or long-gapped pipeline wastes no CPU spinning.
+ * 100 us: with 8/2 heads x 128 and 4 rows a group's attention outlasts
+ * its loads by ~40 us, and a worker that slept there (40 us spins) left
+ * the pipeline at 1.22 instead of ~1.1 (docs/benchmarks.md). */
+#define SPIN_US 100
 
 static inline void
 cpu_relax (void)
