@@ -380,24 +380,82 @@ vs_group_attend_avx512 (VsTile *t, const VsGroup *g)
     }
 }
 
-void
-vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
+/* Scores of rows q[0..nr) (4 < nr <= 8: two adjacent tiles of one head,
+ * rows consecutive in q) against the halves of the transposed panel that
+ * `need` touches: one load of each key vector serves eight rows. Rows past
+ * nr repeat the last one and are not stored. */
+static inline void
+rows_scores8 (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need, float (*s)[G])
 {
-  guint32 vis[4] = { 0, 0, 0, 0 }, any = 0;
+  const float *qr[8];
+  for (gint32 k = 0; k < 8; k++)
+    qr[k] = q + (gsize) MIN (k, nr - 1) * d;
+  if ((need & 0xffffu) == 0 || (need & 0xffff0000u) == 0)
+    {
+      const gint32 h = (need & 0xffffu) == 0 ? 16 : 0;
+      __m512 a[8];
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; k++)
+        a[k] = _mm512_setzero_ps ();
+      for (gint32 c = 0; c < d; c++)
+        {
+          const __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h);
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; k++)
+            a[k] = _mm512_fmadd_ps (_mm512_set1_ps (qr[k][c]), k0, a[k]);
+        }
+      for (gint32 k = 0; k < nr; k++)
+        _mm512_storeu_ps (s[k] + h, a[k]);
+      return;
+    }
+  __m512 a[8][2];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++)
+    a[k][0] = a[k][1] = _mm512_setzero_ps ();
+  for (gint32 c = 0; c < d; c++)
+    {
+      const __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G), k1 = _mm512_loadu_ps (kt + (gsize) c * G + 16);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; k++)
+        {
+          const __m512 x = _mm512_set1_ps (qr[k][c]);
+          a[k][0] = _mm512_fmadd_ps (x, k0, a[k][0]);
+          a[k][1] = _mm512_fmadd_ps (x, k1, a[k][1]);
+        }
+    }
+  for (gint32 k = 0; k < nr; k++)
+    {
+      _mm512_storeu_ps (s[k], a[k][0]);
+      _mm512_storeu_ps (s[k] + 16, a[k][1]);
+    }
+}
+
+/* Visible lanes of each row of t under `mask`, counted as attended; the
+ * buffer is flushed first when they would overflow it. Returns their union. */
+static inline guint32
+pending_prepare (VsTile *t, VsPending *pd, const VsGroup *g, guint32 mask, guint32 vis[4])
+{
+  guint32 any = 0;
+  for (gint32 k = 0; k < 4; k++)
+    vis[k] = 0;
   for (gint32 k = 0; k < t->n_rows; k++)
     {
-      any |= vis[k] = vs_visible_lanes (g, t->pos0 + k);
+      const gint64 n = t->pos0 + k - g->key0 + 1;
+      vis[k] = n <= 0 ? 0 : n >= G ? mask : mask & (guint32) ((1u << n) - 1);
+      any |= vis[k];
       t->attended += __builtin_popcount (vis[k]);
     }
-  if (any == 0)
-    return;
-  const gint32 nk = __builtin_popcount (any);
-  if (pd->n + nk > VS_PENDING_KEYS)
+  if (any != 0 && pd->n + __builtin_popcount (any) > VS_PENDING_KEYS)
     vs_pending_flush_avx512 (t, pd);
-  float s[4][G];
-  rows_scores_any (t->q, t->n_rows, t->d, g, any, s);
-  /* Pack the lanes of `any` to the buffer's end, -inf where the row does
-   * not see the key (its probability is then exactly 0). */
+  return any;
+}
+
+/* Packs the lanes of `any` (scores s) to the buffer's end, -inf where the
+ * row does not see the key (its probability is then exactly 0). */
+static inline void
+pending_pack (const VsTile *t, VsPending *pd, const VsGroup *g, guint32 any, const guint32 vis[4],
+              float (*s)[G])
+{
   const __mmask16 a0 = (__mmask16) any, a1 = (__mmask16) (any >> 16);
   const gint32 n0 = __builtin_popcount (a0);
   const __m512 ninf = _mm512_set1_ps (-INFINITY);
@@ -412,6 +470,54 @@ vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
     }
   for (guint32 m = any; m; m &= m - 1)
     pd->vrow[pd->n++] = g->vrow[__builtin_ctz (m)];
+}
+
+/* TRUE when lanes `any` are scored by dot-product blocks (see rows_scores_any). */
+static inline gboolean
+few_lanes (guint32 any)
+{
+  const gboolean one_half = (any & 0xffff0000u) == 0 || (any & 0xffffu) == 0;
+  return __builtin_popcount (any) <= (one_half ? FEW_LANES_HALF : FEW_LANES);
+}
+
+void
+vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g)
+{
+  guint32 vis[4];
+  const guint32 any = pending_prepare (t, pd, g, g->mask, vis);
+  if (any == 0)
+    return;
+  float s[4][G];
+  rows_scores_any (t->q, t->n_rows, t->d, g, any, s);
+  pending_pack (t, pd, g, any, vis, s);
+}
+
+void
+vs_pending_add2_avx512 (VsTile *t0, VsPending *pd0, guint32 mask0, VsTile *t1, VsPending *pd1,
+                        guint32 mask1, const VsGroup *g)
+{
+  guint32 vis0[4], vis1[4];
+  const guint32 any0 = pending_prepare (t0, pd0, g, mask0, vis0);
+  const guint32 any1 = pending_prepare (t1, pd1, g, mask1, vis1);
+  float s[8][G];
+  if (any0 != 0 && any1 != 0 && !few_lanes (any0) && !few_lanes (any1) && t0->n_rows == 4)
+    {
+      /* Both tiles take the panel pass: one pass of eight rows. */
+      rows_scores8 (t0->q, 4 + t1->n_rows, g->kt, t0->d, any0 | any1, s);
+      pending_pack (t0, pd0, g, any0, vis0, s);
+      pending_pack (t1, pd1, g, any1, vis1, s + 4);
+      return;
+    }
+  if (any0 != 0)
+    {
+      rows_scores_any (t0->q, t0->n_rows, t0->d, g, any0, s);
+      pending_pack (t0, pd0, g, any0, vis0, s);
+    }
+  if (any1 != 0)
+    {
+      rows_scores_any (t1->q, t1->n_rows, t1->d, g, any1, s);
+      pending_pack (t1, pd1, g, any1, vis1, s);
+    }
 }
 
 /* Softmax step of row r over the n buffered scores s (-inf: not seen):

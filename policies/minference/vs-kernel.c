@@ -170,6 +170,8 @@ struct _VsAttn {
   gsize max_ranges;          /* per (head, tile, block): at most n_slash */
   gsize scratch_per_worker;
   VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
+  VsRange *rel;              /* per head, the merged ranges of a whole tile at rows [0, tile) */
+  gsize *rel_first, *rel_n;  /* [n_q_heads]: head h's are rel[rel_first[h] ..][rel_n[h]] */
   gint n_threads;
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
@@ -218,6 +220,34 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
         }
     }
   a->max_ranges = MAX (a->max_ranges, 1);
+  /* A whole tile at rows [ta, ta + tile) meets the ranges below shifted by
+   * ta: a tile's ranges are the same for every tile, up to the shift, so
+   * they are merged once per head (vs_tile_ranges with no clipping) and the
+   * kernel clips them to the key block and the panel as it walks. */
+  gsize total = 0;
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    total += pattern[h].n_slash;
+  a->rel = g_new (VsRange, MAX (total, 1));
+  a->rel_first = g_new (gsize, a->n_q_heads);
+  a->rel_n = g_new (gsize, a->n_q_heads);
+  gsize off = 0;
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      VsRange *r = a->rel + off;
+      gsize n = 0;
+      /* Descending d gives ascending starts. */
+      for (gsize i = pattern[h].n_slash; i-- > 0;)
+        {
+          const gint64 d = pattern[h].slash[i];
+          if (n > 0 && -d <= r[n - 1].end)
+            r[n - 1].end = MAX (r[n - 1].end, tile - d);
+          else
+            r[n++] = (VsRange) { -d, tile - d };
+        }
+      a->rel_first[h] = off;
+      a->rel_n[h] = n;
+      off += n;
+    }
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
   a->n_threads = sift_parallel_n_threads ();
   a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
@@ -242,6 +272,9 @@ vs_attn_free (VsAttn *a)
   g_free (a->l);
   g_free (a->acc);
   g_free (a->scratch);
+  g_free (a->rel);
+  g_free (a->rel_first);
+  g_free (a->rel_n);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
@@ -278,10 +311,46 @@ transpose_range (gint64 begin, gint64 end, gint worker, gpointer data)
     }
 }
 
+/* A tile's merged ranges: r[i] + shift, keys below `limit` (the block's end). */
 typedef struct {
   const VsRange *r;
   gsize n, cur;
+  gint64 shift, limit;
 } Cursor;
+
+/* Lanes of the panel at key `base` that a tile's merged ranges cover, OR
+ * the head's columns there; advances the cursor past ranges that end
+ * before the panel. */
+static inline guint32
+tile_mask (Cursor *c, gint64 base, guint32 cols)
+{
+  guint32 mask = cols;
+  const gint64 b = base - c->shift, top = MIN (base + VS_KEY_GROUP, c->limit) - c->shift;
+  while (c->cur < c->n && c->r[c->cur].end <= b)
+    c->cur++;
+  for (gsize k = c->cur; k < c->n && c->r[k].start < top; k++)
+    {
+      gint64 s = MAX (c->r[k].start, b) - b, e = MIN (c->r[k].end, top) - b;
+      mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
+    }
+  return mask;
+}
+
+/* Index of the first of n ascending, disjoint ranges that ends after x. */
+static gsize
+first_ending_after (const VsRange *r, gsize n, gint64 x)
+{
+  gsize lo = 0, hi = n;
+  while (lo < hi)
+    {
+      gsize mid = lo + (hi - lo) / 2;
+      if (r[mid].end <= x)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+  return lo;
+}
 
 static void
 chunk_item (const BlockJob *job, gint64 item, gint worker)
@@ -302,8 +371,17 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
     for (gint64 t = 0; t < nt; t++)
       {
         const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+        const gint32 h = g * hg + hh;
+        if (tb - ta == a->tile)
+          {
+            const VsRange *r = a->rel + a->rel_first[h];
+            const gsize n = a->rel_n[h];
+            cur[hh * nt + t] = (Cursor) { r, n, first_ending_after (r, n, job->key0 - ta), ta, key_end };
+            continue;
+          }
         VsRange *r = scratch + ((gsize) hh * nt + t) * a->max_ranges;
-        cur[hh * nt + t] = (Cursor) { r, vs_tile_ranges (&a->pattern[g * hg + hh], ta, tb, job->key0, key_end, r), 0 };
+        cur[hh * nt + t] = (Cursor) { r, vs_tile_ranges (&a->pattern[h], ta, tb, job->key0, key_end, r), 0, 0,
+                                      key_end };
       }
   const gint64 last_panel = (key_end - job->key0 + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
 #ifdef VS_HAVE_AVX512
@@ -329,20 +407,41 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
         {
           const gint32 h = g * hg + hh;
           const guint32 cols = a->colmask[(gsize) h * a->n_panels + pi];
+#ifdef VS_HAVE_AVX512
+          /* 4-row tiles go in adjacent pairs: one panel pass scores both. */
+          for (gint64 t = 0; pend && a->tile == 4 && t < nt; t += 2)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile;
+              const gint64 tb1 = MIN (ta + 2 * a->tile, a->q_pos + a->n_q);
+              if (base >= tb1)
+                continue; /* every row of both tiles precedes the panel */
+              const gint64 tb = MIN (ta + a->tile, tb1);
+              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], base, cols) : 0;
+              const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base, cols) : 0;
+              if (m0 == 0 && m1 == 0)
+                continue;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tl0 = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                             a->acc + row * a->d, 0 };
+              VsTile tl1 = { 0 };
+              if (t + 1 < nt)
+                tl1 = (VsTile) { a->q + (row + 4) * a->d, tb, (gint32) (tb1 - tb), a->d, a->m + row + 4,
+                                 a->l + row + 4, a->acc + (row + 4) * a->d, 0 };
+              vs_pending_add2_avx512 (&tl0, &pending[hh * nt + t], m0, &tl1,
+                                      t + 1 < nt ? &pending[hh * nt + t + 1] : NULL, m1, &grp);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tl0.attended;
+              if (t + 1 < nt)
+                a->attended[(gsize) h * a->n_tiles + t0 + t + 1] += tl1.attended;
+            }
+          if (pend && a->tile == 4)
+            continue;
+#endif
           for (gint64 t = 0; t < nt; t++)
             {
               const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
               if (base >= tb)
                 continue; /* every row of this tile precedes the panel */
-              Cursor *c = &cur[hh * nt + t];
-              guint32 mask = cols;
-              while (c->cur < c->n && c->r[c->cur].end <= base)
-                c->cur++;
-              for (gsize k = c->cur; k < c->n && c->r[k].start < base + VS_KEY_GROUP; k++)
-                {
-                  gint64 s = MAX (c->r[k].start, base) - base, e = MIN (c->r[k].end, base + VS_KEY_GROUP) - base;
-                  mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
-                }
+              const guint32 mask = tile_mask (&cur[hh * nt + t], base, cols);
               if (mask == 0)
                 continue;
               grp.mask = mask;

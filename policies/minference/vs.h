@@ -169,6 +169,12 @@ typedef struct {
 } VsPending;
 
 void vs_pending_add_avx512 (VsTile *t, VsPending *pd, const VsGroup *g);
+/* Two adjacent tiles of one head (t1's rows right after t0's, t0 of 4
+ * rows) against the group, with their own lane masks (g->mask unused):
+ * when both need the transposed panel, one pass scores all eight rows.
+ * Same result as vs_pending_add_avx512 on each. */
+void vs_pending_add2_avx512 (VsTile *t0, VsPending *pd0, guint32 mask0, VsTile *t1, VsPending *pd1,
+                             guint32 mask1, const VsGroup *g);
 void vs_pending_flush_avx512 (VsTile *t, VsPending *pd);
 #endif
 

@@ -543,22 +543,31 @@ test_kernel_empty_pattern (void **state)
 
 /* The SIMD inner loops against the scalar ones on the same inputs: lanes
  * clipped at both ends, rows that see none, some or all of the keys. */
+/* A group of the first VS_KEY_GROUP keys of t at positions 20..; its
+ * transposed panel is returned (free it). */
+static float *
+group_init (const Qkv *t, guint32 mask, VsGroup *grp)
+{
+  *grp = (VsGroup) { .key0 = 20, .mask = mask };
+  for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
+    {
+      grp->krow[kk] = t->k + (gsize) kk * t->d;
+      grp->vrow[kk] = t->v + (gsize) kk * t->d;
+    }
+  float *kt = g_new (float, (gsize) t->d * VS_KEY_GROUP);
+  vs_transpose (grp->krow, VS_KEY_GROUP, t->d, kt);
+  grp->kt = kt;
+  return kt;
+}
+
 static void
 check_group_paths (SiftIsa isa, guint32 mask)
 {
   Qkv t;
   qkv_init (&t, 23, 1, 1, 128, VS_KEY_GROUP + 64, 1.0);
-  const float *krow[VS_KEY_GROUP];
-  VsGroup grp = { .key0 = 20, .mask = mask };
-  for (gint32 kk = 0; kk < VS_KEY_GROUP; kk++)
-    {
-      krow[kk] = t.k + (gsize) kk * t.d;
-      grp.krow[kk] = krow[kk];
-      grp.vrow[kk] = t.v + (gsize) kk * t.d;
-    }
-  g_autofree float *kt = g_new (float, (gsize) t.d * VS_KEY_GROUP);
-  vs_transpose (krow, VS_KEY_GROUP, t.d, kt);
-  grp.kt = kt;
+  VsGroup grp;
+  g_autofree float *kt = group_init (&t, mask, &grp);
+  const float *const *krow = grp.krow;
   float s1[64 * VS_KEY_GROUP], s2[64 * VS_KEY_GROUP];
   vs_set_isa (SIFT_ISA_SCALAR);
   vs_scores (t.q, 64, t.d, krow, 29, s1);
@@ -616,6 +625,89 @@ test_simd_matches_scalar (void **state)
   if (!any)
     skip ();
 }
+
+#ifdef VS_HAVE_AVX512
+/* Two adjacent 4-row tiles fed together (one panel pass scores eight rows
+ * when both need it) against each fed alone: same attended counts, same
+ * state. Masks reach one half, both halves, few lanes (dot-product blocks)
+ * and nothing; rows start before, inside and after the group (causal edge
+ * inside the panel); the second tile has 4, 3 or 1 rows. */
+static void
+check_pending_pair (guint32 m0, guint32 m1, gint64 pos0, gint32 rows1)
+{
+  Qkv t;
+  qkv_init (&t, 29, 1, 1, 128, VS_KEY_GROUP + 8, 1.0);
+  VsGroup grp;
+  g_autofree float *kt = group_init (&t, 0, &grp);
+  float m[2][8], l[2][8];
+  g_autofree float *acc0 = g_new0 (float, 8 * t.d), *acc1 = g_new0 (float, 8 * t.d);
+  float *acc[2] = { acc0, acc1 };
+  gint64 attended[2][2];
+  g_autofree VsPending *pd = g_new0 (VsPending, 4);
+  for (int w = 0; w < 2; w++)
+    {
+      for (gint32 r = 0; r < 8; r++)
+        m[w][r] = -INFINITY, l[w][r] = 0.0f;
+      VsTile t0 = { t.q, pos0, 4, t.d, m[w], l[w], acc[w], 0 };
+      VsTile t1 = { t.q + 4 * t.d, pos0 + 4, rows1, t.d, m[w] + 4, l[w] + 4, acc[w] + 4 * t.d, 0 };
+      VsPending *p0 = &pd[2 * w], *p1 = &pd[2 * w + 1];
+      /* Three rounds: the buffers fill and flush in between. */
+      for (int rep = 0; rep < 3; rep++)
+        if (w == 0)
+          vs_pending_add2_avx512 (&t0, p0, m0, &t1, p1, m1, &grp);
+        else
+          {
+            grp.mask = m0;
+            vs_pending_add_avx512 (&t0, p0, &grp);
+            grp.mask = m1;
+            vs_pending_add_avx512 (&t1, p1, &grp);
+          }
+      vs_pending_flush_avx512 (&t0, p0);
+      vs_pending_flush_avx512 (&t1, p1);
+      attended[w][0] = t0.attended;
+      attended[w][1] = t1.attended;
+    }
+  for (int k = 0; k < 2; k++)
+    assert_int_equal (attended[0][k], attended[1][k]);
+  for (gint32 r = 0; r < 4 + rows1; r++)
+    {
+      assert_true (fabsf (l[0][r] - l[1][r]) <= 1e-4f * l[1][r]);
+      assert_true (m[1][r] == -INFINITY ? m[0][r] == -INFINITY : fabsf (m[0][r] - m[1][r]) < 1e-4f);
+      for (gint32 c = 0; c < t.d; c++)
+        assert_true (fabsf (acc0[r * t.d + c] - acc1[r * t.d + c]) <= 1e-4f * (1.0f + l[1][r]));
+    }
+  qkv_clear (&t);
+}
+
+static void
+test_pending_pair (void **state)
+{
+  (void) state;
+  if (!use_isa (SIFT_ISA_AVX512))
+    {
+      skip ();
+      return;
+    }
+  const guint32 masks[] = { 0xffffffffu, 0x0000fff0u, 0xfff00000u, 0x0f0f00f0u, 0x00000011u, 0x80000001u, 0 };
+  const gint64 pos[] = { 14, 20, 33, 49, 60 };
+  const gint32 rows1[] = { 4, 3, 1 };
+  gint64 checked = 0;
+  for (gsize i = 0; i < G_N_ELEMENTS (masks); i++)
+    for (gsize j = 0; j < G_N_ELEMENTS (masks); j++)
+      for (gsize p = 0; p < G_N_ELEMENTS (pos); p++)
+        for (gsize r = 0; r < G_N_ELEMENTS (rows1); r++, checked++)
+          check_pending_pair (masks[i], masks[j], pos[p], rows1[r]);
+  assert_true (checked > 0);
+  vs_set_isa (-1);
+}
+#else
+static void
+test_pending_pair (void **state)
+{
+  (void) state;
+  skip ();
+}
+#endif
 
 /* ---- Whole prompt, chunk source, dense fallback ------------------------------ */
 
@@ -737,6 +829,7 @@ main (void)
     cmocka_unit_test (test_kernel_buffered),
     cmocka_unit_test (test_kernel_empty_pattern),
     cmocka_unit_test (test_simd_matches_scalar),
+    cmocka_unit_test (test_pending_pair),
     cmocka_unit_test (test_chunk_equals_whole),
     cmocka_unit_test (test_budget_past_sequence_is_dense),
   };
