@@ -29,6 +29,13 @@ typedef struct {
   gint64 map_id;
 } Slot;
 
+/* Spinning before a wait, with back-off after a spin that timed out
+ * (engine.c). Guarded by the engine lock. */
+typedef struct {
+  gint32 backoff;  /* waits to sleep through after the next timeout */
+  gint32 skip;     /* waits left that sleep at once */
+} SpinState;
+
 /* One half of the cross-layer double buffer: a layer's selected blocks
  * side by side on the token axis. */
 typedef struct {
@@ -40,6 +47,8 @@ typedef struct {
   GError *error;       /* first failed load */
   GArray *ids;         /* gint64 logical ids, in load order (ascending) */
 } XlHalf;
+
+typedef struct _SiftBatch SiftBatch;
 
 struct _SiftEngine {
   SiftEngineConfig config;
@@ -85,6 +94,10 @@ struct _SiftEngine {
   gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
   gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
   gint32 done_waiters;
+  guint64 queue_seq;          /* atomic: bumped by every queued job (the worker spins on it) */
+  guint64 done_seq;           /* atomic: bumped by every finished job (waiters spin on it) */
+  SpinState worker_spin;      /* the worker's spins for a job */
+  SpinState waiter_spin;      /* the compute side's spins for a finished job */
   GQueue jobs;                /* Job * */
   gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
   gint32 running_stores;      /* of those, stores */
@@ -100,6 +113,8 @@ struct _SiftEngine {
   /* The call in progress (set by the runner or attend_default). */
   SiftPhase phase;            /* loads are counted under it */
   const char *policy_name;    /* named in selection errors */
+
+  SiftBatch *batch;           /* pipeline.c: the blocks of one kernel call, reused */
 
   /* Scratch for partial attention results. */
   float *part_out;            /* [n_q_heads][max_q][head_dim] */
@@ -119,6 +134,16 @@ void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
  * mapped onto it gets a copy of the bytes, so it stays valid until
  * slot_done. */
 void sift_engine_unmap_id (SiftEngine *engine, gint64 store_id);
+
+/* The default ring's group calls: load_block, wait_slot and slot_done for
+ * n slots under one lock each (copies only). ring_wait stops at the first
+ * failed load: *n_ready slots before it are ready, that one is free again
+ * and the error is its load's. */
+gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gint32 *slots,
+                                gint32 n, GError **error);
+gboolean sift_engine_ring_wait (SiftEngine *engine, const gint32 *slots, gint32 n, gint32 *n_valid,
+                                gint32 *n_ready, GError **error);
+void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
 
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
@@ -166,12 +191,19 @@ void sift_engine_fill_context (SiftEngine *engine, SiftPolicyContext *ctx, gint3
 /* Counts a call: blocks available/selected and tokens available. */
 void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
                              gsize n_selected);
+/* sift_engine_attend_default for a selection the runner has just validated
+ * against the layer's blocks (not validated again). */
+gboolean sift_engine_attend_validated (SiftEngine *engine, const SiftPolicyContext *ctx,
+                                       const SiftSelection *selection, SiftView *out, float *lse, GError **error);
 /* Attention over the blocks a cross-layer pipeline_get returned (k, v:
  * n_blocks blocks of `sel`, or of every stored block) plus the local
  * tokens, merged by LSE. */
 gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext *ctx,
                                     const SiftSelection *sel, const SiftView *k, const SiftView *v,
                                     gsize n_blocks, SiftView *out, float *lse, GError **error);
+
+/* Frees the pipelines' reused scratch (pipeline.c). */
+void sift_engine_batch_free (SiftEngine *engine);
 
 /* ---- Eviction (evict.c) -------------------------------------------------- */
 

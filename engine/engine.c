@@ -57,6 +57,65 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
 
 /* ---- The copy worker ---------------------------------------------------- */
 
+/* Hand-offs in a streaming pipeline are microseconds apart (a 64 KiB block
+ * loads in ~4 us, a group of blocks is attended in ~10 us), less than a
+ * thread sleeping on a condition variable takes to wake: the loads and the
+ * compute then run one after the other. So a thread about to wait first
+ * spins, briefly, on a sequence number that the awaited event bumps (an
+ * atomic; the state itself is still read under the lock). A spin that
+ * times out — the event is far off, or the thread it waits for has no CPU
+ * (a loaded machine) — backs off: the next 1, 3, 7 ... 63 waits sleep at
+ * once, so a starved or long-gapped pipeline wastes no CPU spinning.
+ * 100 us: with 8/2 heads x 128 and 4 rows a group's attention outlasts
+ * its loads by ~40 us, and a worker that slept there (40 us spins) left
+ * the pipeline at 1.22 instead of ~1.1 (docs/benchmarks.md). */
+#define SPIN_US 100
+
+static inline void
+cpu_relax (void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause ();
+#endif
+}
+
+static gboolean
+spin_allowed (SpinState *sp)
+{
+  if (sp->skip == 0)
+    return TRUE;
+  sp->skip--;
+  return FALSE;
+}
+
+static void
+spin_outcome (SpinState *sp, gboolean success)
+{
+  sp->backoff = success ? 0 : MIN (sp->backoff * 2 + 1, 63);
+  sp->skip = sp->backoff;
+}
+
+/* Spins until *seq differs from `seen` (TRUE) or max_us pass (FALSE). */
+static gboolean
+spin_for_change (const guint64 *seq, guint64 seen, gint64 max_us)
+{
+  gint64 end = 0;
+  for (guint i = 0;; i++)
+    {
+      if (__atomic_load_n (seq, __ATOMIC_ACQUIRE) != seen)
+        return TRUE;
+      cpu_relax ();
+      if ((i & 31) == 31)
+        {
+          gint64 now = g_get_monotonic_time ();
+          if (end == 0)
+            end = now + max_us;
+          else if (now >= end)
+            return FALSE;
+        }
+    }
+}
+
 /* Converts one half (K or V) from the stored layout [heads][block][row] to
  * a compute-side destination of `cap` tokens per head. */
 static void
@@ -158,6 +217,17 @@ wait_done_locked (SiftEngine *e)
   /* Never wait on work the worker was not told about. */
   if (e->worker_idle && !g_queue_is_empty (&e->jobs))
     pthread_cond_signal (&e->work_cond);
+  /* A job is running: it likely ends within microseconds. */
+  if (e->running > 0 && spin_allowed (&e->waiter_spin))
+    {
+      guint64 seen = e->done_seq;
+      pthread_mutex_unlock (&e->lock);
+      gboolean changed = spin_for_change (&e->done_seq, seen, SPIN_US);
+      pthread_mutex_lock (&e->lock);
+      spin_outcome (&e->waiter_spin, changed);
+      if (changed || e->done_seq != seen)
+        return;
+    }
   e->done_waiters++;
   pthread_cond_wait (&e->done_cond, &e->lock);
   e->done_waiters--;
@@ -222,6 +292,7 @@ run_job_locked (SiftEngine *e, Job *j, guint8 *staging)
     }
   e->running--;
   g_free (j);
+  __atomic_add_fetch (&e->done_seq, 1, __ATOMIC_RELEASE);
   if (e->done_waiters > 0)
     pthread_cond_broadcast (&e->done_cond);
 }
@@ -263,6 +334,14 @@ worker_main (gpointer data)
   pthread_mutex_lock (&e->lock);
   for (;;)
     {
+      if (g_queue_is_empty (&e->jobs) && !e->quit && spin_allowed (&e->worker_spin))
+        {
+          guint64 seen = e->queue_seq;
+          pthread_mutex_unlock (&e->lock);
+          gboolean got = spin_for_change (&e->queue_seq, seen, SPIN_US);
+          pthread_mutex_lock (&e->lock);
+          spin_outcome (&e->worker_spin, got);
+        }
       while ((g_queue_is_empty (&e->jobs) || e->helping_store) && !e->quit)
         {
           e->worker_idle = TRUE;
@@ -288,6 +367,7 @@ queue_job (SiftEngine *e, Job *j)
   else
     e->xl[j->half].pending++;
   g_queue_push_tail (&e->jobs, j);
+  __atomic_add_fetch (&e->queue_seq, 1, __ATOMIC_RELEASE);
   if (e->worker_idle && e->hold_wake == 0)
     pthread_cond_signal (&e->work_cond);
   pthread_mutex_unlock (&e->lock);
@@ -534,7 +614,13 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->part_lse = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q);
   sift_engine_evict_init (e);
 
-  pthread_mutex_init (&e->lock, NULL);
+  /* Adaptive: the lock is held for a few instructions at a time, and a
+   * thread that sleeps on it would stall the pipeline for a wake-up. */
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init (&attr);
+  pthread_mutexattr_settype (&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+  pthread_mutex_init (&e->lock, &attr);
+  pthread_mutexattr_destroy (&attr);
   pthread_cond_init (&e->work_cond, NULL);
   pthread_cond_init (&e->done_cond, NULL);
   g_queue_init (&e->jobs);
@@ -606,6 +692,7 @@ sift_engine_free (SiftEngine *e)
   g_free (e->counters);
   g_free (e->part_out);
   g_free (e->part_lse);
+  sift_engine_batch_free (e);
   pthread_mutex_destroy (&e->lock);
   pthread_cond_destroy (&e->work_cond);
   pthread_cond_destroy (&e->done_cond);
@@ -1072,6 +1159,97 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
     += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
   pthread_mutex_unlock (&e->lock);
   return ok;
+}
+
+/* ---- The default ring pipeline's group calls (pipeline.c) ------------------
+ * The same protocol as load_block / wait_slot / slot_done, n slots under
+ * one lock each: a group of blocks per call instead of one lock round trip
+ * (with the worker's cache line bouncing between cores) per block. Copies
+ * only: the ring runs when blocks are not read in place. */
+
+gboolean
+sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, const gint32 *slots, gint32 n,
+                       GError **error)
+{
+  GArray *ids = e->store_ids[layer];
+  for (gint32 i = 0; i < n; i++)
+    if (block_ids[i] < 0 || block_ids[i] >= (gint64) ids->len)
+      return invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
+                      ids->len, block_ids[i]);
+  pthread_mutex_lock (&e->lock);
+  for (gint32 i = 0; i < n; i++)
+    if (e->slots[slots[i]].state != SLOT_FREE)
+      {
+        pthread_mutex_unlock (&e->lock);
+        g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE, "engine: slot %d is still in use", slots[i]);
+        return FALSE;
+      }
+  for (gint32 i = 0; i < n; i++)
+    {
+      Slot *sl = &e->slots[slots[i]];
+      sl->n_valid = g_array_index (e->meta[layer], SiftBlockMeta, block_ids[i]).n_valid;
+      sl->layer = layer;
+      sl->state = SLOT_LOADING;
+      Job *j = g_new0 (Job, 1);
+      *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = e->phase,
+                   .store_id = g_array_index (ids, gint64, block_ids[i]), .what = SIFT_LOAD_KV,
+                   .k = slot_data (e, slots[i], 0), .v = slot_data (e, slots[i], 1),
+                   .cap = e->config.shape.block_size, .slot = slots[i], .half = -1 };
+      g_queue_push_tail (&e->jobs, j);
+    }
+  __atomic_add_fetch (&e->queue_seq, 1, __ATOMIC_RELEASE);
+  if (e->worker_idle && e->hold_wake == 0)
+    pthread_cond_signal (&e->work_cond);
+  pthread_mutex_unlock (&e->lock);
+  return TRUE;
+}
+
+gboolean
+sift_engine_ring_wait (SiftEngine *e, const gint32 *slots, gint32 n, gint32 *n_valid, gint32 *n_ready,
+                       GError **error)
+{
+  gint64 t0 = g_get_monotonic_time ();
+  gboolean ok = TRUE;
+  gint32 i = 0;
+  pthread_mutex_lock (&e->lock);
+  for (; i < n && ok; i++)
+    {
+      Slot *s = &e->slots[slots[i]];
+      while (s->state == SLOT_LOADING)
+        if (!help_locked (e))
+          wait_done_locked (e);
+      n_valid[i] = s->n_valid;
+      if (s->state == SLOT_FAILED)
+        {
+          g_propagate_error (error, s->error);
+          s->error = NULL;
+          s->state = SLOT_FREE;
+          ok = FALSE;
+          break;
+        }
+      g_assert (s->state == SLOT_READY);
+    }
+  *n_ready = i;
+  if (n > 0)
+    sift_engine_counters_at (e, e->slots[slots[0]].layer, e->phase)->seconds_stalled
+      += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
+  pthread_mutex_unlock (&e->lock);
+  return ok;
+}
+
+void
+sift_engine_ring_done (SiftEngine *e, const gint32 *slots, gint32 n)
+{
+  pthread_mutex_lock (&e->lock);
+  for (gint32 i = 0; i < n; i++)
+    {
+      Slot *s = &e->slots[slots[i]];
+      g_assert (s->state != SLOT_LOADING);
+      s->state = SLOT_FREE;
+      g_clear_error (&s->error);
+      unmap_slot (s);
+    }
+  pthread_mutex_unlock (&e->lock);
 }
 
 void

@@ -13,70 +13,96 @@
 #include "engine-private.h"
 
 /* A batch: stored blocks attended in one kernel call (per head set), then
- * optionally the local tokens. Views [n_kv_heads][n_valid][head_dim]. */
-typedef struct {
+ * optionally the local tokens. Views [n_kv_heads][n_valid][head_dim]. One
+ * per engine, reused by every call (a decode step at 32K adds 256 blocks:
+ * no allocation per block or per step). */
+struct _SiftBatch {
   GArray *k, *v;      /* SiftView [blocks] */
-  GArray *heads;      /* gboolean [blocks][n_q_heads]: which query heads attend the block */
+  GArray *heads;      /* gboolean [blocks][n_q_heads]: which query heads attend the block; empty while uniform */
   gboolean uniform;   /* every head attends every block */
+  gint64 tokens;      /* keys in the blocks */
   /* Scratch of one call's head sub-views. */
   GArray *ks, *vs;    /* SiftView */
-} Batch;
+};
 
-static void
-batch_init (Batch *b)
+static SiftBatch *
+batch_get (SiftEngine *e)
 {
-  b->k = g_array_new (FALSE, FALSE, sizeof (SiftView));
-  b->v = g_array_new (FALSE, FALSE, sizeof (SiftView));
-  b->heads = g_array_new (FALSE, FALSE, sizeof (gboolean));
-  b->ks = g_array_new (FALSE, FALSE, sizeof (SiftView));
-  b->vs = g_array_new (FALSE, FALSE, sizeof (SiftView));
-  b->uniform = TRUE;
+  if (e->batch == NULL)
+    {
+      SiftBatch *b = g_new0 (SiftBatch, 1);
+      b->k = g_array_new (FALSE, FALSE, sizeof (SiftView));
+      b->v = g_array_new (FALSE, FALSE, sizeof (SiftView));
+      b->heads = g_array_new (FALSE, FALSE, sizeof (gboolean));
+      b->ks = g_array_new (FALSE, FALSE, sizeof (SiftView));
+      b->vs = g_array_new (FALSE, FALSE, sizeof (SiftView));
+      b->uniform = TRUE;
+      e->batch = b;
+    }
+  return e->batch;
 }
 
 static void
-batch_clear (Batch *b)
+batch_clear (SiftBatch *b)
 {
   g_array_set_size (b->k, 0);
   g_array_set_size (b->v, 0);
   g_array_set_size (b->heads, 0);
   b->uniform = TRUE;
+  b->tokens = 0;
 }
 
-static void
-batch_free (Batch *b)
+void
+sift_engine_batch_free (SiftEngine *e)
 {
+  SiftBatch *b = e->batch;
+  if (b == NULL)
+    return;
   g_array_unref (b->k);
   g_array_unref (b->v);
   g_array_unref (b->heads);
   g_array_unref (b->ks);
   g_array_unref (b->vs);
+  g_free (b);
+  e->batch = NULL;
 }
 
 /* Adds a block; heads: the query heads attending it (NULL: all). */
 static void
-batch_add (SiftEngine *e, Batch *b, const SiftView *k, const SiftView *v, const gboolean *heads)
+batch_add (SiftEngine *e, SiftBatch *b, const SiftView *k, const SiftView *v, const gboolean *heads)
 {
   const gint32 nqh = e->config.shape.n_q_heads;
   g_array_append_vals (b->k, k, 1);
   g_array_append_vals (b->v, v, 1);
+  b->tokens += k->n_tokens;
+  if (heads == NULL && b->uniform)
+    return;
   guint at = b->heads->len;
+  if (b->uniform)
+    {
+      /* The first block not attended by every head: the ones before were. */
+      at = (b->k->len - 1) * (guint) nqh;
+      g_array_set_size (b->heads, at);
+      for (guint i = 0; i < at; i++)
+        g_array_index (b->heads, gboolean, i) = TRUE;
+      b->uniform = FALSE;
+    }
   g_array_set_size (b->heads, at + (guint) nqh);
   for (gint32 h = 0; h < nqh; h++)
     g_array_index (b->heads, gboolean, at + (guint) h) = heads == NULL || heads[h];
-  b->uniform = b->uniform && heads == NULL;
 }
 
 static gboolean
-attends (const Batch *b, gint32 nqh, guint block, gint32 h)
+attends (const SiftBatch *b, gint32 nqh, guint block, gint32 h)
 {
-  return g_array_index (b->heads, gboolean, block * (guint) nqh + (guint) h);
+  return b->uniform || g_array_index (b->heads, gboolean, block * (guint) nqh + (guint) h);
 }
 
 /* Whether query heads h1 and h2 attend the same blocks of the batch. */
 static gboolean
-same_blocks (const Batch *b, gint32 nqh, gint32 h1, gint32 h2)
+same_blocks (const SiftBatch *b, gint32 nqh, gint32 h1, gint32 h2)
 {
-  for (guint i = 0; i < b->k->len; i++)
+  for (guint i = 0; i < b->k->len && !b->uniform; i++)
     if (attends (b, nqh, i, h1) != attends (b, nqh, i, h2))
       return FALSE;
   return TRUE;
@@ -87,56 +113,71 @@ same_blocks (const Batch *b, gint32 nqh, gint32 h1, gint32 h2)
  * (causal) when given. The first contribution to the heads goes straight
  * into out / lse; later ones are merged by LSE. */
 static gboolean
-batch_call (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftView *lk, const SiftView *lv,
+batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const SiftView *lk, const SiftView *lv,
             gint32 q0, gint32 nqh, gint32 k0, gint32 nkh, SiftView *out, float *lse, gboolean *written,
             guint64 *attended, GError **error)
 {
   const gint32 all = e->config.shape.n_q_heads;
   const gint64 nq = ctx->n_q;
-  g_array_set_size (b->ks, 0);
-  g_array_set_size (b->vs, 0);
+  const gboolean local = lk != NULL && lk->n_tokens > 0;
   gint64 stored = 0;
-  for (guint i = 0; i < b->k->len; i++)
-    if (attends (b, all, i, q0))
-      {
-        SiftView ks = sift_view_heads (&g_array_index (b->k, SiftView, i), k0, nkh);
-        SiftView vs = sift_view_heads (&g_array_index (b->v, SiftView, i), k0, nkh);
-        g_array_append_val (b->ks, ks);
-        g_array_append_val (b->vs, vs);
-        stored += ks.n_tokens;
-      }
-  gint64 local = 0;
-  if (lk != NULL && lk->n_tokens > 0)
+  GArray *ka = b->ks, *va = b->vs;
+  if (b->uniform && nqh == all)
     {
-      SiftView ks = sift_view_heads (lk, k0, nkh), vs = sift_view_heads (lv, k0, nkh);
-      g_array_append_val (b->ks, ks);
-      g_array_append_val (b->vs, vs);
-      local = lk->n_tokens;
+      /* Every block, every head: the batch's own views, the local tokens
+       * appended for the call (batch_attend empties the batch after it). */
+      ka = b->k, va = b->v;
+      stored = b->tokens;
+      if (local)
+        {
+          g_array_append_vals (ka, lk, 1);
+          g_array_append_vals (va, lv, 1);
+        }
     }
-  if (b->ks->len == 0)
+  else
+    {
+      g_array_set_size (ka, 0);
+      g_array_set_size (va, 0);
+      for (guint i = 0; i < b->k->len; i++)
+        if (attends (b, all, i, q0))
+          {
+            SiftView ks = sift_view_heads (&g_array_index (b->k, SiftView, i), k0, nkh);
+            SiftView vs = sift_view_heads (&g_array_index (b->v, SiftView, i), k0, nkh);
+            g_array_append_val (ka, ks);
+            g_array_append_val (va, vs);
+            stored += ks.n_tokens;
+          }
+      if (local)
+        {
+          SiftView ks = sift_view_heads (lk, k0, nkh), vs = sift_view_heads (lv, k0, nkh);
+          g_array_append_val (ka, ks);
+          g_array_append_val (va, vs);
+        }
+    }
+  if (ka->len == 0)
     return TRUE;
   /* The local tokens come last: a query row at position q_pos + i sees
    * every stored key and the local ones up to itself. */
   const gint64 past = ctx->q_pos - ctx->kv_len;
-  SiftAttnOpts opts = { .scale = e->config.shape.scale, .causal = local > 0, .q_offset = stored + past };
+  SiftAttnOpts opts = { .scale = e->config.shape.scale, .causal = local, .q_offset = stored + past };
   guint64 keys = 0;
   for (gint64 i = 0; i < nq; i++)
-    keys += (guint64) (stored + (local > 0 ? CLAMP (past + i + 1, 0, local) : 0));
+    keys += (guint64) (stored + (local ? CLAMP (past + i + 1, 0, lk->n_tokens) : 0));
   *attended += keys * (guint64) nqh;
 
   SiftView qs = sift_view_heads (&ctx->q, q0, nqh), os = sift_view_heads (out, q0, nqh);
   float *ls = lse + (gsize) q0 * (gsize) nq;
-  const SiftView *kb = (const SiftView *) (const void *) b->ks->data, *vb = (const SiftView *) (const void *) b->vs->data;
+  const SiftView *kb = (const SiftView *) (const void *) ka->data, *vb = (const SiftView *) (const void *) va->data;
   if (!written[q0])
     {
       for (gint32 h = q0; h < q0 + nqh; h++)
         written[h] = TRUE;
-      return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &os, ls, error);
+      return sift_attn_paged (&qs, kb, vb, ka->len, &opts, &os, ls, error);
     }
   SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
   SiftView ps = sift_view_heads (&part, q0, nqh);
   float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
-  return sift_attn_paged (&qs, kb, vb, b->ks->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
+  return sift_attn_paged (&qs, kb, vb, ka->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
 }
 
 /* Attends a batch (and the local tokens when lk != NULL) into out / lse:
@@ -145,7 +186,7 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftVie
  * query head of a group that differs. The calls depend on the selection
  * only, never on load timing. Empties the batch. */
 static gboolean
-batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, Batch *b, const SiftView *lk, const SiftView *lv,
+batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const SiftView *lk, const SiftView *lv,
               SiftView *out, float *lse, gboolean *written, guint64 *attended, GError **error)
 {
   const SiftModelShape *s = &e->config.shape;
@@ -261,7 +302,7 @@ count_compute (SiftEngine *e, const SiftPolicyContext *ctx, gint64 t0, guint64 a
 /* Resident blocks (zero-copy): every selected block is read in place in
  * the store, all of them and the local tokens in one batch. */
 static gboolean
-attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, Batch *b,
+attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
                const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
                guint64 *attended, gint64 *compute_us, GError **error)
 {
@@ -271,23 +312,34 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
    * place needs its layer's stores done. */
   if (!sift_engine_wait_layer (e, layer, error))
     return FALSE;
+  /* Building the block list counts as attention time: it is the engine's
+   * cost over a kernel on contiguous memory. */
+  gint64 t0 = g_get_monotonic_time ();
   g_autofree gboolean *flags = g_new (gboolean, s->n_q_heads);
+  const gint64 *all_ids = (const gint64 *) (const void *) e->store_ids[layer]->data;
+  const SiftBlockMeta *meta = (const SiftBlockMeta *) (const void *) e->meta[layer]->data;
+  g_autofree gint64 *ids = NULL;
+  if (selection != NULL)
+    {
+      ids = g_new (gint64, m);
+      for (gint64 i = 0; i < m; i++)
+        ids[i] = all_ids[sift_selection_block (selection, (gsize) i)];
+    }
+  g_autofree const guint8 **p = g_new (const guint8 *, m);
+  gboolean mapped = sift_store_map_many (e->store, ids != NULL ? ids : all_ids, (gsize) m, p);
+  g_assert (mapped);
   for (gint64 i = 0; i < m; i++)
     {
       gint64 id = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
-      const guint8 *p = sift_store_map (e->store, g_array_index (e->store_ids[layer], gint64, id));
-      g_assert (p != NULL);
-      SiftView k = { (void *) p, e->config.compute_dtype, s->n_kv_heads, s->head_dim,
-                     g_array_index (e->meta[layer], SiftBlockMeta, id).n_valid, (gint64) s->block_size * s->head_dim,
-                     s->head_dim };
+      SiftView k = { (void *) p[i], e->config.compute_dtype, s->n_kv_heads, s->head_dim, meta[id].n_valid,
+                     (gint64) s->block_size * s->head_dim, s->head_dim };
       SiftView v = k;
-      v.data = (void *) (p + e->store->k_bytes);
-      batch_add (e, b, &k, &v, block_heads (e, selection, id, flags));
+      v.data = (void *) (p[i] + e->store->k_bytes);
+      batch_add (e, b, &k, &v, selection != NULL ? block_heads (e, selection, id, flags) : NULL);
     }
   SiftCounters add = { .bytes_loaded = (guint64) m * e->store->block_bytes,
                        .bytes_mapped = (guint64) m * e->store->block_bytes };
   sift_engine_count (e, layer, ctx->phase, &add);
-  gint64 t0 = g_get_monotonic_time ();
   gboolean ok = batch_attend (e, ctx, b, lk, lv, out, lse, written, attended, error);
   *compute_us += g_get_monotonic_time () - t0;
   return ok;
@@ -300,62 +352,67 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
  * worker is woken once per group while the next group loads. The groups
  * depend on the selection and n_slots only, never on load timing: results
  * are reproducible bit for bit. */
+/* Queues the selection's blocks [*queued, to) into their ring slots (block
+ * i into slot i mod n_slots), in one call. ids, slots: scratch of n_slots. */
 static gboolean
-attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, Batch *b,
+queue_blocks (SiftEngine *e, gint32 layer, const SiftSelection *selection, gint64 *queued, gint64 to, gint64 *ids,
+              gint32 *slots, GError **error)
+{
+  gint32 n = 0;
+  for (gint64 i = *queued; i < to; i++, n++)
+    {
+      ids[n] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+      slots[n] = (gint32) (i % e->config.n_slots);
+    }
+  if (!sift_engine_ring_load (e, layer, ids, slots, n, error))
+    return FALSE;
+  *queued = to;
+  return TRUE;
+}
+
+static gboolean
+attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
              guint64 *attended, gint64 *compute_us, GError **error)
 {
   const gint32 layer = ctx->layer;
   const gint32 n_slots = e->config.n_slots;
   g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
+  g_autofree gint64 *ids = g_new (gint64, n_slots);
+  g_autofree gint32 *slots = g_new (gint32, n_slots), *nv = g_new (gint32, n_slots);
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
   const gint64 G = MAX (1, n_slots / 2);
   gint64 queued = 0, done = 0;
-  gboolean ok = TRUE;
-  sift_engine_hold_wake (e, TRUE);
-  while (queued < MIN (m, n_slots) && ok)
-    if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots), SIFT_LOAD_KV, error)))
-      queued++;
-  sift_engine_hold_wake (e, FALSE);
+  gboolean ok = queue_blocks (e, layer, selection, &queued, MIN (m, n_slots), ids, slots, error);
   while (done < queued && ok)
     {
       gint64 end = MIN (queued, (done / G + 1) * G);
       end = MIN (end, done + (n_slots - done % n_slots)); /* no wrap */
-      gint64 waited = done;
-      for (; waited < end; waited++)
-        if (!sift_engine_wait_slot (e, (gint32) (waited % n_slots), error))
-          break;
-      if (waited < end)
+      const gint32 n = (gint32) (end - done);
+      for (gint32 i = 0; i < n; i++)
+        slots[i] = (gint32) ((done + i) % n_slots);
+      gint32 ready = 0;
+      if (!sift_engine_ring_wait (e, slots, n, nv, &ready, error))
         {
           ok = FALSE;
-          for (; done < waited; done++)
-            sift_engine_slot_done (e, (gint32) (done % n_slots));
-          done++; /* the failed slot is free again */
+          sift_engine_ring_done (e, slots, ready);
+          done += ready + 1; /* the failed slot is free again */
           break;
         }
-      for (gint64 i = done; i < end; i++)
+      for (gint32 i = 0; i < n; i++)
         {
           SiftView k, v;
-          gint32 nv = 0;
-          sift_engine_slot_ready (e, (gint32) (i % n_slots), &nv);
-          sift_engine_slots_kv (e, (gint32) (i % n_slots), nv, &k, &v);
-          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (i), flags));
+          sift_engine_slots_kv (e, slots[i], nv[i], &k, &v);
+          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (done + i), flags));
         }
       gint64 t0 = g_get_monotonic_time ();
       const gboolean last = end == m;
       ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
       *compute_us += g_get_monotonic_time () - t0;
-      for (; done < end; done++)
-        sift_engine_slot_done (e, (gint32) (done % n_slots));
+      sift_engine_ring_done (e, slots, n);
+      done = end;
       if (ok && queued < m)
-        {
-          sift_engine_hold_wake (e, TRUE);
-          while (queued < m && queued - done < n_slots && ok)
-            if ((ok = sift_engine_load_block (e, layer, BLOCK_AT (queued), (gint32) (queued % n_slots),
-                                              SIFT_LOAD_KV, error)))
-              queued++;
-          sift_engine_hold_wake (e, FALSE);
-        }
+        ok = queue_blocks (e, layer, selection, &queued, MIN (m, done + n_slots), ids, slots, error);
     }
 #undef BLOCK_AT
   /* After a failure, let the loads still in flight finish and free their slots. */
@@ -375,15 +432,11 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   return ok;
 }
 
-gboolean
-sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
-                            SiftView *out, float *lse, GError **error)
+/* The default pipeline over a validated selection (NULL: every block). */
+static gboolean
+attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, SiftView *out, float *lse,
+        GError **error)
 {
-  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
-  if (!check_call (e, ctx, out, lse, error))
-    return FALSE;
-  if (selection != NULL && !validate (e, ctx, selection, error))
-    return FALSE;
   e->phase = ctx->phase;
   const gint64 m = selection != NULL ? (gint64) sift_selection_n_blocks (selection)
                                      : (gint64) e->store_ids[ctx->layer]->len;
@@ -394,17 +447,31 @@ sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const S
   compute_us += g_get_monotonic_time () - t0;
   SiftView lk, lv;
   sift_engine_local_kv (e, ctx, &lk, &lv);
-  Batch b;
-  batch_init (&b);
+  SiftBatch *b = batch_get (e);
+  batch_clear (b);
   gboolean ok = e->maps && m > 0
-                  ? attend_mapped (e, ctx, selection, m, &b, &lk, &lv, out, lse, written, &attended, &compute_us, error)
-                  : attend_ring (e, ctx, selection, m, &b, &lk, &lv, out, lse, written, &attended, &compute_us, error);
-  batch_free (&b);
+                  ? attend_mapped (e, ctx, selection, m, b, &lk, &lv, out, lse, written, &attended, &compute_us, error)
+                  : attend_ring (e, ctx, selection, m, b, &lk, &lv, out, lse, written, &attended, &compute_us, error);
   if (ok)
     count_compute (e, ctx, g_get_monotonic_time () - compute_us, attended);
   return ok;
 }
 
+gboolean
+sift_engine_attend_default (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                            SiftView *out, float *lse, GError **error)
+{
+  g_return_val_if_fail (e != NULL && ctx != NULL, FALSE);
+  return check_call (e, ctx, out, lse, error) && (selection == NULL || validate (e, ctx, selection, error))
+         && attend (e, ctx, selection, out, lse, error);
+}
+
+gboolean
+sift_engine_attend_validated (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection,
+                              SiftView *out, float *lse, GError **error)
+{
+  return check_call (e, ctx, out, lse, error) && attend (e, ctx, selection, out, lse, error);
+}
 gboolean
 sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *sel,
                            const SiftView *k, const SiftView *v, gsize n_blocks, SiftView *out, float *lse,
@@ -420,19 +487,18 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
   clear_out (out, lse, ctx->n_q);
   /* The blocks lie side by side: each one a view, all in one batch with
    * the local tokens. */
-  Batch b;
-  batch_init (&b);
+  SiftBatch *b = batch_get (e);
+  batch_clear (b);
   for (gsize i = 0; i < n_blocks; i++)
     {
       gint64 id = sel != NULL ? sift_selection_block (sel, i) : (gint64) i;
       gint64 nv = g_array_index (e->meta[ctx->layer], SiftBlockMeta, id).n_valid;
       SiftView kr = sift_view_tokens (k, (gint64) i * bs, nv), vr = sift_view_tokens (v, (gint64) i * bs, nv);
-      batch_add (e, &b, &kr, &vr, block_heads (e, sel, id, flags));
+      batch_add (e, b, &kr, &vr, block_heads (e, sel, id, flags));
     }
   SiftView lk, lv;
   sift_engine_local_kv (e, ctx, &lk, &lv);
-  gboolean ok = batch_attend (e, ctx, &b, &lk, &lv, out, lse, written, &attended, error);
-  batch_free (&b);
+  gboolean ok = batch_attend (e, ctx, b, &lk, &lv, out, lse, written, &attended, error);
   count_compute (e, ctx, t0, attended);
   return ok;
 }

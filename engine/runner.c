@@ -298,7 +298,7 @@ run_layer (SiftRunner *r, SiftPhase phase, gint32 l, gint64 pos0, gint64 n, GErr
     return FALSE;
   SiftView out = sift_view_htd (r->out, SIFT_DTYPE_F32, s->n_q_heads, n, s->head_dim);
   ok = has_compute (p, phase) ? policy_compute (p, &ctx, &out, r->lse, error)
-                              : sift_engine_attend_default (e, &ctx, sel, &out, r->lse, error);
+                              : sift_engine_attend_validated (e, &ctx, sel, &out, r->lse, error);
   return ok && finish_layer (r, &ctx, &out, error);
 }
 

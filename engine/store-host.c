@@ -109,6 +109,23 @@ sift_store_map (SiftStore *store, gint64 id)
   return p;
 }
 
+gboolean
+sift_store_map_many (SiftStore *store, const gint64 *ids, gsize n, const guint8 **out)
+{
+  if (store->klass != &host_class)
+    return FALSE;
+  HostStore *self = (HostStore *) store;
+  gboolean ok = TRUE;
+  pthread_mutex_lock (&store->lock);
+  for (gsize i = 0; i < n && ok; i++)
+    {
+      ok = ids[i] >= 0 && ids[i] < (gint64) self->blocks->len;
+      out[i] = ok ? g_ptr_array_index (self->blocks, (guint) ids[i]) : NULL;
+    }
+  pthread_mutex_unlock (&store->lock);
+  return ok;
+}
+
 SiftStore *
 sift_store_host_new (const SiftStoreConfig *config, GError **error)
 {

@@ -34,6 +34,9 @@ gsize sift_store_row_bytes (const SiftStore *store);
  * valid while the store lives; the bytes change when the block is written
  * (the engine unmaps its slots before it writes or releases a block). */
 const guint8 *sift_store_map (SiftStore *store, gint64 id);
+/* sift_store_map of n ids under one lock: out[i] for ids[i]; FALSE (out
+ * unspecified) when one cannot be mapped. */
+gboolean sift_store_map_many (SiftStore *store, const gint64 *ids, gsize n, const guint8 **out);
 /* Whether sift_store_map works for this store's blocks. */
 gboolean sift_store_can_map (const SiftStore *store);
 /* Whether a file store's I/O goes through io_uring (FALSE for other stores). */

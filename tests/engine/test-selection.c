@@ -21,6 +21,7 @@ typedef enum {
   MODE_FAIL,
   MODE_PER_Q_HEAD,  /* block b for q head h iff (b + h) % 3 != 0 */
   MODE_PER_KV_HEAD, /* block b for the group of kv head g iff (b + g) % 2 == 0 */
+  MODE_MIXED,       /* block b for every head unless b % 3 == 2, then for even q heads only */
 } Mode;
 
 typedef struct {
@@ -43,6 +44,13 @@ keep_kv (gint64 b, gint32 h, gpointer data)
 {
   const SiftModelShape *s = data;
   return (b + h / (s->n_q_heads / s->n_kv_heads)) % 2 == 0;
+}
+
+static gboolean
+keep_mixed (gint64 b, gint32 h, gpointer data)
+{
+  (void) data;
+  return b % 3 != 2 || h % 2 == 0;
 }
 
 static gboolean
@@ -87,6 +95,12 @@ test_select (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *avail
         for (gint32 g = 0; g < s->n_kv_heads; g++)
           if ((avail[i] + g) % 2 == 0)
             sift_selection_add_kv_head (sel, avail[i], g);
+      break;
+    case MODE_MIXED:
+      for (gsize i = 0; i < n; i++)
+        for (gint32 h = 0; h < s->n_q_heads; h++)
+          if (keep_mixed (avail[i], h, NULL))
+            sift_selection_add_q_head (sel, avail[i], h);
       break;
     }
   return TRUE;
@@ -179,6 +193,9 @@ typedef struct {
   TestChecker *check;
 } Fix;
 
+/* Ring slots of the next fix_open. */
+static gint32 fix_slots = 3;
+
 static void
 fix_open (Fix *f, const SiftPolicyOps *ops, Mode mode, SiftPipeline pipe, gint32 q_heads, gint32 kv_heads,
           gint64 n_tokens)
@@ -188,7 +205,7 @@ fix_open (Fix *f, const SiftPolicyOps *ops, Mode mode, SiftPipeline pipe, gint32
   g_autoptr (GError) error = NULL;
   SiftStoreConfig sc = test_store_config (&f->shape, SIFT_DTYPE_F32, NULL);
   f->store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { f->shape, SIFT_DTYPE_F32, 3, pipe, 0 };
+  SiftEngineConfig ec = { f->shape, SIFT_DTYPE_F32, fix_slots, pipe, 0 };
   f->engine = sift_engine_new (&ec, f->store, &error);
   g_assert_no_error (error);
   /* Resident blocks skip the cross-layer pipeline: copy to exercise it. */
@@ -282,6 +299,45 @@ test_per_head_selection (void **state)
         /* Every block was seen by an offload hook in each layer. */
         assert_int_equal (f.policy->prefill_offloads, (prompt + 15) / 16 * 2);
         assert_int_equal (f.policy->decode_offloads, (prompt + steps) / 16 * 2 - prompt / 16 * 2);
+        fix_close (&f);
+      }
+}
+
+/* Blocks every head selected, then one that some heads did not: a kernel
+ * call over the first ones covers every head, after it the heads go their
+ * own ways (the batch learns per-head flags late). Read in place, copied
+ * through the ring (6 slots: groups of 3 blocks, 0 1 2 | 3 4 5 ...) and
+ * through the cross-layer buffer; 1 and 4 rows a step. */
+static void
+test_mixed_selection (void **state)
+{
+  (void) state;
+  for (int variant = 0; variant < 3; variant++)
+    for (gint32 rows = 1; rows <= 4; rows += 3)
+      {
+        Fix f;
+        const gint64 prompt = 150, steps = 36;
+        SiftPipeline pipe = variant == 2 ? SIFT_PIPELINE_CROSS_LAYER : SIFT_PIPELINE_RING;
+        fix_slots = 6;
+        fix_open (&f, &select_ops, MODE_MIXED, pipe, 4, 2, prompt + steps * rows);
+        fix_slots = 3;
+        if (variant == 1)
+          sift_engine_set_force_copy (f.engine, TRUE);
+        f.check->keep = keep_mixed;
+        f.check->prompt = prompt;
+        g_autoptr (GError) error = NULL;
+        assert_true (sift_runner_prefill (f.runner, prompt, &error));
+        for (gint64 i = 0; i < steps; i++)
+          assert_true (sift_runner_decode (f.runner, rows, &error));
+        g_assert_no_error (error);
+        if (f.check->max_err > 1e-5 || f.check->max_lse_err > 1e-5)
+          fail_msg ("mixed selection, %s, %d rows: error %g, lse %g",
+                    variant == 0 ? "resident" : variant == 1 ? "ring copies" : "cross-layer", rows, f.check->max_err,
+                    f.check->max_lse_err);
+        SiftCounters c;
+        sift_engine_counters (f.engine, -1, SIFT_PHASE_DECODE, &c);
+        assert_true (c.tokens_attended < c.tokens_available);
+        assert_true (c.bytes_mapped == (variant == 0 ? c.bytes_loaded : 0));
         fix_close (&f);
       }
 }
@@ -386,6 +442,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_bad_selections),
     cmocka_unit_test (test_per_head_selection),
+    cmocka_unit_test (test_mixed_selection),
     cmocka_unit_test (test_hooks_reach_every_layer_policy),
     cmocka_unit_test (test_own_compute),
     cmocka_unit_test (test_phase_support),

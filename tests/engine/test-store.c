@@ -332,7 +332,7 @@ typedef struct {
 } FaultRun;
 
 static void
-fault_run_open (FaultRun *r, SiftPipeline pipe, gboolean file)
+fault_run_open (FaultRun *r, SiftPipeline pipe, gboolean file, gint32 n_slots)
 {
   g_autoptr (GError) error = NULL;
   g_autofree char *path = test_tmp_path ("fault");
@@ -340,7 +340,7 @@ fault_run_open (FaultRun *r, SiftPipeline pipe, gboolean file)
   SiftStore *inner = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
   g_assert_no_error (error);
   r->store = fault_new (inner);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, pipe, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, n_slots, pipe, 0 };
   r->engine = sift_engine_new (&ec, &r->store->parent, &error);
   r->src = sift_model_random_new (&shape, 5);
   r->runner = sift_runner_new (r->engine, r->src, NULL, NULL, &error);
@@ -378,29 +378,33 @@ assert_stopped_then_recovers (FaultRun *r)
   assert_true (r->check->max_err < 1e-5);
 }
 
+/* A failed load anywhere in a group of the ring (2 slots: groups of 1; 6
+ * slots: groups of 3, the failure first, second or third in its group). */
 static void
 test_read_failure_stops_run (void **state)
 {
   (void) state;
+  const struct { gint32 slots, fail_at; } cases[] = { { 2, 9 }, { 6, 9 }, { 6, 10 }, { 6, 11 } };
   for (int pipe = 0; pipe < 2; pipe++)
     for (int shortr = 0; shortr < 2; shortr++)
-      {
-        FaultRun r;
-        fault_run_open (&r, (SiftPipeline) pipe, pipe == 1);
-        r.store->fail_read_at = 9;
-        r.store->short_read = shortr;
-        g_autoptr (GError) error = NULL;
-        gboolean ok = sift_runner_prefill (r.runner, 150, &error);
-        for (int i = 0; i < 10 && ok; i++)
-          ok = sift_runner_decode (r.runner, 1, &error);
-        assert_false (ok);
-        assert_true (error->domain == SIFT_STORE_ERROR);
-        assert_int_equal (error->code, shortr ? SIFT_STORE_ERROR_SHORT_READ : SIFT_STORE_ERROR_IO);
-        assert_non_null (strstr (error->message, "injected"));
-        assert_true (r.check->max_err < 1e-5); /* nothing wrong was reported before */
-        assert_stopped_then_recovers (&r);
-        fault_run_close (&r);
-      }
+      for (gsize c = 0; c < G_N_ELEMENTS (cases); c++)
+        {
+          FaultRun r;
+          fault_run_open (&r, (SiftPipeline) pipe, pipe == 1, cases[c].slots);
+          r.store->fail_read_at = cases[c].fail_at;
+          r.store->short_read = shortr;
+          g_autoptr (GError) error = NULL;
+          gboolean ok = sift_runner_prefill (r.runner, 150, &error);
+          for (int i = 0; i < 10 && ok; i++)
+            ok = sift_runner_decode (r.runner, 1, &error);
+          assert_false (ok);
+          assert_true (error->domain == SIFT_STORE_ERROR);
+          assert_int_equal (error->code, shortr ? SIFT_STORE_ERROR_SHORT_READ : SIFT_STORE_ERROR_IO);
+          assert_non_null (strstr (error->message, "injected"));
+          assert_true (r.check->max_err < 1e-5); /* nothing wrong was reported before */
+          assert_stopped_then_recovers (&r);
+          fault_run_close (&r);
+        }
 }
 
 static void
@@ -410,7 +414,7 @@ test_write_failure (void **state)
   for (int pipe = 0; pipe < 2; pipe++)
     {
       FaultRun r;
-      fault_run_open (&r, (SiftPipeline) pipe, TRUE);
+      fault_run_open (&r, (SiftPipeline) pipe, TRUE, 2);
       r.store->fail_write_at = 7;
       g_autoptr (GError) error = NULL;
       gboolean ok = sift_runner_prefill (r.runner, 200, &error);
