@@ -17,10 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <sift/sift.h>
+
+#include "bench-peak.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -317,16 +318,6 @@ typedef struct {
   double loop_wall, cpu;  /* the whole phase: wall and the process's CPU time (every thread) */
 } Phase;
 
-/* CPU seconds of every thread of this process so far. */
-static double
-cpu_now (void)
-{
-  struct rusage u;
-  getrusage (RUSAGE_SELF, &u);
-  return (double) u.ru_utime.tv_sec + (double) u.ru_stime.tv_sec
-         + ((double) u.ru_utime.tv_usec + (double) u.ru_stime.tv_usec) / 1e6;
-}
-
 static void
 phase_of (SiftEngine *e, SiftPhase ph, const Wall *w, Phase *out)
 {
@@ -390,15 +381,15 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
     return sift_cli_fail ("bench offload", error);
   Wall wp = { 0, 0 }, wd = { 0, 0 };
   sift_runner_set_observer (runner, &wall_observer, &wp);
-  double t0 = now_s (), c0 = cpu_now ();
+  double t0 = now_s (), c0 = sift_bench_cpu_seconds ();
   if (!sift_runner_prefill (runner, o->tokens, &error))
     return sift_cli_fail ("bench offload", error);
-  double t1 = now_s (), c1 = cpu_now ();
+  double t1 = now_s (), c1 = sift_bench_cpu_seconds ();
   sift_runner_set_observer (runner, &wall_observer, &wd);
   for (gint i = 0; i < o->steps; i++)
     if (!sift_runner_decode (runner, o->rows, &error))
       return sift_cli_fail ("bench offload", error);
-  double t2 = now_s (), c2 = cpu_now ();
+  double t2 = now_s (), c2 = sift_bench_cpu_seconds ();
   Phase p, d;
   phase_of (engine, SIFT_PHASE_PREFILL, &wp, &p);
   phase_of (engine, SIFT_PHASE_DECODE, &wd, &d);

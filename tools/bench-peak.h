@@ -22,5 +22,10 @@ void sift_peak_measure (gint threads, gint repeats, gsize read_bytes, gboolean s
  * of memory; free with sift_mem_free. */
 void *sift_bench_alloc (gsize bytes, gboolean small_pages);
 
+/* CPU seconds of every thread of this process so far: on a shared
+ * machine the cost that other processes do not inflate, where they do
+ * inflate the wall clock. */
+double sift_bench_cpu_seconds (void);
+
 /* Median of n doubles (sorts them). */
 double sift_bench_median (double *x, gsize n);

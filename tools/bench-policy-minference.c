@@ -16,6 +16,8 @@
 #include <glib.h>
 #include <sift/sift.h>
 
+#include "bench-peak.h"
+
 #include "../policies/minference/vs.h"
 #include "bench-synth.h"
 #include "commands.h"
@@ -32,16 +34,6 @@ typedef struct {
   char *config;      /* --data synth: the config whose synthetic source gives Q/K/V */
   SiftConfig *cfg;
 } Options;
-
-/* Seconds of CPU time used by the process: on a shared machine it tracks
- * the work better than the wall clock. */
-static double
-cpu_seconds (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Query and key content shared per head, rotated by position as RoPE does:
  * q_i . k_j then depends on i - j (plus noise), which gives the local and
@@ -110,7 +102,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
       SiftView kt = sift_view_tokens (k, 0, a + rows), vt = sift_view_tokens (v, 0, a + rows);
       SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, q->n_heads, rows, q->head_dim);
       gint64 t0 = g_get_monotonic_time ();
-      double c0 = cpu_seconds ();
+      double c0 = sift_bench_cpu_seconds ();
       if (vs)
         {
           g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, o_tile, pat);
@@ -125,7 +117,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
             g_error ("dense: %s", error->message);
         }
       seconds += (g_get_monotonic_time () - t0) / 1e6;
-      cpu_s += cpu_seconds () - c0;
+      cpu_s += sift_bench_cpu_seconds () - c0;
       sampled += (double) rows * a + rows * (rows + 1) / 2.0;
     }
   double total = (double) n * (n + 1) / 2.0;
@@ -170,14 +162,14 @@ run_length (const Options *o, gint64 n)
   memset (out, 0, (gsize) H * n * d * sizeof (float));
   memset (lse, 0, (gsize) H * n * sizeof (float));
   gint64 t0 = g_get_monotonic_time ();
-  double c0 = cpu_seconds ();
+  double c0 = sift_bench_cpu_seconds ();
   if (!vs_prefill (&qv, &kv, &vv, scale, &est, sizes, &ov, lse, &st, &error))
     {
       fprintf (stderr, "sift: minference prefill: %s\n", error->message);
       return 2;
     }
   double sparse = (g_get_monotonic_time () - t0) / 1e6 * head_factor;
-  double sparse_cpu = (cpu_seconds () - c0) * head_factor;
+  double sparse_cpu = (sift_bench_cpu_seconds () - c0) * head_factor;
   double dense_cpu, dense_vs_cpu;
   double dense = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, FALSE, &dense_cpu) * head_factor;
   double dense_vs = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, TRUE, &dense_vs_cpu) * head_factor;

@@ -8,11 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include <glib.h>
 #include <gmodule.h>
 #include <sift/sift.h>
+
+#include "bench-peak.h"
 
 #include "commands.h"
 #include "../policies/subquadratic/sq-core.h"
@@ -139,17 +140,6 @@ data_clear (Data *d)
 
 typedef enum { RUN_SPARSE, RUN_TILED, RUN_DENSE } Run;
 
-/* Process CPU seconds (every thread): on a shared machine this is the
- * cost that other processes do not inflate, where wall time is. */
-static double
-cpu_seconds (void)
-{
-  struct rusage u;
-  getrusage (RUSAGE_SELF, &u);
-  return (double) u.ru_utime.tv_sec + (double) u.ru_stime.tv_sec
-         + ((double) u.ru_utime.tv_usec + (double) u.ru_stime.tv_usec) / 1e6;
-}
-
 typedef struct {
   double wall, cpu; /* best of the repetitions, seconds */
 } Timing;
@@ -160,7 +150,7 @@ time_run (const Api *api, const SqConfig *c, Data *d, Run run, int reps, GError 
   Timing best = { INFINITY, INFINITY };
   for (int r = 0; r < reps; r++)
     {
-      double c0 = cpu_seconds ();
+      double c0 = sift_bench_cpu_seconds ();
       gint64 t0 = g_get_monotonic_time ();
       gboolean ok;
       if (run == RUN_DENSE)
@@ -175,7 +165,7 @@ time_run (const Api *api, const SqConfig *c, Data *d, Run run, int reps, GError 
       if (!ok)
         return (Timing) { -1.0, -1.0 };
       best.wall = MIN (best.wall, (double) (g_get_monotonic_time () - t0) / 1e6);
-      best.cpu = MIN (best.cpu, cpu_seconds () - c0);
+      best.cpu = MIN (best.cpu, sift_bench_cpu_seconds () - c0);
     }
   return best;
 }
