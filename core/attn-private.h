@@ -33,6 +33,11 @@ typedef struct {
   void (*exp2v) (const float *x, float *y, gsize n); /* y = 2^x, the softmax's exponential */
 } SiftAttnKernels;
 
+/* Work (q heads x query rows x keys x head_dim) below which a kernel call
+ * runs on the calling thread: waking the pool costs more. The engine's
+ * ring sizes its groups by it (engine/pipeline.c). */
+#define SIFT_ATTN_SERIAL_WORK (1 << 20)
+
 /* The kernels of one ISA (NULL if not built or not supported by this CPU). */
 const SiftAttnKernels *sift_attn_kernels_get (SiftIsa isa);
 

@@ -813,7 +813,7 @@ run_plan (const SiftAttnArgs *a, int mode, gint64 rmax_rows, gboolean decode)
 
   /* Small calls run on the calling thread: waking the pool costs more. */
   double work = (double) a->q->n_heads * (double) n_q * (double) p.n_keys * p.d;
-  gint threads = work < 1 << 20 ? 1 : sift_parallel_n_threads ();
+  gint threads = work < SIFT_ATTN_SERIAL_WORK ? 1 : sift_parallel_n_threads ();
   p.n_split = 1;
   /* Two items per thread already balance (a chunk's items see about as
    * many keys each); splitting further costs a partial buffer and a merge

@@ -55,6 +55,7 @@ struct _SiftEngine {
   SiftStore *store;
   gsize es;                   /* bytes of one compute element */
   gboolean maps;              /* ring loads map slots onto the store (zero-copy) */
+  gint32 ring_group;          /* blocks per ring group; 0: chosen per call (sift_engine_ring_group) */
   gint64 block_elems;         /* n_kv_heads * block_size * head_dim */
   gint32 decode_cap;          /* decode buffer tokens: block_size + SIFT_ATTN_DECODE_MAX_ROWS */
 
@@ -134,6 +135,14 @@ void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
  * mapped onto it gets a copy of the bytes, so it stays valid until
  * slot_done. */
 void sift_engine_unmap_id (SiftEngine *engine, gint64 store_id);
+
+/* Blocks the ring attends per call for a call of n_q query rows: 1 when one
+ * block's attention runs on the calling thread anyway (the copy worker then
+ * runs up to n_slots - 1 blocks ahead, and a late load stalls less), else
+ * n_slots / 2 (fewer calls, each waking the kernels' threads once).
+ * sift_engine_set_ring_group fixes it instead (0: back to the choice). */
+gint32 sift_engine_ring_group (const SiftEngine *e, gint32 n_q);
+void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);
 
 /* The default ring's group calls: load_block, wait_slot and slot_done for
  * n slots under one lock each (copies only). ring_wait stops at the first

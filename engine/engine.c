@@ -10,6 +10,7 @@
 #include <sift/error.h>
 #include <sift/memory.h>
 
+#include "attn-private.h"
 #include "engine-private.h"
 
 typedef enum { JOB_LOAD, JOB_STORE } JobKind;
@@ -544,6 +545,23 @@ sift_engine_set_force_copy (SiftEngine *e, gboolean force_copy)
 {
   g_return_if_fail (e != NULL);
   e->maps = !force_copy && e->store->config.dtype == e->config.compute_dtype && sift_store_can_map (e->store);
+}
+
+gint32
+sift_engine_ring_group (const SiftEngine *e, gint32 n_q)
+{
+  const gint32 half = MAX (1, e->config.n_slots / 2);
+  if (e->ring_group > 0)
+    return MIN (e->ring_group, e->config.n_slots);
+  const SiftModelShape *s = &e->config.shape;
+  const double block_work = (double) s->n_q_heads * n_q * s->block_size * s->head_dim;
+  return block_work < SIFT_ATTN_SERIAL_WORK ? 1 : half;
+}
+
+void
+sift_engine_set_ring_group (SiftEngine *e, gint32 blocks)
+{
+  e->ring_group = MAX (0, blocks);
 }
 
 gboolean

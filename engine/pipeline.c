@@ -346,12 +346,13 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
 }
 
 /* The ring: block i goes to slot i mod n_slots. Blocks are taken in groups
- * of G = n_slots / 2 (a group never wraps around the ring): wait for the
- * group's slots, attend the group in one batch (the last group with the
- * local tokens), free it, refill every free slot at once, so the copy
- * worker is woken once per group while the next group loads. The groups
- * depend on the selection and n_slots only, never on load timing: results
- * are reproducible bit for bit. */
+ * of G (sift_engine_ring_group: 1 when a block's attention is too small to
+ * wake the kernels' threads, else n_slots / 2; a group never wraps around
+ * the ring): wait for the group's slots, attend the group in one batch
+ * (the last group with the local tokens), free it, refill every free slot
+ * at once, so the copy worker loads ahead while the group is attended. The
+ * groups depend on the selection, the shape and n_slots only, never on load
+ * timing: results are reproducible bit for bit. */
 /* Queues the selection's blocks [*queued, to) into their ring slots (block
  * i into slot i mod n_slots), in one call. ids, slots: scratch of n_slots. */
 static gboolean
@@ -381,7 +382,7 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   g_autofree gint64 *ids = g_new (gint64, n_slots);
   g_autofree gint32 *slots = g_new (gint32, n_slots), *nv = g_new (gint32, n_slots);
 #define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
-  const gint64 G = MAX (1, n_slots / 2);
+  const gint64 G = sift_engine_ring_group (e, ctx->n_q);
   gint64 queued = 0, done = 0;
   gboolean ok = queue_blocks (e, layer, selection, &queued, MIN (m, n_slots), ids, slots, error);
   while (done < queued && ok)

@@ -306,13 +306,14 @@ test_per_head_selection (void **state)
 /* Blocks every head selected, then one that some heads did not: a kernel
  * call over the first ones covers every head, after it the heads go their
  * own ways (the batch learns per-head flags late). Read in place, copied
- * through the ring (6 slots: groups of 3 blocks, 0 1 2 | 3 4 5 ...) and
- * through the cross-layer buffer; 1 and 4 rows a step. */
+ * through the ring (6 slots: groups of 3 blocks, 0 1 2 | 3 4 5 ..., and the
+ * one block per group this small shape gets by itself) and through the
+ * cross-layer buffer; 1 and 4 rows a step. */
 static void
 test_mixed_selection (void **state)
 {
   (void) state;
-  for (int variant = 0; variant < 3; variant++)
+  for (int variant = 0; variant < 4; variant++)
     for (gint32 rows = 1; rows <= 4; rows += 3)
       {
         Fix f;
@@ -321,8 +322,12 @@ test_mixed_selection (void **state)
         fix_slots = 6;
         fix_open (&f, &select_ops, MODE_MIXED, pipe, 4, 2, prompt + steps * rows);
         fix_slots = 3;
-        if (variant == 1)
+        if (variant == 1 || variant == 3)
           sift_engine_set_force_copy (f.engine, TRUE);
+        if (variant == 1)
+          sift_engine_set_ring_group (f.engine, 3);
+        else if (variant == 3)
+          assert_int_equal (sift_engine_ring_group (f.engine, rows), 1); /* small: one block per call */
         f.check->keep = keep_mixed;
         f.check->prompt = prompt;
         g_autoptr (GError) error = NULL;
@@ -414,6 +419,39 @@ test_own_compute (void **state)
     }
 }
 
+/* The ring's group size: one block when a block's attention stays on the
+ * calling thread (SIFT_ATTN_SERIAL_WORK), half the slots when the kernels
+ * wake their threads anyway; a fixed size overrides it. */
+static void
+test_ring_group_choice (void **state)
+{
+  (void) state;
+  const struct { gint32 q_heads, kv_heads, head_dim, block, rows, slots, want; } cases[] = {
+    { 4, 1, 64, 128, 1, 4, 1 },      /* 32K of work a block */
+    { 8, 2, 128, 128, 4, 4, 1 },     /* 512K */
+    { 8, 2, 128, 128, 8, 4, 2 },     /* exactly 2^20: threaded */
+    { 8, 2, 128, 128, 16, 8, 4 },
+    { 32, 8, 128, 128, 128, 6, 3 },  /* a prefill chunk */
+    { 32, 8, 128, 128, 128, 2, 1 },  /* two slots: groups of one either way */
+  };
+  for (gsize c = 0; c < G_N_ELEMENTS (cases); c++)
+    {
+      SiftModelShape shape = { 1, cases[c].q_heads, cases[c].kv_heads, cases[c].head_dim, cases[c].block,
+                               cases[c].block, 0 };
+      g_autoptr (GError) error = NULL;
+      SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
+      g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
+      SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = cases[c].slots };
+      g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
+      g_assert_no_error (error);
+      assert_int_equal (sift_engine_ring_group (engine, cases[c].rows), cases[c].want);
+      sift_engine_set_ring_group (engine, 2);
+      assert_int_equal (sift_engine_ring_group (engine, cases[c].rows), MIN (2, cases[c].slots));
+      sift_engine_set_ring_group (engine, 0);
+      assert_int_equal (sift_engine_ring_group (engine, cases[c].rows), cases[c].want);
+    }
+}
+
 static void
 test_phase_support (void **state)
 {
@@ -446,6 +484,7 @@ main (void)
     cmocka_unit_test (test_hooks_reach_every_layer_policy),
     cmocka_unit_test (test_own_compute),
     cmocka_unit_test (test_phase_support),
+    cmocka_unit_test (test_ring_group_choice),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

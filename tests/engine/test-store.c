@@ -342,6 +342,7 @@ fault_run_open (FaultRun *r, SiftPipeline pipe, gboolean file, gint32 n_slots)
   r->store = fault_new (inner);
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, n_slots, pipe, 0 };
   r->engine = sift_engine_new (&ec, &r->store->parent, &error);
+  sift_engine_set_ring_group (r->engine, MAX (1, ec.n_slots / 2)); /* the groups the cases below count on */
   r->src = sift_model_random_new (&shape, 5);
   r->runner = sift_runner_new (r->engine, r->src, NULL, NULL, &error);
   g_assert_no_error (error);

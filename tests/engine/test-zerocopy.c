@@ -75,7 +75,7 @@ max_rel_diff (const GArray *a, const GArray *b)
 
 /* The same sequence mapped and copied: every block a ring slot shows is
  * the same bytes; outputs agree to rounding (the copied ring attends in
- * groups of n_slots / 2, the mapped path all blocks at once); the same
+ * groups, sift_engine_ring_group, the mapped path all blocks at once); the same
  * bytes are counted as loaded, and only the mapped run reports them as
  * mapped. */
 static void
@@ -324,6 +324,7 @@ test_batched_late_heads (void **state)
           SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = slots };
           g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
           sift_engine_set_force_copy (engine, copy);
+          sift_engine_set_ring_group (engine, slots / 2); /* several blocks per group */
           g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
           g_autoptr (SiftPolicy) pol = sift_policy_new (&compare_ops, NULL, &shape, &error);
           SiftPolicy *per[1] = { pol };
