@@ -136,10 +136,12 @@ void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
  * slot_done. */
 void sift_engine_unmap_id (SiftEngine *engine, gint64 store_id);
 
-/* Blocks the ring attends per call for a call of n_q query rows: 1 when one
- * block's attention runs on the calling thread anyway (the copy worker then
- * runs up to n_slots - 1 blocks ahead, and a late load stalls less), else
- * n_slots / 2 (fewer calls, each waking the kernels' threads once).
+/* Blocks the ring attends per call for a call of n_q query rows. When the
+ * kernels run a block's attention on the calling thread anyway, as few as
+ * keep a call's fixed cost small (1 for a block of 2^18 work or more): the
+ * copy worker then runs up to n_slots - 1 blocks ahead and a late load
+ * stalls less; at most n_slots / 2. Otherwise n_slots / 2 (fewer calls,
+ * each waking the kernels' threads once).
  * sift_engine_set_ring_group fixes it instead (0: back to the choice). */
 gint32 sift_engine_ring_group (const SiftEngine *e, gint32 n_q);
 void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);

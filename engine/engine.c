@@ -547,6 +547,12 @@ sift_engine_set_force_copy (SiftEngine *e, gboolean force_copy)
   e->maps = !force_copy && e->store->config.dtype == e->config.compute_dtype && sift_store_can_map (e->store);
 }
 
+/* Work (as SIFT_ATTN_SERIAL_WORK counts it) below which one kernel call's
+ * fixed cost shows: a 1-row decode step of 4 q heads x 64 over 128-token
+ * blocks (32K a block) took 0.105 s in groups of 1 against 0.091 s in
+ * groups of 2 (docs/benchmarks.md). */
+#define RING_CALL_WORK ((double) (1 << 18))
+
 gint32
 sift_engine_ring_group (const SiftEngine *e, gint32 n_q)
 {
@@ -555,7 +561,12 @@ sift_engine_ring_group (const SiftEngine *e, gint32 n_q)
     return MIN (e->ring_group, e->config.n_slots);
   const SiftModelShape *s = &e->config.shape;
   const double block_work = (double) s->n_q_heads * n_q * s->block_size * s->head_dim;
-  return block_work < SIFT_ATTN_SERIAL_WORK ? 1 : half;
+  if (block_work >= SIFT_ATTN_SERIAL_WORK)
+    return half;
+  /* Serial calls: as few blocks per call as keep the call's own cost
+   * small beside its work (RING_CALL_WORK), so the worker can run ahead. */
+  const double want = ceil (RING_CALL_WORK / block_work);
+  return (gint32) CLAMP (want, 1.0, (double) half);
 }
 
 void

@@ -306,9 +306,9 @@ test_per_head_selection (void **state)
 /* Blocks every head selected, then one that some heads did not: a kernel
  * call over the first ones covers every head, after it the heads go their
  * own ways (the batch learns per-head flags late). Read in place, copied
- * through the ring (6 slots: groups of 3 blocks, 0 1 2 | 3 4 5 ..., and the
- * one block per group this small shape gets by itself) and through the
- * cross-layer buffer; 1 and 4 rows a step. */
+ * through the ring (6 slots: groups of 3 blocks, 0 1 2 | 3 4 5 ..., and
+ * groups of one block) and through the cross-layer buffer; 1 and 4 rows a
+ * step. */
 static void
 test_mixed_selection (void **state)
 {
@@ -324,10 +324,8 @@ test_mixed_selection (void **state)
         fix_slots = 3;
         if (variant == 1 || variant == 3)
           sift_engine_set_force_copy (f.engine, TRUE);
-        if (variant == 1)
-          sift_engine_set_ring_group (f.engine, 3);
-        else if (variant == 3)
-          assert_int_equal (sift_engine_ring_group (f.engine, rows), 1); /* small: one block per call */
+        if (variant == 1 || variant == 3)
+          sift_engine_set_ring_group (f.engine, variant == 1 ? 3 : 1);
         f.check->keep = keep_mixed;
         f.check->prompt = prompt;
         g_autoptr (GError) error = NULL;
@@ -419,16 +417,19 @@ test_own_compute (void **state)
     }
 }
 
-/* The ring's group size: one block when a block's attention stays on the
- * calling thread (SIFT_ATTN_SERIAL_WORK), half the slots when the kernels
- * wake their threads anyway; a fixed size overrides it. */
+/* The ring's group size: when a block's attention stays on the calling
+ * thread (SIFT_ATTN_SERIAL_WORK), as few blocks as give a call 2^18 of work
+ * (at most half the slots); half the slots when the kernels wake their
+ * threads anyway; a fixed size overrides it. */
 static void
 test_ring_group_choice (void **state)
 {
   (void) state;
   const struct { gint32 q_heads, kv_heads, head_dim, block, rows, slots, want; } cases[] = {
-    { 4, 1, 64, 128, 1, 4, 1 },      /* 32K of work a block */
-    { 8, 2, 128, 128, 4, 4, 1 },     /* 512K */
+    { 4, 1, 64, 128, 1, 4, 2 },      /* 32K of work a block: 8 wanted, half the slots at most */
+    { 8, 2, 128, 128, 1, 8, 2 },     /* 128K: 2 */
+    { 8, 2, 128, 64, 1, 8, 4 },      /* 64K: 4 */
+    { 8, 2, 128, 128, 4, 4, 1 },     /* 512K: 1 */
     { 8, 2, 128, 128, 8, 4, 2 },     /* exactly 2^20: threaded */
     { 8, 2, 128, 128, 16, 8, 4 },
     { 32, 8, 128, 128, 128, 6, 3 },  /* a prefill chunk */
