@@ -357,10 +357,10 @@ worker_main (gpointer data)
   return NULL;
 }
 
+/* Queues j (the engine lock held) and marks what it will fill as pending. */
 static void
-queue_job (SiftEngine *e, Job *j)
+push_job_locked (SiftEngine *e, Job *j)
 {
-  pthread_mutex_lock (&e->lock);
   if (j->kind == JOB_STORE)
     e->stores_pending[j->layer]++;
   else if (j->slot >= 0)
@@ -368,9 +368,23 @@ queue_job (SiftEngine *e, Job *j)
   else
     e->xl[j->half].pending++;
   g_queue_push_tail (&e->jobs, j);
+}
+
+/* Tells the worker (spinning or asleep) that jobs were queued. */
+static void
+wake_worker_locked (SiftEngine *e)
+{
   __atomic_add_fetch (&e->queue_seq, 1, __ATOMIC_RELEASE);
   if (e->worker_idle && e->hold_wake == 0)
     pthread_cond_signal (&e->work_cond);
+}
+
+static void
+queue_job (SiftEngine *e, Job *j)
+{
+  pthread_mutex_lock (&e->lock);
+  push_job_locked (e, j);
+  wake_worker_locked (e);
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -1119,6 +1133,61 @@ map_block (SiftEngine *e, gint32 layer, gint64 store_id, gint32 slot, SiftLoadWh
   return TRUE;
 }
 
+/* Gives slot the block's valid tokens and layer (the slot is free). */
+static void
+slot_take (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot)
+{
+  e->slots[slot].n_valid = g_array_index (e->meta[layer], SiftBlockMeta, block_id).n_valid;
+  e->slots[slot].layer = layer;
+}
+
+/* The job that loads logical block block_id of layer into slot (claimed
+ * for it by slot_take). Counted under the current call's phase, not the
+ * block's. */
+static Job *
+slot_load_job (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what)
+{
+  Job *j = g_new0 (Job, 1);
+  *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = e->phase,
+               .store_id = g_array_index (e->store_ids[layer], gint64, block_id), .what = what,
+               .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1), .cap = e->config.shape.block_size,
+               .slot = slot, .half = -1 };
+  return j;
+}
+
+/* Waits (the lock held) for slot s's load, helping the worker meanwhile;
+ * a failed load frees the slot and hands over its error. */
+static gboolean
+wait_slot_locked (SiftEngine *e, Slot *s, gint32 slot, GError **error)
+{
+  while (s->state == SLOT_LOADING)
+    if (!help_locked (e))
+      wait_done_locked (e);
+  if (s->state == SLOT_FAILED)
+    {
+      g_propagate_error (error, s->error);
+      s->error = NULL;
+      s->state = SLOT_FREE;
+      return FALSE;
+    }
+  if (s->state == SLOT_FREE)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                   "engine: wait on slot %d, which has no load", slot);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Frees a slot that is not loading (the lock held). */
+static void
+slot_free_locked (Slot *s)
+{
+  s->state = SLOT_FREE;
+  g_clear_error (&s->error);
+  unmap_slot (s);
+}
+
 gboolean
 sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what,
                         GError **error)
@@ -1143,17 +1212,10 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
                    "engine: slot %d is still in use (load it again only after sift_engine_slot_done)", slot);
       return FALSE;
     }
-  const SiftBlockMeta *m = &g_array_index (e->meta[layer], SiftBlockMeta, block_id);
-  e->slots[slot].n_valid = m->n_valid;
-  e->slots[slot].layer = layer;
+  slot_take (e, layer, block_id, slot);
   if (e->maps && map_block (e, layer, g_array_index (ids, gint64, block_id), slot, what))
     return TRUE;
-  Job *j = g_new0 (Job, 1);
-  *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = m->phase, .store_id = g_array_index (ids, gint64, block_id),
-               .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
-               .cap = e->config.shape.block_size, .slot = slot, .half = -1 };
-  j->phase = e->phase; /* counted under the current call's phase, not the block's */
-  queue_job (e, j);
+  queue_job (e, slot_load_job (e, layer, block_id, slot, what));
   return TRUE;
 }
 
@@ -1166,23 +1228,7 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   gint64 t0 = g_get_monotonic_time ();
   pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
-  while (s->state == SLOT_LOADING)
-    if (!help_locked (e))
-      wait_done_locked (e);
-  gboolean ok = TRUE;
-  if (s->state == SLOT_FAILED)
-    {
-      g_propagate_error (error, s->error);
-      s->error = NULL;
-      s->state = SLOT_FREE;
-      ok = FALSE;
-    }
-  else if (s->state == SLOT_FREE)
-    {
-      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
-                   "engine: wait on slot %d, which has no load", slot);
-      ok = FALSE;
-    }
+  gboolean ok = wait_slot_locked (e, s, slot, error);
   /* Stall time is charged to the layer whose block the slot holds. */
   sift_engine_counters_at (e, s->layer, e->phase)->seconds_stalled
     += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
@@ -1215,20 +1261,10 @@ sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, con
       }
   for (gint32 i = 0; i < n; i++)
     {
-      Slot *sl = &e->slots[slots[i]];
-      sl->n_valid = g_array_index (e->meta[layer], SiftBlockMeta, block_ids[i]).n_valid;
-      sl->layer = layer;
-      sl->state = SLOT_LOADING;
-      Job *j = g_new0 (Job, 1);
-      *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = e->phase,
-                   .store_id = g_array_index (ids, gint64, block_ids[i]), .what = SIFT_LOAD_KV,
-                   .k = slot_data (e, slots[i], 0), .v = slot_data (e, slots[i], 1),
-                   .cap = e->config.shape.block_size, .slot = slots[i], .half = -1 };
-      g_queue_push_tail (&e->jobs, j);
+      slot_take (e, layer, block_ids[i], slots[i]);
+      push_job_locked (e, slot_load_job (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV));
     }
-  __atomic_add_fetch (&e->queue_seq, 1, __ATOMIC_RELEASE);
-  if (e->worker_idle && e->hold_wake == 0)
-    pthread_cond_signal (&e->work_cond);
+  wake_worker_locked (e);
   pthread_mutex_unlock (&e->lock);
   return TRUE;
 }
@@ -1241,22 +1277,12 @@ sift_engine_ring_wait (SiftEngine *e, const gint32 *slots, gint32 n, gint32 *n_v
   gboolean ok = TRUE;
   gint32 i = 0;
   pthread_mutex_lock (&e->lock);
-  for (; i < n && ok; i++)
+  for (; i < n; i++)
     {
       Slot *s = &e->slots[slots[i]];
-      while (s->state == SLOT_LOADING)
-        if (!help_locked (e))
-          wait_done_locked (e);
       n_valid[i] = s->n_valid;
-      if (s->state == SLOT_FAILED)
-        {
-          g_propagate_error (error, s->error);
-          s->error = NULL;
-          s->state = SLOT_FREE;
-          ok = FALSE;
-          break;
-        }
-      g_assert (s->state == SLOT_READY);
+      if (!(ok = wait_slot_locked (e, s, slots[i], error)))
+        break;
     }
   *n_ready = i;
   if (n > 0)
@@ -1272,11 +1298,8 @@ sift_engine_ring_done (SiftEngine *e, const gint32 *slots, gint32 n)
   pthread_mutex_lock (&e->lock);
   for (gint32 i = 0; i < n; i++)
     {
-      Slot *s = &e->slots[slots[i]];
-      g_assert (s->state != SLOT_LOADING);
-      s->state = SLOT_FREE;
-      g_clear_error (&s->error);
-      unmap_slot (s);
+      g_assert (e->slots[slots[i]].state != SLOT_LOADING);
+      slot_free_locked (&e->slots[slots[i]]);
     }
   pthread_mutex_unlock (&e->lock);
 }
@@ -1325,11 +1348,7 @@ sift_engine_slot_done (SiftEngine *e, gint32 slot)
   g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
   pthread_mutex_lock (&e->lock);
   if (e->slots[slot].state != SLOT_LOADING)
-    {
-      e->slots[slot].state = SLOT_FREE;
-      g_clear_error (&e->slots[slot].error);
-      unmap_slot (&e->slots[slot]);
-    }
+    slot_free_locked (&e->slots[slot]);
   else
     g_critical ("sift_engine_slot_done: slot %d is still loading (wait for it first)", slot);
   pthread_mutex_unlock (&e->lock);

@@ -100,13 +100,8 @@ sift_store_can_map (const SiftStore *store)
 const guint8 *
 sift_store_map (SiftStore *store, gint64 id)
 {
-  if (store->klass != &host_class || id < 0)
-    return NULL;
-  HostStore *self = (HostStore *) store;
-  pthread_mutex_lock (&store->lock);
-  const guint8 *p = id < (gint64) self->blocks->len ? g_ptr_array_index (self->blocks, (guint) id) : NULL;
-  pthread_mutex_unlock (&store->lock);
-  return p;
+  const guint8 *p = NULL;
+  return sift_store_map_many (store, &id, 1, &p) ? p : NULL;
 }
 
 gboolean
