@@ -261,22 +261,11 @@ xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n
    * rounding is monotonic), so the first pass needs no multiply. */
   if (n == 16 && n_seg == 8)
     {
-      /* sum_exp's usual block (B / S = 16 columns, S = 8 segments): every
-       * vector loaded once and kept in registers for both passes. */
-      __m512 v[8], vm = _mm512_set1_ps (-INFINITY);
-#pragma GCC unroll 8
-      for (int p = 0; p < 8; p++)
-        {
-          v[p] = _mm512_loadu_ps (x + (gsize) p * seg_stride);
-          vm = _mm512_max_ps (vm, v[p]);
-        }
-      const float m = _mm512_reduce_max_ps (vm) * scale;
-      __m512 acc = _mm512_setzero_ps (), vs = _mm512_set1_ps (scale), vmm = _mm512_set1_ps (m);
-#pragma GCC unroll 8
-      for (int p = 0; p < 8; p++)
-        acc = _mm512_add_ps (acc, exp_neg (_mm512_fmsub_ps (v[p], vs, vmm)));
-      *m_out = m;
-      return _mm512_reduce_add_ps (acc);
+      /* sum_exp's usual block (B / S = 16 columns, S = 8 segments): the
+       * register path of the batched kernel. */
+      float sum;
+      xattn_block_masses_16x8_avx512 (x, seg_stride, 1, scale, m_out, &sum);
+      return sum;
     }
   __m512 vm = _mm512_set1_ps (-INFINITY);
   for (gint64 s = 0; s < n_seg; s++)
