@@ -590,3 +590,149 @@ vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
       }
   pd->n = 0;
 }
+
+/* ---- Band path (see VsBand): 16 rows along the lanes, keys streamed. ---- */
+
+#define BAND_KEYS 32 /* keys scored before one softmax step and P.V pass */
+
+/* st[j] (16 rows) = K row j . Q^T for keys kr[0..8): eight chains, each
+ * query vector loaded once for eight broadcast key elements. */
+static inline void
+band_scores8 (const float *qt, gint32 d, const float *const *kr, __m512 *st)
+{
+  __m512 a[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++)
+    a[i] = _mm512_setzero_ps ();
+  for (gint32 c = 0; c < d; c++)
+    {
+      const __m512 x = _mm512_loadu_ps (qt + (gsize) c * VS_BAND_ROWS);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++)
+        a[i] = _mm512_fmadd_ps (_mm512_set1_ps (kr[i][c]), x, a[i]);
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++)
+    st[i] = a[i];
+}
+
+/* acc[r0..r0+3][c0..c0+64) = alpha acc + sum_j p[j][r] v_j: four rows share
+ * each value load. */
+static inline void
+band_pv4 (float *acc, gint32 d, gint32 r0, gint32 c0, const float *al, const float (*p)[VS_BAND_ROWS],
+          const float *v, gsize stride, gint32 nk)
+{
+  __m512 a[4][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; r++)
+    {
+      const __m512 s = _mm512_set1_ps (al[r0 + r]);
+#pragma GCC unroll 4
+      for (int n = 0; n < 4; n++)
+        a[r][n] = _mm512_mul_ps (_mm512_loadu_ps (acc + (gsize) (r0 + r) * d + c0 + 16 * n), s);
+    }
+  for (gint32 j = 0; j < nk; j++)
+    {
+      const float *vr = v + (gsize) j * stride + c0;
+      __m512 vv[4];
+#pragma GCC unroll 4
+      for (int n = 0; n < 4; n++)
+        vv[n] = _mm512_loadu_ps (vr + 16 * n);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; r++)
+        {
+          const __m512 x = _mm512_set1_ps (p[j][r0 + r]);
+#pragma GCC unroll 4
+          for (int n = 0; n < 4; n++)
+            a[r][n] = _mm512_fmadd_ps (x, vv[n], a[r][n]);
+        }
+    }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+    for (int n = 0; n < 4; n++)
+      _mm512_storeu_ps (acc + (gsize) (r0 + r) * d + c0 + 16 * n, a[r][n]);
+}
+
+void
+vs_band_avx512 (VsBand *b)
+{
+  const gint32 d = b->d;
+  gint32 lo_r[VS_BAND_ROWS], hi_r[VS_BAND_ROWS];
+  gint64 lo[VS_BAND_ROWS], hi[VS_BAND_ROWS], jb = G_MAXINT64, je = G_MININT64;
+  for (gint32 r = 0; r < VS_BAND_ROWS; r++)
+    {
+      vs_band_window (b, r, &lo[r], &hi[r]);
+      if (lo[r] < hi[r])
+        {
+          jb = MIN (jb, lo[r]);
+          je = MAX (je, hi[r]);
+        }
+    }
+  if (jb >= je)
+    return;
+  for (gint32 r = 0; r < VS_BAND_ROWS; r++)
+    {
+      /* Relative to jb; an empty window stays empty (lo >= hi). */
+      lo_r[r] = (gint32) (MIN (MAX (lo[r], jb), je) - jb);
+      hi_r[r] = (gint32) (MIN (MAX (hi[r], jb), je) - jb);
+      b->attended[r] += MAX (hi[r] - lo[r], 0);
+    }
+  const __m512i lov = _mm512_loadu_si512 (lo_r), hiv = _mm512_loadu_si512 (hi_r);
+  const __m512 ninf = _mm512_set1_ps (-INFINITY);
+  __m512 m = _mm512_loadu_ps (b->m), l = _mm512_loadu_ps (b->l);
+  float p[BAND_KEYS][VS_BAND_ROWS] __attribute__ ((aligned (64)));
+  float al[VS_BAND_ROWS] __attribute__ ((aligned (64)));
+  for (gint64 j0 = jb; j0 < je; j0 += BAND_KEYS)
+    {
+      const gint32 nk = (gint32) MIN (BAND_KEYS, je - j0);
+      const float *k0 = b->k + (gsize) (j0 - b->key0) * b->stride;
+      __m512 st[BAND_KEYS];
+      for (gint32 jj = 0; jj < nk; jj += 8)
+        {
+          const float *kr[8];
+          for (gint32 i = 0; i < 8; i++)
+            kr[i] = k0 + (gsize) MIN (jj + i, nk - 1) * b->stride;
+          band_scores8 (b->qt, d, kr, st + jj);
+        }
+      __m512 mx = ninf;
+      __mmask16 seen = 0;
+      for (gint32 jj = 0; jj < nk; jj++)
+        {
+          const __m512i jv = _mm512_set1_epi32 ((gint32) (j0 - jb) + jj);
+          const __mmask16 in = _mm512_cmp_epi32_mask (lov, jv, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask (jv, hiv, _MM_CMPINT_LT);
+          st[jj] = _mm512_mask_mov_ps (ninf, in, st[jj]);
+          mx = _mm512_max_ps (mx, st[jj]);
+          seen |= in;
+        }
+      if (seen == 0)
+        continue;
+      const __m512 m_new = _mm512_max_ps (m, mx);
+      /* A row that has seen no key keeps m = -inf: subtract 0 there, so
+       * its probabilities are e^-inf = 0 and not NaN. */
+      const __m512 m_sub = _mm512_mask_mov_ps (m_new, _mm512_cmp_ps_mask (m_new, ninf, _CMP_EQ_OQ),
+                                               _mm512_setzero_ps ());
+      const __m512 alpha = exp512 (_mm512_sub_ps (m, m_sub));
+      __m512 sum = _mm512_setzero_ps ();
+      for (gint32 jj = 0; jj < nk; jj++)
+        {
+          const __m512 pj = exp512 (_mm512_sub_ps (st[jj], m_sub));
+          _mm512_store_ps (p[jj], pj);
+          sum = _mm512_add_ps (sum, pj);
+        }
+      l = _mm512_fmadd_ps (l, alpha, sum);
+      m = m_new;
+      _mm512_store_ps (al, alpha);
+      const float *v0 = b->v + (gsize) (j0 - b->key0) * b->stride;
+      for (gint32 r0 = 0; r0 < VS_BAND_ROWS; r0 += 4)
+        {
+          /* Rows that see none of these keys keep alpha = 1 and p = 0. */
+          if ((seen >> r0 & 0xf) == 0)
+            continue;
+          for (gint32 c0 = 0; c0 < d; c0 += 64)
+            band_pv4 (b->acc, d, r0, c0, al, (const float (*)[VS_BAND_ROWS]) p, v0, b->stride, nk);
+        }
+    }
+  _mm512_storeu_ps (b->m, m);
+  _mm512_storeu_ps (b->l, l);
+}
