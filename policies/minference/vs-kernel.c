@@ -67,39 +67,6 @@ vs_group_attend_scalar (VsTile *t, const VsGroup *g)
 }
 
 void
-vs_band_scalar (VsBand *b)
-{
-  const gint32 d = b->d;
-  for (gint32 r = 0; r < VS_BAND_ROWS; r++)
-    {
-      gint64 lo, hi;
-      vs_band_window (b, r, &lo, &hi);
-      float *acc = b->acc + (gsize) r * d;
-      for (gint64 j = lo; j < hi; j++)
-        {
-          const float *k = b->k + (gsize) (j - b->key0) * b->stride;
-          const float *v = b->v + (gsize) (j - b->key0) * b->stride;
-          float s = 0.0f;
-          for (gint32 c = 0; c < d; c++)
-            s += b->qt[(gsize) c * VS_BAND_ROWS + r] * k[c];
-          if (s > b->m[r])
-            {
-              float alpha = expf (b->m[r] - s);
-              b->l[r] *= alpha;
-              for (gint32 c = 0; c < d; c++)
-                acc[c] *= alpha;
-              b->m[r] = s;
-            }
-          float p = expf (s - b->m[r]);
-          b->l[r] += p;
-          for (gint32 c = 0; c < d; c++)
-            acc[c] += p * v[c];
-        }
-      b->attended[r] += MAX (hi - lo, 0);
-    }
-}
-
-void
 vs_transpose (const float *const *krow, gint32 n, gint32 d, float *kt)
 {
   for (gint32 i = 0; i < VS_KEY_GROUP; i++)
@@ -205,10 +172,6 @@ struct _VsAttn {
   VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
   VsRange *rel;              /* per head, the merged ranges of a whole tile at rows [0, tile) */
   gsize *rel_first, *rel_n;  /* [n_q_heads]: head h's are rel[rel_first[h] ..][rel_n[h]] */
-  VsRange *srel, *lrel;      /* rel split: runs shorter than VS_BAND_MIN (panel walk), the rest (band) */
-  gsize *srel_first, *srel_n, *lrel_first, *lrel_n;  /* [n_q_heads], as rel_first / rel_n */
-  float *band_qt;            /* [n_threads][chunk_rows / VS_BAND_ROWS][d][VS_BAND_ROWS] */
-  gsize band_qt_per_worker;
   gint n_threads;
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
@@ -285,32 +248,10 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
       a->rel_n[h] = n;
       off += n;
     }
-  a->srel = g_new (VsRange, MAX (off, 1));
-  a->lrel = g_new (VsRange, MAX (off, 1));
-  a->srel_first = g_new (gsize, a->n_q_heads);
-  a->srel_n = g_new0 (gsize, a->n_q_heads);
-  a->lrel_first = g_new (gsize, a->n_q_heads);
-  a->lrel_n = g_new0 (gsize, a->n_q_heads);
-  gsize ns = 0, nl = 0;
-  for (gint32 h = 0; h < a->n_q_heads; h++)
-    {
-      a->srel_first[h] = ns;
-      a->lrel_first[h] = nl;
-      for (gsize i = 0; i < a->rel_n[h]; i++)
-        {
-          const VsRange r = a->rel[a->rel_first[h] + i];
-          if (r.end - r.start >= VS_BAND_MIN)
-            a->lrel[nl++] = r, a->lrel_n[h]++;
-          else
-            a->srel[ns++] = r, a->srel_n[h]++;
-        }
-    }
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
   a->n_threads = sift_parallel_n_threads ();
   a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
   a->scratch = g_new (VsRange, (gsize) a->n_threads * a->scratch_per_worker);
-  a->band_qt_per_worker = (gsize) a->chunk_rows * a->d;
-  a->band_qt = g_new (float, (gsize) a->n_threads * a->band_qt_per_worker);
 #ifdef VS_HAVE_AVX512
   if (tile <= 4)
     {
@@ -334,13 +275,6 @@ vs_attn_free (VsAttn *a)
   g_free (a->rel);
   g_free (a->rel_first);
   g_free (a->rel_n);
-  g_free (a->srel);
-  g_free (a->lrel);
-  g_free (a->srel_first);
-  g_free (a->srel_n);
-  g_free (a->lrel_first);
-  g_free (a->lrel_n);
-  g_free (a->band_qt);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
@@ -384,12 +318,13 @@ typedef struct {
   gint64 shift, limit;
 } Cursor;
 
-/* Lanes of the panel at key `base` that a tile's merged ranges cover;
- * advances the cursor past ranges that end before the panel. */
+/* Lanes of the panel at key `base` that a tile's merged ranges cover, OR
+ * the head's columns there; advances the cursor past ranges that end
+ * before the panel. */
 static inline guint32
-range_lanes (Cursor *c, gint64 base)
+tile_mask (Cursor *c, gint64 base, guint32 cols)
 {
-  guint32 mask = 0;
+  guint32 mask = cols;
   const gint64 b = base - c->shift, top = MIN (base + VS_KEY_GROUP, c->limit) - c->shift;
   while (c->cur < c->n && c->r[c->cur].end <= b)
     c->cur++;
@@ -399,15 +334,6 @@ range_lanes (Cursor *c, gint64 base)
       mask |= (guint32) ((((guint64) 1 << e) - 1) & ~(((guint64) 1 << s) - 1));
     }
   return mask;
-}
-
-/* A tile's lanes in the panel at `base`: its walked ranges (c), and the
- * head's columns there except those the band path covers (x). */
-static inline guint32
-tile_mask (Cursor *c, Cursor *x, gint64 base, guint32 cols)
-{
-  const guint32 band = x->n > 0 ? range_lanes (x, base) : 0;
-  return (cols & ~band) | range_lanes (c, base);
 }
 
 /* Index of the first of n ascending, disjoint ranges that ends after x. */
@@ -426,75 +352,6 @@ first_ending_after (const VsRange *r, gsize n, gint64 x)
   return lo;
 }
 
-/* The band path runs on AVX-512 (head_dim a multiple of 64) and on the
- * scalar path (its reference), for tiles that divide VS_BAND_ROWS. */
-static gboolean
-band_on (const VsAttn *a)
-{
-  if (a->tile > VS_BAND_ROWS || VS_BAND_ROWS % a->tile != 0 || a->chunk_rows % VS_BAND_ROWS != 0)
-    return FALSE;
-#ifdef VS_HAVE_AVX512
-  if (vs_isa () >= SIFT_ISA_AVX512)
-    return a->d % 64 == 0;
-#endif
-  return vs_isa () == SIFT_ISA_SCALAR;
-}
-
-/* The long runs of kv head g's query heads for rows [row0, row1) (whole
- * VS_BAND_ROWS blocks), keys of the job's block. Run by run, the row
- * blocks in order: consecutive blocks' windows overlap, so each run's K and
- * V rows are read from memory about once per work item. */
-static void
-band_item (const BlockJob *job, gint32 g, gint64 row0, gint64 row1, gint worker)
-{
-  VsAttn *a = job->a;
-  const gint32 hg = a->n_q_heads / a->n_kv_heads, d = a->d;
-  const gint64 nb = (row1 - row0) / VS_BAND_ROWS;
-  float *qt = a->band_qt + (gsize) worker * a->band_qt_per_worker;
-  const gint64 key_block_end = job->key0 + job->k->n_tokens;
-  for (gint32 hh = 0; hh < hg; hh++)
-    {
-      const gint32 h = g * hg + hh;
-      const VsRange *lr = a->lrel + a->lrel_first[h];
-      const gsize nl = a->lrel_n[h];
-      if (nl == 0)
-        continue;
-      const gsize row = (gsize) h * a->n_q + (gsize) row0;
-      for (gint64 r = 0; r < row1 - row0; r++)
-        for (gint32 c = 0; c < d; c++)
-          qt[((gsize) (r / VS_BAND_ROWS) * d + c) * VS_BAND_ROWS + r % VS_BAND_ROWS] = a->q[(row + r) * d + c];
-      gint64 attended[VS_CHUNK_ROWS] = { 0 };
-      const gint64 pos_first = a->q_pos + row0;
-      /* Rows' windows lie in [start + pos0, end + pos0 + VS_BAND_ROWS - tile). */
-      for (gsize i = first_ending_after (lr, nl, job->key0 - (a->q_pos + row1)); i < nl; i++)
-        {
-          if (lr[i].start + pos_first >= MIN (key_block_end, a->q_pos + row1))
-            break;
-          for (gint64 bi = 0; bi < nb; bi++)
-            {
-              const gint64 pos0 = pos_first + bi * VS_BAND_ROWS;
-              const gint64 key_end = MIN (key_block_end, pos0 + VS_BAND_ROWS);
-              if (lr[i].start + pos0 >= key_end || lr[i].end + pos0 + VS_BAND_ROWS <= job->key0)
-                continue;
-              const gsize brow = row + (gsize) (bi * VS_BAND_ROWS);
-              VsBand b = { qt + (gsize) bi * d * VS_BAND_ROWS, pos0, a->tile, d, a->m + brow, a->l + brow,
-                           a->acc + brow * d, sift_view_row (job->k, g, 0), sift_view_row (job->v, g, 0),
-                           (gsize) job->k->token_stride, job->key0, key_end, lr[i], { 0 } };
-#ifdef VS_HAVE_AVX512
-              if (vs_isa () >= SIFT_ISA_AVX512)
-                vs_band_avx512 (&b);
-              else
-#endif
-                vs_band_scalar (&b);
-              for (gint32 r = 0; r < VS_BAND_ROWS; r++)
-                attended[bi * VS_BAND_ROWS + r] += b.attended[r];
-            }
-        }
-      for (gint64 r = 0; r < row1 - row0; r++)
-        a->attended[(gsize) h * a->n_tiles + (row0 + r) / a->tile] += attended[r];
-    }
-}
-
 static void
 chunk_item (const BlockJob *job, gint64 item, gint worker)
 {
@@ -508,26 +365,13 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
   const gint64 key_end = MIN (job->key0 + job->k->n_tokens, a->q_pos + row1);
   if (job->key0 >= key_end)
     return;
-  Cursor cur[hg * nt], xcur[hg * nt];
+  Cursor cur[hg * nt];
   VsRange *scratch = a->scratch + (gsize) worker * a->scratch_per_worker;
-  /* Rows [row0, band_end) take their long runs through the band path. */
-  const gint64 band_end = band_on (a) ? row0 + (row1 - row0) / VS_BAND_ROWS * VS_BAND_ROWS : row0;
-  if (band_end > row0)
-    band_item (job, g, row0, band_end, worker);
   for (gint32 hh = 0; hh < hg; hh++)
     for (gint64 t = 0; t < nt; t++)
       {
         const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
         const gint32 h = g * hg + hh;
-        xcur[hh * nt + t] = (Cursor) { NULL, 0, 0, 0, 0 };
-        if ((t0 + t) * a->tile < band_end)
-          {
-            const VsRange *r = a->srel + a->srel_first[h], *x = a->lrel + a->lrel_first[h];
-            const gsize n = a->srel_n[h], nx = a->lrel_n[h];
-            cur[hh * nt + t] = (Cursor) { r, n, first_ending_after (r, n, job->key0 - ta), ta, key_end };
-            xcur[hh * nt + t] = (Cursor) { x, nx, first_ending_after (x, nx, job->key0 - ta), ta, key_end };
-            continue;
-          }
         if (tb - ta == a->tile)
           {
             const VsRange *r = a->rel + a->rel_first[h];
@@ -572,9 +416,8 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               if (base >= tb1)
                 continue; /* every row of both tiles precedes the panel */
               const gint64 tb = MIN (ta + a->tile, tb1);
-              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], &xcur[hh * nt + t], base, cols) : 0;
-              const guint32 m1
-                  = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], &xcur[hh * nt + t + 1], base, cols) : 0;
+              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], base, cols) : 0;
+              const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base, cols) : 0;
               if (m0 == 0 && m1 == 0)
                 continue;
               const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
@@ -598,7 +441,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
               if (base >= tb)
                 continue; /* every row of this tile precedes the panel */
-              const guint32 mask = tile_mask (&cur[hh * nt + t], &xcur[hh * nt + t], base, cols);
+              const guint32 mask = tile_mask (&cur[hh * nt + t], base, cols);
               if (mask == 0)
                 continue;
               grp.mask = mask;

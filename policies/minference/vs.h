@@ -178,44 +178,6 @@ void vs_pending_add2_avx512 (VsTile *t0, VsPending *pd0, guint32 mask0, VsTile *
 void vs_pending_flush_avx512 (VsTile *t, VsPending *pd);
 #endif
 
-/* Band path: a head's long slash runs (merged tile ranges of at least
- * VS_BAND_MIN keys) are computed for VS_BAND_ROWS rows at a time, dense
- * style: the block's queries transposed (rows along the vector lanes), the
- * union of the rows' key windows streamed once from the K and V rows, each
- * key scored and accumulated for all the rows, a row's keys outside its own
- * window masked to -inf. Row r (tile start ta) attends keys
- * [start + ta, end + ta) of a range, cut at the causal limit and the block.
- * The panel walk then skips those keys (docs/policies/minference.md). */
-#define VS_BAND_ROWS 16
-#define VS_BAND_MIN 64
-
-typedef struct {
-  const float *qt;        /* [d][VS_BAND_ROWS]: the rows' queries, pre-scaled, transposed */
-  gint64 pos0;            /* position of row 0 (a tile's first row) */
-  gint32 tile, d;
-  float *m, *l;           /* [VS_BAND_ROWS] */
-  float *acc;             /* [VS_BAND_ROWS][d] */
-  const float *k, *v;     /* rows of key `key0`: key j at k + (j - key0) * stride */
-  gsize stride;
-  gint64 key0, key_end;   /* keys available: [key0, key_end) */
-  VsRange range;          /* one merged tile range, relative to a tile's first row */
-  gint64 attended[VS_BAND_ROWS]; /* keys attended per row, added to */
-} VsBand;
-
-void vs_band_scalar (VsBand *b);
-#ifdef VS_HAVE_AVX512
-void vs_band_avx512 (VsBand *b);
-#endif
-
-/* Key window of band row r under b->range: [*lo, *hi), empty when lo >= hi. */
-static inline void
-vs_band_window (const VsBand *b, gint32 r, gint64 *lo, gint64 *hi)
-{
-  const gint64 ta = b->pos0 + r / b->tile * b->tile, p = b->pos0 + r;
-  *lo = MAX (b->range.start + ta, b->key0);
-  *hi = MIN (MIN (b->range.end + ta, p + 1), b->key_end);
-}
-
 /* kt[c * VS_KEY_GROUP + i] = krow[i][c] for i < n; zero lanes past n. */
 void vs_transpose (const float *const *krow, gint32 n, gint32 d, float *kt);
 
