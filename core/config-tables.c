@@ -47,6 +47,7 @@ static const Key synthetic_keys[] = {
   { "noise", KEY_FLOAT, OFF (pub.synthetic.noise), 0, 0, 1e3, NULL, NULL, "0.8; scale of the random part of q and k" },
   { "drift", KEY_FLOAT, OFF (pub.synthetic.drift), 0, 0, 1e3, NULL, NULL, "6.0; logit of the drifting content q and k share at one position (0: off)" },
   { "drift_scale", KEY_FLOAT, OFF (pub.synthetic.drift_scale), 0, 1, 1e9, NULL, NULL, "64.0; tokens over which the drifting content decorrelates" },
+  { "logn_length", KEY_INT, OFF (pub.synthetic.logn_length), 0, 0, BIG, NULL, NULL, "0; from this length on, queries are scaled by ln(p + 1) / ln(logn_length) (0: off)" },
   { NULL },
 };
 

@@ -142,6 +142,10 @@ check_knobs (const SiftModelShape *s, const SiftSyntheticConfig *k, GError **err
                     " and drift_scale (%g) within [1, 1e9]", k->locality_scale, k->rope_base, k->drift_scale);
   if (!(k->retrieval_heads >= 0.0 && k->retrieval_heads <= 1.0))
     return invalid (error, "model.synthetic.retrieval_heads = %g: must be within [0, 1]", k->retrieval_heads);
+  if (k->logn_length == 1 || k->logn_length < 0)
+    return invalid (error, "model.synthetic.logn_length = %" G_GINT64_FORMAT
+                    ": must be 0 (off) or at least 2 (queries past it are scaled by ln(p + 1) / ln(logn_length))",
+                    k->logn_length);
   if (k->locality > 0.0 && k->rope_dims == 0)
     return invalid (error, "model.synthetic.locality = %g needs rope_dims > 0 (locality lives in the rotary dims)",
                     k->locality);
@@ -390,6 +394,16 @@ query_row (const SynthSource *s, gint32 layer, gint32 h, gint64 p, float *q)
   if (s->has_plan && s->retrieval[layer * sh->n_q_heads + h] && sift_needle_plan_is_question (&s->plan, p))
     add_dir (q, basis_row (s, layer, g, 2 + sift_needle_plan_key_at (&s->plan, p)), s->a_needle, s->nr);
   rotary (s, layer, g, p, q);
+  /* logn attention: past logn_length keys, every logit of the row grows by
+   * ln(p + 1) / ln(logn_length), so the structural features keep their
+   * share as the number of ordinary keys grows. */
+  gint64 L = s->knobs.logn_length;
+  if (L >= 2 && p + 1 > L)
+    {
+      float f = (float) (log ((double) (p + 1)) / log ((double) L));
+      for (gint32 i = 0; i < sh->head_dim; i++)
+        q[i] *= f;
+    }
 }
 
 void

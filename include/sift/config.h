@@ -31,6 +31,9 @@ typedef struct {
   double drift;                  /* 6.0; logit a key gets from a query at its own position through the
                                   * slowly drifting content q and k share (0: off) */
   double drift_scale;            /* 64.0; tokens over which the drifting content decorrelates */
+  gint64 logn_length;            /* 0 (off); queries at position p >= logn_length are scaled by
+                                  * ln(p + 1) / ln(logn_length), so attention stays as sharp past
+                                  * that length as at it (Qwen's logn attention, SSMax) */
 } SiftSyntheticConfig;
 
 typedef enum {

@@ -101,6 +101,7 @@ main (int argc, char **argv)
     { "rope_dims", NULL, &kn.rope_dims }, { "rope_base", &kn.rope_base, NULL },
     { "retrieval_heads", &kn.retrieval_heads, NULL }, { "needle_strength", &kn.needle_strength, NULL },
     { "noise", &kn.noise, NULL }, { "drift", &kn.drift, NULL }, { "drift_scale", &kn.drift_scale, NULL },
+    { "logn_length", NULL, &kn.logn_length },
   };
   for (int a = 2; a < argc; a++)
     {

@@ -476,6 +476,55 @@ test_plan_placement (void **state)
   assert_true (g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID));
 }
 
+/* logn_length = L: rows past L keys have every logit scaled by
+ * ln(p + 1) / ln(L) (their q is), rows within L and every k and v are
+ * untouched; and the sinks then keep at 4L about the share they had at L,
+ * where without it the growing number of ordinary keys dilutes them. At
+ * N = 1024 the default sinks are far from diluted (ordinary keys weigh in
+ * past ~100K), so this model has weak sinks and nothing else but noise. */
+static void
+test_logn_scaling (void **state)
+{
+  (void) state;
+  const gint64 L = 256;
+  SiftSyntheticConfig on, off;
+  sift_synthetic_config_defaults (&off);
+  off.sink_strength = 5.0;
+  off.heavy_hitters = 0;
+  off.drift = 0.0;
+  off.locality = 0.0;
+  on = off;
+  on.logn_length = L;
+  g_autoptr (SiftModelSource) a = synth (&on, NULL);
+  g_autoptr (SiftModelSource) b = synth (&off, NULL);
+  Seq sa = generate (a, 1), sb = generate (b, 1);
+  assert_memory_equal (sa.k, sb.k, sizeof (float) * N * HKV * D);
+  assert_memory_equal (sa.v, sb.v, sizeof (float) * N * HKV * D);
+  assert_memory_equal (sa.q, sb.q, sizeof (float) * (gsize) L * HQ * D);
+  for (gint64 p = L; p < N; p += 37)
+    {
+      double f = log ((double) (p + 1)) / log ((double) L);
+      for (gint32 h = 0; h < HQ; h++)
+        {
+          const float *qa = sa.q + ((gsize) p * HQ + h) * D, *qb = sb.q + ((gsize) p * HQ + h) * D;
+          const float *k = sb.k + ((gsize) (p / 3) * HKV + h / (HQ / HKV)) * D;
+          assert_float_equal (dot (qa, k), f * dot (qb, k), 1e-4 * (1.0 + fabs (f * dot (qb, k))));
+        }
+    }
+  const gint64 sinks[] = { 0, 1, 2, 3 };
+  double at_L = mean_mass (&sb, L - 32, L, sinks, 4);
+  double far_on = mean_mass (&sa, N - 32, N, sinks, 4);
+  double far_off = mean_mass (&sb, N - 32, N, sinks, 4);
+  if (g_getenv ("SIFT_TEST_VERBOSE"))
+    g_printerr ("sink mass at %d keys %g; at %d keys %g with logn_length %d, %g without\n", (int) L, at_L, N,
+                far_on, (int) L, far_off);
+  assert_true (far_off < at_L - 0.02);
+  assert_true (far_on > far_off + 0.02);
+  assert_true (fabs (far_on - at_L) < fabs (far_off - at_L) / 2);
+  seq_clear (&sa);
+  seq_clear (&sb);
+}
+
 static void
 test_bad_knobs (void **state)
 {
@@ -496,6 +545,11 @@ test_bad_knobs (void **state)
   k.noise = -1;
   assert_null (sift_model_synthetic_new (&shape, 1, &k, NULL, &error));
   assert_non_null (strstr (error->message, "noise"));
+  g_clear_error (&error);
+  sift_synthetic_config_defaults (&k);
+  k.logn_length = 1; /* ln(1) = 0: no scale */
+  assert_null (sift_model_synthetic_new (&shape, 1, &k, NULL, &error));
+  assert_non_null (strstr (error->message, "logn_length = 1"));
 }
 
 int
@@ -512,6 +566,7 @@ main (void)
     cmocka_unit_test (test_retrieval_heads),
     cmocka_unit_test (test_multikey_distractors),
     cmocka_unit_test (test_plan_placement),
+    cmocka_unit_test (test_logn_scaling),
     cmocka_unit_test (test_bad_knobs),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -34,7 +34,8 @@ static const char *const model_keys[] = {
   "model.synthetic.sink_strength", "model.synthetic.locality", "model.synthetic.locality_scale",
   "model.synthetic.heavy_hitters", "model.synthetic.heavy_hitter_strength", "model.synthetic.rope_dims",
   "model.synthetic.rope_base", "model.synthetic.retrieval_heads", "model.synthetic.needle_strength",
-  "model.synthetic.noise", "model.synthetic.drift", "model.synthetic.drift_scale", NULL,
+  "model.synthetic.noise", "model.synthetic.drift", "model.synthetic.drift_scale",
+  "model.synthetic.logn_length", NULL,
 };
 
 /* Replaces *error by its message placed in the config; returns FALSE. */
