@@ -440,8 +440,7 @@ pending_prepare (VsTile *t, VsPending *pd, const VsGroup *g, guint32 mask, guint
     vis[k] = 0;
   for (gint32 k = 0; k < t->n_rows; k++)
     {
-      const gint64 n = t->pos0 + k - g->key0 + 1;
-      vis[k] = n <= 0 ? 0 : n >= G ? mask : mask & (guint32) ((1u << n) - 1);
+      vis[k] = mask & vs_lanes_upto (g, t->pos0 + k);
       any |= vis[k];
       t->attended += __builtin_popcount (vis[k]);
     }

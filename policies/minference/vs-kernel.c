@@ -151,8 +151,11 @@ vs_view_f32 (const SiftView *k, float **buf, gsize *cap)
  * (every tile of them, for every query head of the group). It walks the
  * block's key panels once, in order, and each panel, while it sits in L1,
  * serves every (query head, tile) whose mask meets it. A tile's mask in a
- * panel is a lane bitmask: its merged slash ranges OR the head's columns
- * (a key in both is one bit, so visited once). */
+ * panel is a lane bitmask of its merged slash ranges. The head's vertical
+ * columns of the block are packed 32 to a panel once per block (VsGroup
+ * with positions) and every tile attends them as a few whole panels, less
+ * the columns its slash ranges already hold (so no key is visited twice):
+ * in the key walk they were one lane in each of ~1000 panels at 128K. */
 
 #define VS_CHUNK_ROWS 128
 
@@ -172,14 +175,23 @@ struct _VsAttn {
   VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
   VsRange *rel;              /* per head, the merged ranges of a whole tile at rows [0, tile) */
   gsize *rel_first, *rel_n;  /* [n_q_heads]: head h's are rel[rel_first[h] ..][rel_n[h]] */
+  guint64 *relbits;          /* per head, bit x - rel_lo[h] set when x lies in a rel range */
+  gsize *relbits_first;      /* [n_q_heads]: head h's words start at relbits[relbits_first[h]] */
+  gint64 *rel_lo, *rel_hi;   /* [n_q_heads]: rel ranges span [rel_lo, rel_hi) (empty: 0, 0) */
   gint n_threads;
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
   gsize kcap, vcap;
   float *panels;             /* the block's K by 32 keys: [n_kv_heads][n_panels][d][32] */
-  guint32 *colmask;          /* [n_q_heads][n_panels]: the head's columns in each panel */
-  gsize panels_cap, colmask_cap;
+  gsize panels_cap;
   gint64 n_panels;
+  /* The block's vertical columns, per query head by 32: */
+  gint64 *n_colpanels;       /* [n_q_heads] */
+  gint64 max_colpanels;      /* the most of any head */
+  VsGroup *colgrp;           /* [n_q_heads][max_colpanels], mask = lanes holding a column */
+  float *colkt;              /* [n_q_heads][max_colpanels][d][32] */
+  gint64 *colpos;            /* [n_q_heads][max_colpanels][32] */
+  gsize colgrp_cap, colkt_cap, colpos_cap;
 #ifdef VS_HAVE_AVX512
   VsPending *pending;        /* [n_threads][heads per group][tiles per chunk] */
   gsize pending_per_worker;
@@ -248,6 +260,33 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
       a->rel_n[h] = n;
       off += n;
     }
+  /* The same ranges as bitmaps: the column pass asks, per column and tile,
+   * whether a range holds it. */
+  a->relbits_first = g_new (gsize, a->n_q_heads);
+  a->rel_lo = g_new0 (gint64, a->n_q_heads);
+  a->rel_hi = g_new0 (gint64, a->n_q_heads);
+  gsize words = 0;
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      const VsRange *r = a->rel + a->rel_first[h];
+      a->relbits_first[h] = words;
+      if (a->rel_n[h] == 0)
+        continue;
+      a->rel_lo[h] = r[0].start;
+      for (gsize i = 0; i < a->rel_n[h]; i++)
+        a->rel_hi[h] = MAX (a->rel_hi[h], r[i].end);
+      words += (gsize) (a->rel_hi[h] - a->rel_lo[h] + 63) / 64;
+    }
+  a->relbits = g_new0 (guint64, MAX (words, 1));
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      const VsRange *r = a->rel + a->rel_first[h];
+      guint64 *bits = a->relbits + a->relbits_first[h];
+      for (gsize i = 0; i < a->rel_n[h]; i++)
+        for (gint64 x = r[i].start; x < r[i].end; x++)
+          bits[(x - a->rel_lo[h]) / 64] |= (guint64) 1 << ((x - a->rel_lo[h]) % 64);
+    }
+  a->n_colpanels = g_new0 (gint64, a->n_q_heads);
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
   a->n_threads = sift_parallel_n_threads ();
   a->scratch_per_worker = (gsize) (a->n_q_heads / n_kv_heads) * (a->chunk_rows / tile) * a->max_ranges;
@@ -275,11 +314,18 @@ vs_attn_free (VsAttn *a)
   g_free (a->rel);
   g_free (a->rel_first);
   g_free (a->rel_n);
+  g_free (a->relbits);
+  g_free (a->relbits_first);
+  g_free (a->rel_lo);
+  g_free (a->rel_hi);
+  g_free (a->n_colpanels);
+  g_free (a->colgrp);
+  g_free (a->colkt);
+  g_free (a->colpos);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
   g_free (a->panels);
-  g_free (a->colmask);
 #ifdef VS_HAVE_AVX512
   g_free (a->pending);
 #endif
@@ -311,6 +357,19 @@ transpose_range (gint64 begin, gint64 end, gint worker, gpointer data)
     }
 }
 
+static void
+colpanel_range (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  (void) worker;
+  VsAttn *a = data;
+  for (gint64 item = begin; item < end; item++)
+    {
+      VsGroup *cg = &a->colgrp[item];
+      if (item % a->max_colpanels < a->n_colpanels[item / a->max_colpanels])
+        vs_transpose (cg->krow, __builtin_popcount (cg->mask), a->d, (float *) cg->kt);
+    }
+}
+
 /* A tile's merged ranges: r[i] + shift, keys below `limit` (the block's end). */
 typedef struct {
   const VsRange *r;
@@ -318,13 +377,12 @@ typedef struct {
   gint64 shift, limit;
 } Cursor;
 
-/* Lanes of the panel at key `base` that a tile's merged ranges cover, OR
- * the head's columns there; advances the cursor past ranges that end
- * before the panel. */
+/* Lanes of the panel at key `base` that a tile's merged ranges cover;
+ * advances the cursor past ranges that end before the panel. */
 static inline guint32
-tile_mask (Cursor *c, gint64 base, guint32 cols)
+tile_mask (Cursor *c, gint64 base)
 {
-  guint32 mask = cols;
+  guint32 mask = 0;
   const gint64 b = base - c->shift, top = MIN (base + VS_KEY_GROUP, c->limit) - c->shift;
   while (c->cur < c->n && c->r[c->cur].end <= b)
     c->cur++;
@@ -350,6 +408,47 @@ first_ending_after (const VsRange *r, gsize n, gint64 x)
         hi = mid;
     }
   return lo;
+}
+
+/* Lanes of column panel cg (among `lanes`) that the merged ranges of the
+ * tile at rows [ta, tb) of head h hold: the key walk visits those. A whole
+ * tile asks the head's bitmap at column - ta; the last, shorter tile its
+ * own ranges (cursor c, absolute positions). */
+static guint32
+cols_in_ranges (const VsAttn *a, gint32 h, gint64 ta, gint64 tb, const Cursor *c, const VsGroup *cg,
+                guint32 lanes)
+{
+  guint32 in = 0;
+  if (tb - ta == a->tile)
+    {
+      const guint64 *bits = a->relbits + a->relbits_first[h];
+      const gint64 lo = a->rel_lo[h], hi = a->rel_hi[h];
+      for (guint32 m = lanes; m; m &= m - 1)
+        {
+          const gint32 i = __builtin_ctz (m);
+          const gint64 x = cg->pos[i] - ta;
+          if (x >= lo && x < hi && (bits[(x - lo) / 64] >> ((x - lo) % 64) & 1))
+            in |= 1u << i;
+        }
+      return in;
+    }
+  for (guint32 m = lanes; m; m &= m - 1)
+    {
+      const gint32 i = __builtin_ctz (m);
+      const gsize k = first_ending_after (c->r, c->n, cg->pos[i] - c->shift);
+      if (k < c->n && c->r[k].start <= cg->pos[i] - c->shift)
+        in |= 1u << i;
+    }
+  return in;
+}
+
+/* The mask of column panel cg for the tile at rows [ta, tb): its columns
+ * before tb that the tile's ranges do not hold. */
+static inline guint32
+cols_mask (const VsAttn *a, gint32 h, gint64 ta, gint64 tb, const Cursor *c, const VsGroup *cg)
+{
+  const guint32 lanes = cg->mask & vs_lanes_upto (cg, tb - 1);
+  return lanes == 0 ? 0 : lanes & ~cols_in_ranges (a, h, ta, tb, c, cg, lanes);
 }
 
 static void
@@ -391,7 +490,68 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
   for (gint64 i = 0; pend && i < hg * nt; i++)
     pending[i].n = 0;
 #endif
-  VsGroup grp;
+  /* The head's columns first, as whole panels; the cursors are still at
+   * the block's start. */
+  for (gint32 hh = 0; hh < hg; hh++)
+    {
+      const gint32 h = g * hg + hh;
+      for (gint64 cp = 0; cp < a->n_colpanels[h]; cp++)
+        {
+          VsGroup cg = a->colgrp[(gsize) h * a->max_colpanels + cp];
+          if (cg.pos[0] >= key_end)
+            break;
+#ifdef VS_HAVE_AVX512
+          for (gint64 t = 0; pend && a->tile == 4 && t < nt; t += 2)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile;
+              const gint64 tb1 = MIN (ta + 2 * a->tile, a->q_pos + a->n_q);
+              if (cg.pos[0] >= tb1)
+                continue;
+              const gint64 tb = MIN (ta + a->tile, tb1);
+              const guint32 m0 = cols_mask (a, h, ta, tb, &cur[hh * nt + t], &cg);
+              const guint32 m1 = t + 1 < nt ? cols_mask (a, h, tb, tb1, &cur[hh * nt + t + 1], &cg) : 0;
+              if (m0 == 0 && m1 == 0)
+                continue;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tl0 = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                             a->acc + row * a->d, 0 };
+              VsTile tl1 = { 0 };
+              if (t + 1 < nt)
+                tl1 = (VsTile) { a->q + (row + 4) * a->d, tb, (gint32) (tb1 - tb), a->d, a->m + row + 4,
+                                 a->l + row + 4, a->acc + (row + 4) * a->d, 0 };
+              vs_pending_add2_avx512 (&tl0, &pending[hh * nt + t], m0, &tl1,
+                                      t + 1 < nt ? &pending[hh * nt + t + 1] : NULL, m1, &cg);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tl0.attended;
+              if (t + 1 < nt)
+                a->attended[(gsize) h * a->n_tiles + t0 + t + 1] += tl1.attended;
+            }
+          if (pend && a->tile == 4)
+            continue;
+#endif
+          const guint32 lanes = cg.mask;
+          for (gint64 t = 0; t < nt; t++)
+            {
+              const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
+              if (cg.pos[0] >= tb)
+                continue;
+              cg.mask = lanes;
+              cg.mask = cols_mask (a, h, ta, tb, &cur[hh * nt + t], &cg);
+              if (cg.mask == 0)
+                continue;
+              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+              VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                              a->acc + row * a->d, 0 };
+#ifdef VS_HAVE_AVX512
+              if (pend)
+                vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &cg);
+              else
+#endif
+                vs_group_attend (&tile, &cg);
+              a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+            }
+        }
+    }
+  VsGroup grp = { .pos = NULL };
   for (gint64 pi = 0; pi < last_panel; pi++)
     {
       const gint64 base = job->key0 + pi * VS_KEY_GROUP;
@@ -406,7 +566,6 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
       for (gint32 hh = 0; hh < hg; hh++)
         {
           const gint32 h = g * hg + hh;
-          const guint32 cols = a->colmask[(gsize) h * a->n_panels + pi];
 #ifdef VS_HAVE_AVX512
           /* 4-row tiles go in adjacent pairs: one panel pass scores both. */
           for (gint64 t = 0; pend && a->tile == 4 && t < nt; t += 2)
@@ -416,8 +575,8 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               if (base >= tb1)
                 continue; /* every row of both tiles precedes the panel */
               const gint64 tb = MIN (ta + a->tile, tb1);
-              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], base, cols) : 0;
-              const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base, cols) : 0;
+              const guint32 m0 = base < tb ? tile_mask (&cur[hh * nt + t], base) : 0;
+              const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base) : 0;
               if (m0 == 0 && m1 == 0)
                 continue;
               const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
@@ -441,7 +600,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               const gint64 ta = a->q_pos + (t0 + t) * a->tile, tb = MIN (ta + a->tile, a->q_pos + a->n_q);
               if (base >= tb)
                 continue; /* every row of this tile precedes the panel */
-              const guint32 mask = tile_mask (&cur[hh * nt + t], base, cols);
+              const guint32 mask = tile_mask (&cur[hh * nt + t], base);
               if (mask == 0)
                 continue;
               grp.mask = mask;
@@ -500,24 +659,59 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
       a->panels = g_new (float, need);
       a->panels_cap = need;
     }
-  need = (gsize) a->n_q_heads * a->n_panels;
-  if (need > a->colmask_cap)
-    {
-      g_free (a->colmask);
-      a->colmask = g_new (guint32, need);
-      a->colmask_cap = need;
-    }
-  memset (a->colmask, 0, need * sizeof (guint32));
+  /* The block's columns per head, packed 32 to a panel. */
+  const gint32 hg = a->n_q_heads / a->n_kv_heads;
+  gsize first[a->n_q_heads];
+  a->max_colpanels = 0;
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
       const VsPattern *p = &a->pattern[h];
-      for (gsize c = vs_lower_bound (p->vertical, p->n_vertical, key0);
-           c < p->n_vertical && p->vertical[c] < key0 + k->n_tokens; c++)
+      first[h] = vs_lower_bound (p->vertical, p->n_vertical, key0);
+      const gsize end = vs_lower_bound (p->vertical, p->n_vertical, key0 + k->n_tokens);
+      a->n_colpanels[h] = (gint64) (end - first[h] + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
+      a->max_colpanels = MAX (a->max_colpanels, a->n_colpanels[h]);
+    }
+  const gsize n_cg = (gsize) a->n_q_heads * a->max_colpanels;
+  if (n_cg > a->colgrp_cap)
+    {
+      g_free (a->colgrp);
+      g_free (a->colkt);
+      g_free (a->colpos);
+      a->colgrp = g_new (VsGroup, n_cg);
+      a->colkt = g_new (float, n_cg * a->d * VS_KEY_GROUP);
+      a->colpos = g_new (gint64, n_cg * VS_KEY_GROUP);
+      a->colgrp_cap = n_cg;
+    }
+  for (gint32 h = 0; h < a->n_q_heads; h++)
+    {
+      const VsPattern *p = &a->pattern[h];
+      for (gint64 cp = 0; cp < a->n_colpanels[h]; cp++)
         {
-          gint64 off = p->vertical[c] - key0;
-          a->colmask[(gsize) h * a->n_panels + off / VS_KEY_GROUP] |= 1u << (off % VS_KEY_GROUP);
+          const gsize idx = (gsize) h * a->max_colpanels + cp;
+          VsGroup *cg = &a->colgrp[idx];
+          gint64 *pos = a->colpos + idx * VS_KEY_GROUP;
+          *cg = (VsGroup) { .kt = a->colkt + idx * a->d * VS_KEY_GROUP, .pos = pos };
+          for (gint32 i = 0; i < VS_KEY_GROUP; i++)
+            {
+              const gsize c = first[h] + (gsize) cp * VS_KEY_GROUP + i;
+              if (c < p->n_vertical && p->vertical[c] < key0 + k->n_tokens)
+                {
+                  pos[i] = p->vertical[c];
+                  cg->krow[i] = sift_view_row (&kf, h / hg, pos[i] - key0);
+                  cg->vrow[i] = sift_view_row (&vf, h / hg, pos[i] - key0);
+                  cg->mask |= 1u << i;
+                }
+              else
+                {
+                  pos[i] = G_MAXINT64;
+                  cg->krow[i] = cg->krow[0];
+                  cg->vrow[i] = cg->vrow[0];
+                }
+            }
+          cg->key0 = pos[0];
         }
     }
+  sift_parallel_for ((gint64) n_cg, 4, colpanel_range, a);
   sift_parallel_for ((gint64) a->n_kv_heads * a->n_panels, 16, transpose_range, &job);
   const gint64 n_chunks = (a->n_q + a->chunk_rows - 1) / a->chunk_rows;
   sift_parallel_for ((gint64) a->n_kv_heads * n_chunks, 1, chunk_range, &job);

@@ -124,26 +124,42 @@ typedef struct {
   gint64 attended;         /* keys attended so far, summed over rows */
 } VsTile;
 
-/* A panel of VS_KEY_GROUP consecutive keys (positions key0 + lane), K
- * transposed so a row's scores are FMAs of broadcast query elements; the
- * lanes set in `mask` are the tile's keys, and row p attends those with
- * key0 + lane <= p. */
+/* A panel of VS_KEY_GROUP keys, K transposed so a row's scores are FMAs
+ * of broadcast query elements: consecutive keys (positions key0 + lane), or
+ * with `pos` set, the keys at pos[lane] (ascending; a head's vertical
+ * columns packed together). The lanes set in `mask` are the tile's keys,
+ * and row p attends those at positions <= p. */
 typedef struct {
   const float *kt;                     /* [d][VS_KEY_GROUP] */
   const float *krow[VS_KEY_GROUP];     /* the same keys untransposed, f32 [d] each (lanes in mask) */
   const float *vrow[VS_KEY_GROUP];     /* f32 [d] each (lanes in mask) */
+  const gint64 *pos;                   /* [VS_KEY_GROUP] ascending, G_MAXINT64 past the last key; or NULL */
   gint64 key0;
   guint32 mask;
 } VsGroup;
+
+/* Lanes of a group whose key is at position p or before (mask ignored). */
+static inline guint32
+vs_lanes_upto (const VsGroup *g, gint64 p)
+{
+  gint64 n;
+  if (g->pos == NULL)
+    n = p - g->key0 + 1;
+  else if (g->pos[VS_KEY_GROUP - 1] <= p)
+    n = VS_KEY_GROUP;
+  else
+    for (n = 0; g->pos[n] <= p; n++)
+      ;
+  if (n <= 0)
+    return 0;
+  return n >= VS_KEY_GROUP ? 0xffffffffu : (guint32) ((1u << n) - 1);
+}
 
 /* Lanes of a group row p attends: the mask, cut at the causal limit. */
 static inline guint32
 vs_visible_lanes (const VsGroup *g, gint64 p)
 {
-  const gint64 n = p - g->key0 + 1;
-  if (n <= 0)
-    return 0;
-  return n >= VS_KEY_GROUP ? g->mask : g->mask & (guint32) ((1u << n) - 1);
+  return g->mask & vs_lanes_upto (g, p);
 }
 
 void vs_group_attend_scalar (VsTile *t, const VsGroup *g);
