@@ -391,6 +391,23 @@ random_set (GRand *rng, gint64 n, gint64 want, gint64 forced, gint64 *out)
   return c;
 }
 
+/* Random patterns of 4 heads over n keys (vert, slash: [4][n]), the same
+ * for the same arguments: want_*[h] picks for head h (-1: an empty list),
+ * 3 sink columns, 2 recent diagonals (none for head 3). */
+static void
+draw_patterns (gint64 n, const gint64 *want_vertical, const gint64 *want_slash, gint64 *vert, gint64 *slash,
+               VsPattern *pat)
+{
+  g_autoptr (GRand) rng = g_rand_new_with_seed (17);
+  for (gint32 h = 0; h < 4; h++)
+    {
+      pat[h].vertical = vert + h * n;
+      pat[h].slash = slash + h * n;
+      pat[h].n_vertical = want_vertical[h] < 0 ? 0 : random_set (rng, n, want_vertical[h], 3, vert + h * n);
+      pat[h].n_slash = want_slash[h] < 0 ? 0 : random_set (rng, n, want_slash[h], h == 3 ? 0 : 2, slash + h * n);
+    }
+}
+
 /* Runs the kernel for rows [q_pos, q_pos + n_q) over keys streamed in
  * blocks; checks every head against the masked double reference. */
 static void
@@ -417,16 +434,9 @@ check_kernel_pattern (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n
   const gint64 n = q_pos + n_q;
   qkv_init (&t, 5 + (guint32) d, 4, 2, d, n, 1.0);
   const float scale = 1.0f / sqrtf ((float) d);
-  g_autoptr (GRand) rng = g_rand_new_with_seed (17);
   g_autofree gint64 *vert = g_new (gint64, 4 * n), *slash = g_new (gint64, 4 * n);
   VsPattern pat[4];
-  for (gint32 h = 0; h < 4; h++)
-    {
-      pat[h].vertical = vert + h * n;
-      pat[h].slash = slash + h * n;
-      pat[h].n_vertical = want_vertical[h] < 0 ? 0 : random_set (rng, n, want_vertical[h], 3, vert + h * n);
-      pat[h].n_slash = want_slash[h] < 0 ? 0 : random_set (rng, n, want_slash[h], h == 3 ? 0 : 2, slash + h * n);
-    }
+  draw_patterns (n, want_vertical, want_slash, vert, slash, pat);
   SiftView qc = sift_view_tokens (&t.qv, q_pos, n_q);
   g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat);
   for (gint64 j0 = 0; j0 < n; j0 += block)
@@ -530,6 +540,56 @@ test_kernel_buffered (void **state)
         check_kernel_pattern (isas[i], 128, tile, 37, 301, 1000, none, scattered);
         check_kernel_pattern (isas[i], 64, tile, 37, 301, 64, columns, none);
         check_kernel_pattern (isas[i], 32, tile, 37, 301, 29, columns, scattered);
+      }
+}
+
+/* The kernel attends a block's vertical columns as packed panels of 32
+ * per head, less the columns a tile's slash ranges hold: patterns with
+ * several such panels per block, columns inside and outside the ranges and
+ * after the tiles' rows, a last tile shorter than the others, against the
+ * explicit mask. */
+static void
+test_kernel_column_panels (void **state)
+{
+  (void) state;
+  const gint64 wv[4] = { 150, 90, 220, 40 }, ws[4] = { 60, 30, 5, 90 };
+  const gint64 q_pos = 300, n_q = 203, n = q_pos + n_q;
+  const gint32 tiles[] = { 4, 3, 16 };
+  /* The cases occur: per (head, tile), columns inside and outside its
+   * ranges, and columns past its last row. */
+  {
+    g_autofree gint64 *vert = g_new (gint64, 4 * n), *slash = g_new (gint64, 4 * n);
+    g_autofree VsRange *r = g_new (VsRange, n + 1);
+    VsPattern pat[4];
+    draw_patterns (n, wv, ws, vert, slash, pat);
+    gint64 inside = 0, outside = 0, after = 0;
+    for (gint32 h = 0; h < 4; h++)
+      for (gint64 a = q_pos; a < n; a += 4)
+        {
+          const gint64 b = MIN (a + 4, n);
+          const gsize nr = vs_tile_ranges (&pat[h], a, b, 0, b, r);
+          for (gsize c = 0; c < pat[h].n_vertical; c++)
+            {
+              const gint64 col = pat[h].vertical[c];
+              gboolean in = FALSE;
+              for (gsize k = 0; k < nr; k++)
+                in |= col >= r[k].start && col < r[k].end;
+              inside += in;
+              outside += !in && col < b;
+              after += col >= b;
+            }
+        }
+    assert_true (inside > 100 && outside > 100 && after > 100);
+    assert_true (pat[2].n_vertical > 2 * VS_KEY_GROUP);
+  }
+  const SiftIsa isas[] = { SIFT_ISA_SCALAR, SIFT_ISA_AVX2, SIFT_ISA_AVX512 };
+  for (gsize i = 0; i < G_N_ELEMENTS (isas); i++)
+    for (gsize t = 0; t < G_N_ELEMENTS (tiles); t++)
+      {
+        /* One block, blocks of ~two column panels, blocks splitting a panel. */
+        check_kernel_pattern (isas[i], 128, tiles[t], q_pos, n_q, n, wv, ws);
+        check_kernel_pattern (isas[i], 16, tiles[t], q_pos, n_q, 160, wv, ws);
+        check_kernel_pattern (isas[i], 16, tiles[t], q_pos, n_q, 37, wv, ws);
       }
 }
 
@@ -827,6 +887,7 @@ main (void)
     cmocka_unit_test (test_kernel_mask_scalar),
     cmocka_unit_test (test_kernel_mask_simd),
     cmocka_unit_test (test_kernel_buffered),
+    cmocka_unit_test (test_kernel_column_panels),
     cmocka_unit_test (test_kernel_empty_pattern),
     cmocka_unit_test (test_simd_matches_scalar),
     cmocka_unit_test (test_pending_pair),
