@@ -1,11 +1,11 @@
 /* Vertical-slash sparse attention kernel.
  *
- * Per (query head, tile of rows): the merged slash ranges and the
- * leftover vertical columns of the current key block are walked in
- * ascending key order and fed VS_KEY_GROUP keys at a time to the inner
+ * Per (query head, tile of rows): the leftover vertical columns of the
+ * current key block (packed panels), then its merged slash ranges in
+ * ascending key order, are fed VS_KEY_GROUP keys at a time to the inner
  * loop, which updates the tile's online softmax. A key of the block is fed
  * at most once per tile (ranges are disjoint, columns inside a range are
- * skipped), so no key is counted twice, and the state carries over between
+ * left to the range), so no key is counted twice, and the state carries over between
  * blocks, so any block split gives the same result up to rounding. */
 #include <math.h>
 #include <string.h>
