@@ -451,6 +451,55 @@ cols_mask (const VsAttn *a, gint32 h, gint64 ta, gint64 tb, const Cursor *c, con
   return lanes == 0 ? 0 : lanes & ~cols_in_ranges (a, h, ta, tb, c, cg, lanes);
 }
 
+#ifndef VS_HAVE_AVX512
+typedef struct VsPendingNone VsPending; /* only ever NULL here */
+#endif
+
+/* Head h's rows [ta, tb) as the kernel's VsTile. */
+static VsTile
+tile_at (VsAttn *a, gint32 h, gint64 ta, gint64 tb)
+{
+  const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
+  return (VsTile) { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
+                    a->acc + row * a->d, 0 };
+}
+
+/* Group g's lanes for tile `tile` of head h: into buffer pending[i] when
+ * there are buffers (AVX-512), attended at once otherwise. */
+static void
+attend_tile (VsAttn *a, gint32 h, gint64 tile, gint64 ta, gint64 tb, VsPending *pending, gint64 i,
+             const VsGroup *g)
+{
+  VsTile t = tile_at (a, h, ta, tb);
+#ifdef VS_HAVE_AVX512
+  if (pending != NULL)
+    vs_pending_add_avx512 (&t, &pending[i], g);
+  else
+#endif
+    vs_group_attend (&t, g);
+  (void) pending;
+  (void) i;
+  a->attended[(gsize) h * a->n_tiles + tile] += t.attended;
+}
+
+#ifdef VS_HAVE_AVX512
+/* Masks m0 / m1 of group g for the adjacent 4-row tiles `tile` (rows
+ * [ta, tb)) and, when `two`, tile + 1 (rows [tb, tb1)) of head h, scored in
+ * one pass; pd[0], pd[1] are their buffers. */
+static void
+pending_pair (VsAttn *a, gint32 h, gint64 tile, gboolean two, gint64 ta, gint64 tb, gint64 tb1, VsPending *pd,
+              guint32 m0, guint32 m1, const VsGroup *g)
+{
+  VsTile t0 = tile_at (a, h, ta, tb), t1 = { 0 };
+  if (two)
+    t1 = tile_at (a, h, tb, tb1);
+  vs_pending_add2_avx512 (&t0, pd, m0, &t1, two ? pd + 1 : NULL, m1, g);
+  a->attended[(gsize) h * a->n_tiles + tile] += t0.attended;
+  if (two)
+    a->attended[(gsize) h * a->n_tiles + tile + 1] += t1.attended;
+}
+#endif
+
 static void
 chunk_item (const BlockJob *job, gint64 item, gint worker)
 {
@@ -489,6 +538,8 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
   VsPending *pending = pend ? a->pending + (gsize) worker * a->pending_per_worker : NULL;
   for (gint64 i = 0; pend && i < hg * nt; i++)
     pending[i].n = 0;
+#else
+  VsPending *pending = NULL; /* no buffering without AVX-512 */
 #endif
   /* The head's columns first, as whole panels; the cursors are still at
    * the block's start. */
@@ -512,18 +563,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               const guint32 m1 = t + 1 < nt ? cols_mask (a, h, tb, tb1, &cur[hh * nt + t + 1], &cg) : 0;
               if (m0 == 0 && m1 == 0)
                 continue;
-              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
-              VsTile tl0 = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
-                             a->acc + row * a->d, 0 };
-              VsTile tl1 = { 0 };
-              if (t + 1 < nt)
-                tl1 = (VsTile) { a->q + (row + 4) * a->d, tb, (gint32) (tb1 - tb), a->d, a->m + row + 4,
-                                 a->l + row + 4, a->acc + (row + 4) * a->d, 0 };
-              vs_pending_add2_avx512 (&tl0, &pending[hh * nt + t], m0, &tl1,
-                                      t + 1 < nt ? &pending[hh * nt + t + 1] : NULL, m1, &cg);
-              a->attended[(gsize) h * a->n_tiles + t0 + t] += tl0.attended;
-              if (t + 1 < nt)
-                a->attended[(gsize) h * a->n_tiles + t0 + t + 1] += tl1.attended;
+              pending_pair (a, h, t0 + t, t + 1 < nt, ta, tb, tb1, &pending[hh * nt + t], m0, m1, &cg);
             }
           if (pend && a->tile == 4)
             continue;
@@ -538,16 +578,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               cg.mask = cols_mask (a, h, ta, tb, &cur[hh * nt + t], &cg);
               if (cg.mask == 0)
                 continue;
-              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
-              VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
-                              a->acc + row * a->d, 0 };
-#ifdef VS_HAVE_AVX512
-              if (pend)
-                vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &cg);
-              else
-#endif
-                vs_group_attend (&tile, &cg);
-              a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+              attend_tile (a, h, t0 + t, ta, tb, pending, hh * nt + t, &cg);
             }
         }
     }
@@ -579,18 +610,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               const guint32 m1 = t + 1 < nt ? tile_mask (&cur[hh * nt + t + 1], base) : 0;
               if (m0 == 0 && m1 == 0)
                 continue;
-              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
-              VsTile tl0 = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
-                             a->acc + row * a->d, 0 };
-              VsTile tl1 = { 0 };
-              if (t + 1 < nt)
-                tl1 = (VsTile) { a->q + (row + 4) * a->d, tb, (gint32) (tb1 - tb), a->d, a->m + row + 4,
-                                 a->l + row + 4, a->acc + (row + 4) * a->d, 0 };
-              vs_pending_add2_avx512 (&tl0, &pending[hh * nt + t], m0, &tl1,
-                                      t + 1 < nt ? &pending[hh * nt + t + 1] : NULL, m1, &grp);
-              a->attended[(gsize) h * a->n_tiles + t0 + t] += tl0.attended;
-              if (t + 1 < nt)
-                a->attended[(gsize) h * a->n_tiles + t0 + t + 1] += tl1.attended;
+              pending_pair (a, h, t0 + t, t + 1 < nt, ta, tb, tb1, &pending[hh * nt + t], m0, m1, &grp);
             }
           if (pend && a->tile == 4)
             continue;
@@ -604,16 +624,7 @@ chunk_item (const BlockJob *job, gint64 item, gint worker)
               if (mask == 0)
                 continue;
               grp.mask = mask;
-              const gsize row = (gsize) h * a->n_q + (gsize) (ta - a->q_pos);
-              VsTile tile = { a->q + row * a->d, ta, (gint32) (tb - ta), a->d, a->m + row, a->l + row,
-                              a->acc + row * a->d, 0 };
-#ifdef VS_HAVE_AVX512
-              if (pend)
-                vs_pending_add_avx512 (&tile, &pending[hh * nt + t], &grp);
-              else
-#endif
-                vs_group_attend (&tile, &grp);
-              a->attended[(gsize) h * a->n_tiles + t0 + t] += tile.attended;
+              attend_tile (a, h, t0 + t, ta, tb, pending, hh * nt + t, &grp);
             }
         }
     }
