@@ -175,9 +175,8 @@ struct _VsAttn {
   VsRange *scratch;          /* [n_threads][heads per group][tiles per chunk][max_ranges] */
   VsRange *rel;              /* per head, the merged ranges of a whole tile at rows [0, tile) */
   gsize *rel_first, *rel_n;  /* [n_q_heads]: head h's are rel[rel_first[h] ..][rel_n[h]] */
-  guint64 *relbits;          /* per head, bit x - rel_lo[h] set when x lies in a rel range */
+  guint64 *relbits;          /* per head, bit x - (its first rel start) set when x lies in a rel range */
   gsize *relbits_first;      /* [n_q_heads]: head h's words start at relbits[relbits_first[h]] */
-  gint64 *rel_lo, *rel_hi;   /* [n_q_heads]: rel ranges span [rel_lo, rel_hi) (empty: 0, 0) */
   gint n_threads;
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
@@ -191,7 +190,7 @@ struct _VsAttn {
   VsGroup *colgrp;           /* [n_q_heads][max_colpanels], mask = lanes holding a column */
   float *colkt;              /* [n_q_heads][max_colpanels][d][32] */
   gint64 *colpos;            /* [n_q_heads][max_colpanels][32] */
-  gsize colgrp_cap, colkt_cap, colpos_cap;
+  gsize colgrp_cap;          /* colgrp's room; colkt and colpos have the same in panels */
 #ifdef VS_HAVE_AVX512
   VsPending *pending;        /* [n_threads][heads per group][tiles per chunk] */
   gsize pending_per_worker;
@@ -263,19 +262,14 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   /* The same ranges as bitmaps: the column pass asks, per column and tile,
    * whether a range holds it. */
   a->relbits_first = g_new (gsize, a->n_q_heads);
-  a->rel_lo = g_new0 (gint64, a->n_q_heads);
-  a->rel_hi = g_new0 (gint64, a->n_q_heads);
   gsize words = 0;
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
       const VsRange *r = a->rel + a->rel_first[h];
+      const gsize n = a->rel_n[h];
       a->relbits_first[h] = words;
-      if (a->rel_n[h] == 0)
-        continue;
-      a->rel_lo[h] = r[0].start;
-      for (gsize i = 0; i < a->rel_n[h]; i++)
-        a->rel_hi[h] = MAX (a->rel_hi[h], r[i].end);
-      words += (gsize) (a->rel_hi[h] - a->rel_lo[h] + 63) / 64;
+      if (n > 0) /* ascending and disjoint: they span [r[0].start, r[n - 1].end) */
+        words += (gsize) (r[n - 1].end - r[0].start + 63) / 64;
     }
   a->relbits = g_new0 (guint64, MAX (words, 1));
   for (gint32 h = 0; h < a->n_q_heads; h++)
@@ -283,8 +277,8 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
       const VsRange *r = a->rel + a->rel_first[h];
       guint64 *bits = a->relbits + a->relbits_first[h];
       for (gsize i = 0; i < a->rel_n[h]; i++)
-        for (gint64 x = r[i].start; x < r[i].end; x++)
-          bits[(x - a->rel_lo[h]) / 64] |= (guint64) 1 << ((x - a->rel_lo[h]) % 64);
+        for (gint64 x = r[i].start - r[0].start; x < r[i].end - r[0].start; x++)
+          bits[x / 64] |= (guint64) 1 << (x % 64);
     }
   a->n_colpanels = g_new0 (gint64, a->n_q_heads);
   a->attended = g_new0 (gint64, (gsize) a->n_q_heads * a->n_tiles);
@@ -316,8 +310,6 @@ vs_attn_free (VsAttn *a)
   g_free (a->rel_n);
   g_free (a->relbits);
   g_free (a->relbits_first);
-  g_free (a->rel_lo);
-  g_free (a->rel_hi);
   g_free (a->n_colpanels);
   g_free (a->colgrp);
   g_free (a->colkt);
@@ -421,8 +413,12 @@ cols_in_ranges (const VsAttn *a, gint32 h, gint64 ta, gint64 tb, const Cursor *c
   guint32 in = 0;
   if (tb - ta == a->tile)
     {
+      const gsize n = a->rel_n[h];
+      if (n == 0)
+        return 0;
       const guint64 *bits = a->relbits + a->relbits_first[h];
-      const gint64 lo = a->rel_lo[h], hi = a->rel_hi[h];
+      const VsRange *r = a->rel + a->rel_first[h];
+      const gint64 lo = r[0].start, hi = r[n - 1].end;
       for (guint32 m = lanes; m; m &= m - 1)
         {
           const gint32 i = __builtin_ctz (m);
