@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <sift/attn.h>
+#include <sift/memory.h>
 #include <sift/parallel.h>
 
 #include "vs.h"
@@ -197,6 +198,24 @@ struct _VsAttn {
 #endif
 };
 
+/* The large working buffers (per-row query copy and accumulators, the
+ * transposed K panels: hundreds of MiB at 128K) come from sift_mem_alloc,
+ * on transparent huge pages: first touching them then costs one page fault
+ * per 2 MiB instead of one per 4 KiB. With g_new0 the accumulators were
+ * read before they were written (the shared zero page, then a copy-on-write
+ * fault per page): about 5% of the sparse time at 128K (docs/benchmarks.md,
+ * "Huge-page working buffers"). Out of memory aborts, as g_new does. */
+static float *
+big_floats (gsize n, gboolean zero)
+{
+  if (n > G_MAXSIZE / sizeof (float))
+    g_error ("minference: %" G_GSIZE_FORMAT " floats overflow", n);
+  float *p = zero ? sift_mem_alloc0 (n * sizeof (float)) : sift_mem_alloc (n * sizeof (float));
+  if (p == NULL)
+    g_error ("minference: out of memory allocating %" G_GSIZE_FORMAT " bytes", n * sizeof (float));
+  return p;
+}
+
 VsAttn *
 vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
              const VsPattern *pattern)
@@ -214,8 +233,8 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->chunk_rows = tile * MAX (1, VS_CHUNK_ROWS / tile);
   a->pattern = pattern;
   const gsize rows = (gsize) a->n_q_heads * a->n_q;
-  a->q = g_new (float, rows * a->d);
-  a->acc = g_new0 (float, rows * a->d);
+  a->q = big_floats (rows * a->d, FALSE);
+  a->acc = big_floats (rows * a->d, TRUE);
   a->m = g_new (float, rows);
   a->l = g_new0 (float, rows);
   for (gint32 h = 0; h < a->n_q_heads; h++)
@@ -300,10 +319,10 @@ vs_attn_free (VsAttn *a)
 {
   if (a == NULL)
     return;
-  g_free (a->q);
+  sift_mem_free (a->q);
   g_free (a->m);
   g_free (a->l);
-  g_free (a->acc);
+  sift_mem_free (a->acc);
   g_free (a->scratch);
   g_free (a->rel);
   g_free (a->rel_first);
@@ -312,12 +331,12 @@ vs_attn_free (VsAttn *a)
   g_free (a->relbits_first);
   g_free (a->n_colpanels);
   g_free (a->colgrp);
-  g_free (a->colkt);
+  sift_mem_free (a->colkt);
   g_free (a->colpos);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
-  g_free (a->panels);
+  sift_mem_free (a->panels);
 #ifdef VS_HAVE_AVX512
   g_free (a->pending);
 #endif
@@ -662,8 +681,8 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   gsize need = (gsize) a->n_kv_heads * a->n_panels * a->d * VS_KEY_GROUP;
   if (need > a->panels_cap)
     {
-      g_free (a->panels);
-      a->panels = g_new (float, need);
+      sift_mem_free (a->panels);
+      a->panels = big_floats (need, FALSE);
       a->panels_cap = need;
     }
   /* The block's columns per head, packed 32 to a panel. */
@@ -682,10 +701,10 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   if (n_cg > a->colgrp_cap)
     {
       g_free (a->colgrp);
-      g_free (a->colkt);
+      sift_mem_free (a->colkt);
       g_free (a->colpos);
       a->colgrp = g_new (VsGroup, n_cg);
-      a->colkt = g_new (float, n_cg * a->d * VS_KEY_GROUP);
+      a->colkt = big_floats (n_cg * a->d * VS_KEY_GROUP, FALSE);
       a->colpos = g_new (gint64, n_cg * VS_KEY_GROUP);
       a->colgrp_cap = n_cg;
     }
