@@ -21,6 +21,10 @@ typedef struct {
   gint64 vertical_size, slash_size;
   double budget;
   VsPatternFile patterns;
+  /* The kernel's buffers, kept for every layer and chunk (vs.h: VsWork);
+   * a call that finds it taken uses its own. */
+  GMutex work_lock;
+  VsWork *work;
 } MinferencePolicy;
 
 static const SiftParamSpec minference_params[] = {
@@ -55,15 +59,24 @@ minference_init (SiftPolicy *self, const SiftParams *params, GError **error)
   p->slash_size = sift_params_get_int (params, "slash_size");
   p->budget = sift_params_get_float (params, "budget");
   const char *file = sift_params_get_string (params, "pattern_file");
-  if (file != NULL && file[0] != '\0')
-    return vs_pattern_file_load (&p->patterns, file, self->shape->n_layers, self->shape->n_q_heads, error);
+  if (file != NULL && file[0] != '\0'
+      && !vs_pattern_file_load (&p->patterns, file, self->shape->n_layers, self->shape->n_q_heads, error))
+    return FALSE;
+  g_mutex_init (&p->work_lock);
+  p->work = vs_work_new ();
   return TRUE;
 }
 
 static void
 minference_finalize (SiftPolicy *self)
 {
-  vs_pattern_file_clear (&((MinferencePolicy *) self)->patterns);
+  MinferencePolicy *p = (MinferencePolicy *) self;
+  vs_pattern_file_clear (&p->patterns);
+  if (p->work != NULL)
+    {
+      vs_work_free (p->work);
+      g_mutex_clear (&p->work_lock);
+    }
 }
 
 /* Sizes of each query head of `layer` for an n-key sequence. */
@@ -150,8 +163,12 @@ minference_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *ou
   EngineSource src = { ctx };
   const float scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
   VsStats stats = { 0 };
-  if (!vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est, sizes, engine_source, &src,
-                         out, lse, &stats, error))
+  const gboolean mine = g_mutex_trylock (&p->work_lock);
+  const gboolean ok = vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est, sizes,
+                                        mine ? p->work : NULL, engine_source, &src, out, lse, &stats, error);
+  if (mine)
+    g_mutex_unlock (&p->work_lock);
+  if (!ok)
     return FALSE;
   sift_engine_count_attended (ctx->engine, ctx, (guint64) stats.keys_attended);
   return TRUE;

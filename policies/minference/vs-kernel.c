@@ -167,9 +167,11 @@ struct _VsAttn {
   gint32 tile;
   gint64 n_tiles;
   gint32 chunk_rows;         /* rows per work item, a multiple of tile */
-  float *q;                  /* [n_q_heads][n_q][d], pre-scaled */
-  float *m, *l;              /* [n_q_heads][n_q] */
-  float *acc;                /* [n_q_heads][n_q][d] */
+  VsWork *work;              /* the caller's, or own_work */
+  VsWork *own_work;
+  float *q;                  /* [n_q_heads][n_q][d], pre-scaled (in work) */
+  float *m, *l;              /* [n_q_heads][n_q] (in work) */
+  float *acc;                /* [n_q_heads][n_q][d] (in work) */
   const VsPattern *pattern;  /* [n_q_heads] */
   gsize max_ranges;          /* per (head, tile, block): at most n_slash */
   gsize scratch_per_worker;
@@ -182,43 +184,99 @@ struct _VsAttn {
   gint64 *attended;          /* [n_q_heads * n_tiles] */
   float *kbuf, *vbuf;        /* f32 copies of non-f32 blocks */
   gsize kcap, vcap;
-  float *panels;             /* the block's K by 32 keys: [n_kv_heads][n_panels][d][32] */
-  gsize panels_cap;
+  float *panels;             /* the block's K by 32 keys: [n_kv_heads][n_panels][d][32] (in work) */
   gint64 n_panels;
   /* The block's vertical columns, per query head by 32: */
   gint64 *n_colpanels;       /* [n_q_heads] */
   gint64 max_colpanels;      /* the most of any head */
   VsGroup *colgrp;           /* [n_q_heads][max_colpanels], mask = lanes holding a column */
-  float *colkt;              /* [n_q_heads][max_colpanels][d][32] */
+  float *colkt;              /* [n_q_heads][max_colpanels][d][32] (in work) */
   gint64 *colpos;            /* [n_q_heads][max_colpanels][32] */
-  gsize colgrp_cap;          /* colgrp's room; colkt and colpos have the same in panels */
+  gsize colgrp_cap;          /* colgrp's room; colpos has the same in panels */
 #ifdef VS_HAVE_AVX512
   VsPending *pending;        /* [n_threads][heads per group][tiles per chunk] */
   gsize pending_per_worker;
 #endif
 };
 
-/* The large working buffers (per-row query copy and accumulators, the
- * transposed K panels: hundreds of MiB at 128K) come from sift_mem_alloc,
- * on transparent huge pages: first touching them then costs one page fault
- * per 2 MiB instead of one per 4 KiB. With g_new0 the accumulators were
- * read before they were written (the shared zero page, then a copy-on-write
- * fault per page): about 5% of the sparse time at 128K (docs/benchmarks.md,
- * "Huge-page working buffers"). Out of memory aborts, as g_new does. */
-static float *
-big_floats (gsize n, gboolean zero)
+/* ---- Workspace ----------------------------------------------------------
+ *
+ * The large working buffers (the scaled query copy and the accumulators of
+ * every row, the transposed K panels: hundreds of MiB at 128K) live in a
+ * VsWork that a caller may keep across calls, on transparent huge pages
+ * (sift_mem_alloc). Fresh memory costs a page fault and the kernel's
+ * zeroing of every page on first touch: done inside each call, that was
+ * about 5-8% of the sparse time (with g_new0 the accumulators even took two
+ * faults per 4 KiB page, a zero-page read, then a copy-on-write),
+ * docs/benchmarks.md "MInference workspace". A policy instance keeps one
+ * for all its layers and chunks, so a run pays it once. */
+enum { WORK_Q, WORK_ACC, WORK_M, WORK_L, WORK_PANELS, WORK_COLKT, WORK_N };
+
+struct _VsWork {
+  float *buf[WORK_N];
+  gsize cap[WORK_N];  /* floats */
+};
+
+VsWork *
+vs_work_new (void)
 {
+  return g_new0 (VsWork, 1);
+}
+
+void
+vs_work_free (VsWork *w)
+{
+  if (w == NULL)
+    return;
+  for (int i = 0; i < WORK_N; i++)
+    sift_mem_free (w->buf[i]);
+  g_free (w);
+}
+
+/* Buffer `which` with room for n floats (contents not kept). New memory is
+ * touched (zeroed) at once; with `zero` kept memory is zeroed too. Out of
+ * memory aborts, as g_new does. */
+static float *
+work_floats (VsWork *w, int which, gsize n, gboolean zero)
+{
+  if (n <= w->cap[which])
+    {
+      if (zero)
+        memset (w->buf[which], 0, n * sizeof (float));
+      return w->buf[which];
+    }
   if (n > G_MAXSIZE / sizeof (float))
     g_error ("minference: %" G_GSIZE_FORMAT " floats overflow", n);
-  float *p = zero ? sift_mem_alloc0 (n * sizeof (float)) : sift_mem_alloc (n * sizeof (float));
-  if (p == NULL)
+  sift_mem_free (w->buf[which]);
+  w->buf[which] = sift_mem_alloc0 (n * sizeof (float));
+  if (w->buf[which] == NULL)
     g_error ("minference: out of memory allocating %" G_GSIZE_FORMAT " bytes", n * sizeof (float));
-  return p;
+  w->cap[which] = n;
+  return w->buf[which];
+}
+
+static gsize
+panel_floats (gint64 n_keys, gint32 d)
+{
+  return (gsize) ((n_keys + VS_KEY_GROUP - 1) / VS_KEY_GROUP) * (gsize) d * VS_KEY_GROUP;
+}
+
+void
+vs_work_reserve (VsWork *w, gint32 n_q_heads, gint64 n_q, gint32 d, gint32 n_kv_heads, gint64 block_keys,
+                 gint64 max_vertical)
+{
+  const gsize rows = (gsize) n_q_heads * (gsize) n_q;
+  work_floats (w, WORK_Q, rows * d, FALSE);
+  work_floats (w, WORK_ACC, rows * d, FALSE);
+  work_floats (w, WORK_M, rows, FALSE);
+  work_floats (w, WORK_L, rows, FALSE);
+  work_floats (w, WORK_PANELS, (gsize) n_kv_heads * panel_floats (block_keys, d), FALSE);
+  work_floats (w, WORK_COLKT, (gsize) n_q_heads * panel_floats (MIN (max_vertical, block_keys), d), FALSE);
 }
 
 VsAttn *
 vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
-             const VsPattern *pattern)
+             const VsPattern *pattern, VsWork *work)
 {
   g_return_val_if_fail (q->dtype == SIFT_DTYPE_F32 && q->n_heads % n_kv_heads == 0, NULL);
   g_return_val_if_fail (tile >= 1 && tile <= VS_TILE_MAX, NULL);
@@ -232,11 +290,14 @@ vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gi
   a->n_tiles = (a->n_q + tile - 1) / tile;
   a->chunk_rows = tile * MAX (1, VS_CHUNK_ROWS / tile);
   a->pattern = pattern;
+  if (work == NULL)
+    work = a->own_work = vs_work_new ();
+  a->work = work;
   const gsize rows = (gsize) a->n_q_heads * a->n_q;
-  a->q = big_floats (rows * a->d, FALSE);
-  a->acc = big_floats (rows * a->d, TRUE);
-  a->m = g_new (float, rows);
-  a->l = g_new0 (float, rows);
+  a->q = work_floats (work, WORK_Q, rows * a->d, FALSE);
+  a->acc = work_floats (work, WORK_ACC, rows * a->d, TRUE);
+  a->m = work_floats (work, WORK_M, rows, FALSE);
+  a->l = work_floats (work, WORK_L, rows, TRUE);
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
       a->max_ranges = MAX (a->max_ranges, pattern[h].n_slash);
@@ -319,10 +380,7 @@ vs_attn_free (VsAttn *a)
 {
   if (a == NULL)
     return;
-  sift_mem_free (a->q);
-  g_free (a->m);
-  g_free (a->l);
-  sift_mem_free (a->acc);
+  vs_work_free (a->own_work);
   g_free (a->scratch);
   g_free (a->rel);
   g_free (a->rel_first);
@@ -331,12 +389,10 @@ vs_attn_free (VsAttn *a)
   g_free (a->relbits_first);
   g_free (a->n_colpanels);
   g_free (a->colgrp);
-  sift_mem_free (a->colkt);
   g_free (a->colpos);
   g_free (a->attended);
   g_free (a->kbuf);
   g_free (a->vbuf);
-  sift_mem_free (a->panels);
 #ifdef VS_HAVE_AVX512
   g_free (a->pending);
 #endif
@@ -678,13 +734,7 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   g_assert (sift_parallel_n_threads () <= a->n_threads);
   /* K transposed once per block, shared by every tile and query head. */
   a->n_panels = (k->n_tokens + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
-  gsize need = (gsize) a->n_kv_heads * a->n_panels * a->d * VS_KEY_GROUP;
-  if (need > a->panels_cap)
-    {
-      sift_mem_free (a->panels);
-      a->panels = big_floats (need, FALSE);
-      a->panels_cap = need;
-    }
+  a->panels = work_floats (a->work, WORK_PANELS, (gsize) a->n_kv_heads * panel_floats (k->n_tokens, a->d), FALSE);
   /* The block's columns per head, packed 32 to a panel. */
   const gint32 hg = a->n_q_heads / a->n_kv_heads;
   gsize first[a->n_q_heads];
@@ -698,13 +748,12 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
       a->max_colpanels = MAX (a->max_colpanels, a->n_colpanels[h]);
     }
   const gsize n_cg = (gsize) a->n_q_heads * a->max_colpanels;
+  a->colkt = work_floats (a->work, WORK_COLKT, n_cg * a->d * VS_KEY_GROUP, FALSE);
   if (n_cg > a->colgrp_cap)
     {
       g_free (a->colgrp);
-      sift_mem_free (a->colkt);
       g_free (a->colpos);
       a->colgrp = g_new (VsGroup, n_cg);
-      a->colkt = big_floats (n_cg * a->d * VS_KEY_GROUP, FALSE);
       a->colpos = g_new (gint64, n_cg * VS_KEY_GROUP);
       a->colgrp_cap = n_cg;
     }

@@ -47,7 +47,7 @@ causal_keys (gint64 q_pos, gint64 n_q)
 
 gboolean
 vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale,
-                  const VsEstimateOpts *opts, const VsSizes *sizes, VsBlockSource source,
+                  const VsEstimateOpts *opts, const VsSizes *sizes, VsWork *work, VsBlockSource source,
                   gpointer source_data, SiftView *out, float *lse, VsStats *stats, GError **error)
 {
   const gint32 H = q->n_heads, d = q->head_dim;
@@ -91,7 +91,7 @@ vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scal
     }
   gint64 t1 = g_get_monotonic_time ();
 
-  g_autoptr (VsAttn) attn = vs_attn_new (q, q_pos, n_kv_heads, scale, opts->tile, pattern);
+  g_autoptr (VsAttn) attn = vs_attn_new (q, q_pos, n_kv_heads, scale, opts->tile, pattern, work);
   if (!source (source_data, TRUE, attn_block, attn, error))
     return FALSE;
   vs_attn_finish (attn, out, lse);
@@ -121,7 +121,7 @@ whole_source (gpointer source, gboolean want_v, VsBlockFunc fn, gpointer data, G
 
 gboolean
 vs_prefill (const SiftView *q, const SiftView *k, const SiftView *v, float scale,
-            const VsEstimateOpts *opts, const VsSizes *sizes, SiftView *out, float *lse,
+            const VsEstimateOpts *opts, const VsSizes *sizes, VsWork *work, SiftView *out, float *lse,
             VsStats *stats, GError **error)
 {
   if (k->n_tokens != q->n_tokens || v->n_tokens != q->n_tokens)
@@ -148,6 +148,6 @@ vs_prefill (const SiftView *q, const SiftView *k, const SiftView *v, float scale
       return TRUE;
     }
   WholeSource ws = { k, v };
-  return vs_chunk_prefill (q, 0, k->n_heads, scale, opts, sizes, whole_source, &ws, out, lse, stats,
+  return vs_chunk_prefill (q, 0, k->n_heads, scale, opts, sizes, work, whole_source, &ws, out, lse, stats,
                            error);
 }

@@ -97,10 +97,24 @@ gint64 vs_pattern_count (const VsPattern *p, gint64 q_pos, gint64 n_q, gint32 ti
  * visited once whatever the block size. */
 typedef struct _VsAttn VsAttn;
 
+/* The kernel's large buffers, kept across calls so that memory is faulted
+ * in and zeroed by the OS once per run, not once per call (vs-kernel.c). A
+ * workspace serves one call at a time. */
+typedef struct _VsWork VsWork;
+VsWork *vs_work_new (void);
+void vs_work_free (VsWork *w);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (VsWork, vs_work_free)
+/* Grows w to what a call of this shape needs (n_q rows of n_q_heads query
+ * heads, key blocks of up to block_keys keys, up to max_vertical columns
+ * per head) and touches the memory, so that such calls take no page faults. */
+void vs_work_reserve (VsWork *w, gint32 n_q_heads, gint64 n_q, gint32 d, gint32 n_kv_heads, gint64 block_keys,
+                      gint64 max_vertical);
+
 /* q: f32 [n_q_heads][n_q][head_dim] at positions q_pos..; pattern[h] for
- * each query head (kept by pointer until vs_attn_free). */
+ * each query head (kept by pointer until vs_attn_free). work: the buffers
+ * to use until vs_attn_free (NULL: the call's own). */
 VsAttn *vs_attn_new (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale, gint32 tile,
-                     const VsPattern *pattern);
+                     const VsPattern *pattern, VsWork *work);
 void vs_attn_free (VsAttn *a);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (VsAttn, vs_attn_free)
 /* Keys [key0, key0 + k->n_tokens): k, v [n_kv_heads][n][head_dim], any dtype. */
@@ -250,7 +264,7 @@ typedef struct {
  * q: f32 [n_q_heads][n_q][head_dim] at positions q_pos..; out, lse as
  * sift_attn_dense. */
 gboolean vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, float scale,
-                           const VsEstimateOpts *opts, const VsSizes *sizes,
+                           const VsEstimateOpts *opts, const VsSizes *sizes, VsWork *work,
                            VsBlockSource source, gpointer source_data, SiftView *out, float *lse,
                            VsStats *stats, GError **error);
 
@@ -258,7 +272,7 @@ gboolean vs_chunk_prefill (const SiftView *q, gint64 q_pos, gint32 n_kv_heads, f
  * When every head's sizes cover the sequence it calls sift_attn_dense, so
  * the result is exactly dense. */
 gboolean vs_prefill (const SiftView *q, const SiftView *k, const SiftView *v, float scale,
-                     const VsEstimateOpts *opts, const VsSizes *sizes, SiftView *out, float *lse,
+                     const VsEstimateOpts *opts, const VsSizes *sizes, VsWork *work, SiftView *out, float *lse,
                      VsStats *stats, GError **error);
 
 /* TRUE when the sizes cover every key of an n-key sequence for all heads. */

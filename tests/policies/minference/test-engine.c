@@ -141,7 +141,7 @@ test_whole_prompt_chunk (void **state)
       SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, QH, n, D);
       VsStats st = { 0 };
       g_autoptr (GError) error = NULL;
-      assert_true (vs_prefill (&L.qv, &L.kv, &L.vv, 1.0f / sqrtf (D), &opts, sizes, &ov, lse, &st, &error));
+      assert_true (vs_prefill (&L.qv, &L.kv, &L.vv, 1.0f / sqrtf (D), &opts, sizes, NULL, &ov, lse, &st, &error));
       assert_true (st.keys_attended < st.keys_causal); /* really sparse */
       total_attended += st.keys_attended;
       const float *o = cap.out + (gsize) l * QH * n * D;
@@ -202,7 +202,7 @@ test_chunks_estimate_over_stored_blocks (void **state)
           SiftView qc = sift_view_tokens (&L.qv, q_pos, n_q);
           ChunkSource cs = { &L, q_pos, n_q };
           g_autoptr (GError) error = NULL;
-          assert_true (vs_chunk_prefill (&qc, q_pos, KVH, 1.0f / sqrtf (D), &opts, sizes, chunk_source, &cs, &ov,
+          assert_true (vs_chunk_prefill (&qc, q_pos, KVH, 1.0f / sqrtf (D), &opts, sizes, NULL, chunk_source, &cs, &ov,
                                          lse, NULL, &error));
           for (gint32 h = 0; h < QH; h++)
             for (gint64 i = 0; i < n_q; i++)

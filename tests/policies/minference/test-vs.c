@@ -438,7 +438,7 @@ check_kernel_pattern (SiftIsa isa, gint32 d, gint32 tile, gint64 q_pos, gint64 n
   VsPattern pat[4];
   draw_patterns (n, want_vertical, want_slash, vert, slash, pat);
   SiftView qc = sift_view_tokens (&t.qv, q_pos, n_q);
-  g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat);
+  g_autoptr (VsAttn) a = vs_attn_new (&qc, q_pos, t.G, scale, tile, pat, NULL);
   for (gint64 j0 = 0; j0 < n; j0 += block)
     {
       SiftView kb = sift_view_tokens (&t.kv, j0, MIN (block, n - j0));
@@ -810,10 +810,10 @@ test_chunk_equals_whole (void **state)
   SiftView v3 = sift_view_htd (o3, SIFT_DTYPE_F32, 4, t.n, t.d);
   g_autoptr (GError) error = NULL;
   VsStats st1 = { 0 }, st3 = { 0 };
-  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.2f, &opts, sizes, &v1, l1, &st1, &error));
+  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.2f, &opts, sizes, NULL, &v1, l1, &st1, &error));
   BlockSource one = { &t, t.n }, many = { &t, 64 };
-  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, blocks_source, &one, &v2, l2, NULL, &error));
-  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, blocks_source, &many, &v3, l3, &st3, &error));
+  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, NULL, blocks_source, &one, &v2, l2, NULL, &error));
+  assert_true (vs_chunk_prefill (&t.qv, 0, 2, 0.2f, &opts, sizes, NULL, blocks_source, &many, &v3, l3, &st3, &error));
   assert_memory_equal (o1, o2, sz * sizeof (float));
   assert_memory_equal (l1, l2, 4 * t.n * sizeof (float));
   assert_int_equal (st1.keys_attended, st3.keys_attended); /* same pattern */
@@ -823,6 +823,61 @@ test_chunk_equals_whole (void **state)
   for (gsize i = 0; i < (gsize) 4 * t.n; i++)
     assert_true (fabsf (l1[i] - l3[i]) < 1e-5f);
   qkv_clear (&t);
+}
+
+/* One call of (q, k, v, sizes) with workspace w (NULL: its own) into
+ * fresh out and lse. */
+static void
+prefill_into (Qkv *t, const VsSizes *sizes, gint64 block, VsWork *w, float *o, float *l)
+{
+  const VsEstimateOpts opts = { VS_TILE_DEFAULT, 64, 30, 100 };
+  SiftView ov = sift_view_htd (o, SIFT_DTYPE_F32, t->H, t->n, t->d);
+  BlockSource bs = { t, block };
+  g_autoptr (GError) error = NULL;
+  assert_true (vs_chunk_prefill (&t->qv, 0, t->G, 0.2f, &opts, sizes, w, blocks_source, &bs, &ov, l, NULL, &error));
+}
+
+/* A workspace kept across calls (as the policy keeps it for every layer
+ * and chunk) changes nothing: after a larger call, a smaller one with other
+ * data, and a reserve, each result is bit for bit the one of a call with
+ * its own buffers, so nothing of an earlier call leaks into a later one. */
+static void
+test_workspace_reuse (void **state)
+{
+  (void) state;
+  Qkv big, small;
+  qkv_init (&big, 51, 4, 2, 32, 900, 1.5);
+  qkv_init (&small, 52, 4, 2, 32, 500, 0.7);
+  VsSizes sb[4], ss[4];
+  for (gint32 h = 0; h < 4; h++)
+    {
+      vs_sizes (big.n, 50 + 10 * h, 160, 0.0, 30, 100, &sb[h].vertical, &sb[h].slash);
+      vs_sizes (small.n, 35, 120 + 7 * h, 0.0, 30, 100, &ss[h].vertical, &ss[h].slash);
+    }
+  const gsize zb = (gsize) 4 * big.n * big.d, zs = (gsize) 4 * small.n * small.d;
+  g_autofree float *ob = g_new (float, zb), *rb = g_new (float, zb), *lb = g_new (float, 4 * big.n);
+  g_autofree float *rlb = g_new (float, 4 * big.n);
+  g_autofree float *os = g_new (float, zs), *rs = g_new (float, zs), *ls = g_new (float, 4 * small.n);
+  g_autofree float *rls = g_new (float, 4 * small.n);
+  prefill_into (&big, sb, 128, NULL, rb, rlb);
+  prefill_into (&small, ss, 64, NULL, rs, rls);
+
+  g_autoptr (VsWork) w = vs_work_new ();
+  prefill_into (&big, sb, 128, w, ob, lb);
+  assert_memory_equal (ob, rb, zb * sizeof (float));
+  assert_memory_equal (lb, rlb, 4 * big.n * sizeof (float));
+  prefill_into (&small, ss, 64, w, os, ls); /* smaller, in the larger call's leftovers */
+  assert_memory_equal (os, rs, zs * sizeof (float));
+  assert_memory_equal (ls, rls, 4 * small.n * sizeof (float));
+  vs_work_reserve (w, 4, 2 * big.n, big.d, 2, 2 * big.n, 100);
+  prefill_into (&big, sb, big.n, w, ob, lb); /* one block: the panels hold every key */
+  prefill_into (&big, sb, big.n, NULL, rb, rlb);
+  assert_memory_equal (ob, rb, zb * sizeof (float));
+  assert_memory_equal (lb, rlb, 4 * big.n * sizeof (float));
+  prefill_into (&small, ss, 64, w, os, ls);
+  assert_memory_equal (os, rs, zs * sizeof (float));
+  qkv_clear (&big);
+  qkv_clear (&small);
 }
 
 /* Sizes past the sequence: exactly sift_attn_dense. */
@@ -844,7 +899,7 @@ test_budget_past_sequence_is_dense (void **state)
   SiftView v2 = sift_view_htd (o2, SIFT_DTYPE_F32, 4, t.n, t.d);
   g_autoptr (GError) error = NULL;
   VsStats st = { 0 };
-  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.25f, &opts, sizes, &v1, l1, &st, &error));
+  assert_true (vs_prefill (&t.qv, &t.kv, &t.vv, 0.25f, &opts, sizes, NULL, &v1, l1, &st, &error));
   SiftAttnOpts ao = { .scale = 0.25f, .causal = TRUE, .q_offset = 0 };
   assert_true (sift_attn_dense (&t.qv, &t.kv, &t.vv, &ao, &v2, l2, &error));
   assert_memory_equal (o1, o2, sz * sizeof (float));
@@ -865,7 +920,7 @@ test_budget_past_sequence_is_dense (void **state)
   VsPattern full[4];
   for (gint32 h = 0; h < 4; h++)
     full[h] = (VsPattern) { NULL, 0, all, (gsize) t.n };
-  g_autoptr (VsAttn) a = vs_attn_new (&t.qv, 0, 2, 0.25f, 16, full);
+  g_autoptr (VsAttn) a = vs_attn_new (&t.qv, 0, 2, 0.25f, 16, full, NULL);
   vs_attn_block (a, &t.kv, &t.vv, 0);
   vs_attn_finish (a, &v1, l1);
   assert_int_equal (vs_attn_attended (a), st.keys_causal);
@@ -892,6 +947,7 @@ main (void)
     cmocka_unit_test (test_simd_matches_scalar),
     cmocka_unit_test (test_pending_pair),
     cmocka_unit_test (test_chunk_equals_whole),
+    cmocka_unit_test (test_workspace_reuse),
     cmocka_unit_test (test_budget_past_sequence_is_dense),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
