@@ -93,6 +93,10 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
   g_autofree VsPattern *pat = g_new0 (VsPattern, q->n_heads);
   for (gint32 h = 0; h < q->n_heads; h++)
     pat[h] = (VsPattern) { NULL, 0, all, (gsize) n };
+  /* As for the sparse run: the workspace is faulted in before the timing. */
+  g_autoptr (VsWork) work = vs_work_new ();
+  if (vs)
+    vs_work_reserve (work, q->n_heads, MIN (64, n), q->head_dim, k->n_heads, n, 0);
   for (gint i = 0; i < tiles; i++)
     {
       /* Tiles evenly spaced, the last one ending the sequence. */
@@ -105,7 +109,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
       double c0 = sift_bench_cpu_seconds ();
       if (vs)
         {
-          g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, o_tile, pat, NULL);
+          g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, o_tile, pat, work);
           vs_attn_block (at, &kt, &vt, 0);
           vs_attn_finish (at, &ov, lse);
         }

@@ -208,7 +208,7 @@ struct _VsAttn {
  * zeroing of every page on first touch: done inside each call, that was
  * about 5-8% of the sparse time (with g_new0 the accumulators even took two
  * faults per 4 KiB page, a zero-page read, then a copy-on-write),
- * docs/benchmarks.md "MInference workspace". A policy instance keeps one
+ * docs/benchmarks.md, MInference, "the kernel's buffers on huge pages". A policy instance keeps one
  * for all its layers and chunks, so a run pays it once. */
 enum { WORK_Q, WORK_ACC, WORK_M, WORK_L, WORK_PANELS, WORK_COLKT, WORK_N };
 
