@@ -335,7 +335,7 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
                      (gint64) s->block_size * s->head_dim, s->head_dim };
       SiftView v = k;
       v.data = (void *) (p[i] + e->store->k_bytes);
-      batch_add (e, b, &k, &v, selection != NULL ? block_heads (e, selection, id, flags) : NULL);
+      batch_add (e, b, &k, &v, block_heads (e, selection, id, flags));
     }
   SiftCounters add = { .bytes_loaded = (guint64) m * e->store->block_bytes,
                        .bytes_mapped = (guint64) m * e->store->block_bytes };
@@ -345,14 +345,6 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
   return ok;
 }
 
-/* The ring: block i goes to slot i mod n_slots. Blocks are taken in groups
- * of G (sift_engine_ring_group: 1 when a block's attention is too small to
- * wake the kernels' threads, else n_slots / 2; a group never wraps around
- * the ring): wait for the group's slots, attend the group in one batch
- * (the last group with the local tokens), free it, refill every free slot
- * at once, so the copy worker loads ahead while the group is attended. The
- * groups depend on the selection, the shape and n_slots only, never on load
- * timing: results are reproducible bit for bit. */
 /* Queues the selection's blocks [*queued, to) into their ring slots (block
  * i into slot i mod n_slots), in one call. ids, slots: scratch of n_slots. */
 static gboolean
@@ -371,6 +363,14 @@ queue_blocks (SiftEngine *e, gint32 layer, const SiftSelection *selection, gint6
   return TRUE;
 }
 
+/* The ring: block i goes to slot i mod n_slots. Blocks are taken in groups
+ * of G (sift_engine_ring_group: n_slots / 2 when a block's attention wakes
+ * the kernels' threads, else as few as keep a call's fixed cost small; a
+ * group never wraps around the ring): wait for the group's slots, attend
+ * the group in one batch (the last group with the local tokens), free it,
+ * refill every free slot at once, so the copy worker loads ahead while the
+ * group is attended. The groups depend on the selection, the shape and
+ * n_slots only, never on load timing: results are reproducible bit for bit. */
 static gboolean
 attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
@@ -473,6 +473,7 @@ sift_engine_attend_validated (SiftEngine *e, const SiftPolicyContext *ctx, const
 {
   return check_call (e, ctx, out, lse, error) && attend (e, ctx, selection, out, lse, error);
 }
+
 gboolean
 sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *sel,
                            const SiftView *k, const SiftView *v, gsize n_blocks, SiftView *out, float *lse,
