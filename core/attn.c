@@ -214,7 +214,7 @@ prepare_checked (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const Si
     }
   *a = (SiftAttnArgs) {
     .q = q, .k = k, .v = v, .out = out, .lse = lse,
-    .scale = scale != 0.0f ? scale : 1.0f / sqrtf ((float) q->head_dim),
+    .scale = sift_attn_scale (scale, q->head_dim),
     .causal = opts ? opts->causal : FALSE,
     .q_offset = opts ? opts->q_offset : 0,
     .k_blocks = k, .v_blocks = v, .n_blocks = 1,
@@ -413,4 +413,11 @@ sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse
         *l1 = m + logf (w1 + w2);
       }
   return TRUE;
+}
+
+float
+sift_attn_scale (float scale, gint32 head_dim)
+{
+  g_return_val_if_fail (head_dim > 0, scale);
+  return scale != 0.0f ? scale : (float) (1.0 / sqrt ((double) head_dim));
 }

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/error.h>
 
 #include "config-private.h"
@@ -1473,7 +1474,7 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
   if (!validate_setups (cfg, registry, error))
     return FALSE;
 
-  shape->scale = cfg->scale > 0 ? (float) cfg->scale : (float) (1.0 / sqrt ((double) shape->head_dim));
+  shape->scale = sift_attn_scale ((float) cfg->scale, shape->head_dim);
   /* An unset offload.path stays unset: the harness derives it from the output
    * directory it really uses (`--out` may move it after validation). */
   g_free (p->store_path);

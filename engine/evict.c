@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/error.h>
 
 #include "engine-private.h"
@@ -222,7 +223,7 @@ accumulate_rows (SiftEngine *e, const SiftPolicyContext *ctx, const float *lse, 
 {
   const SiftModelShape *s = &e->config.shape;
   const gint32 d = s->head_dim, group = s->n_q_heads / s->n_kv_heads, kvh = s->n_kv_heads;
-  const float scale = s->scale > 0 ? s->scale : 1.0f / sqrtf ((float) d);
+  const float scale = sift_attn_scale (s->scale, d);
   for (gint32 hq = g * group; hq < (g + 1) * group; hq++)
     for (gint32 i = 0; i < ctx->n_q; i++)
       {

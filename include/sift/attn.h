@@ -23,6 +23,10 @@ typedef struct {
   gint64 q_offset;  /* key position of query row 0 (causal only) */
 } SiftAttnOpts;
 
+/* The attention scale: `scale`, or 1/sqrt(head_dim) when it is 0 (the one
+ * place that default is resolved). */
+float sift_attn_scale (float scale, gint32 head_dim);
+
 /* Dense attention of n_q queries against n_kv keys, tiled with an online
  * softmax. For a prefill chunk at positions kv_len..kv_len+n_q-1 against
  * keys 0..kv_len+n_q-1: causal = TRUE, q_offset = kv_len. */

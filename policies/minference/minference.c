@@ -161,7 +161,7 @@ minference_prefill (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *ou
   if (vs_sizes_dense (sizes, shape->n_q_heads, n))
     return sift_engine_attend_default (ctx->engine, ctx, NULL, out, lse, error);
   EngineSource src = { ctx };
-  const float scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  const float scale = sift_attn_scale (shape->scale, shape->head_dim);
   VsStats stats = { 0 };
   const gboolean mine = g_mutex_trylock (&p->work_lock);
   const gboolean ok = vs_chunk_prefill (&ctx->q, ctx->q_pos, shape->n_kv_heads, scale, &p->est, sizes,

@@ -910,7 +910,7 @@ forward_run (const SqConfig *c, gint64 tile, const SiftView *q, const SiftView *
     return TRUE;
   Forward f = {
     .c = c, .q = q, .k = k, .v = v, .out = out, .lse = lse,
-    .scale = 1.0f / sqrtf ((float) q->head_dim),
+    .scale = sift_attn_scale (0.0f, q->head_dim),
     .seq = seq,
     .n_blocks = (seq + c->block_size - 1) / c->block_size,
     .tile = tile,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/error.h>
 #include <sift/parallel.h>
 
@@ -71,7 +72,7 @@ sq_policy_setup (SqPolicy *self, const SqConfig *config, SiftDType lm_dtype, GEr
   self->q_heads = shape->n_q_heads;
   self->kv_heads = shape->n_kv_heads;
   self->head_dim = shape->head_dim;
-  self->scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  self->scale = sift_attn_scale (shape->scale, shape->head_dim);
   self->layers = g_new0 (SqLandmarks, self->n_layers);
   for (gint32 l = 0; l < self->n_layers; l++)
     {

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/engine.h>
 #include <sift/error.h>
 #include <sift/parallel.h>
@@ -38,7 +39,7 @@ xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **err
     .head_dim = shape->head_dim,
     .stride = (gint32) cfg->stride,
     .block = (gint32) cfg->block,
-    .scale = shape->scale > 0.0f ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim),
+    .scale = sift_attn_scale (shape->scale, shape->head_dim),
     .norm = (float) cfg->norm,
     .sum_exp = cfg->sum_exp,
   };
