@@ -206,12 +206,14 @@ void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, g
  * against the layer's blocks (not validated again). */
 gboolean sift_engine_attend_validated (SiftEngine *engine, const SiftPolicyContext *ctx,
                                        const SiftSelection *selection, SiftView *out, float *lse, GError **error);
-/* Attention over the blocks a cross-layer pipeline_get returned (k, v:
- * n_blocks blocks of `sel`, or of every stored block) plus the local
- * tokens, merged by LSE. */
+/* Attention over the blocks a cross-layer pipeline_get returned plus the
+ * local tokens, merged by LSE. k, v: n_blocks blocks, those of `loaded`
+ * (NULL: every stored block); sel: the blocks and heads attended (NULL:
+ * all), within `loaded`. */
 gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext *ctx,
-                                    const SiftSelection *sel, const SiftView *k, const SiftView *v,
-                                    gsize n_blocks, SiftView *out, float *lse, GError **error);
+                                    const SiftSelection *sel, const SiftSelection *loaded, const SiftView *k,
+                                    const SiftView *v, gsize n_blocks, SiftView *out, float *lse,
+                                    GError **error);
 
 /* Frees the pipelines' reused scratch (pipeline.c). */
 void sift_engine_batch_free (SiftEngine *engine);

@@ -279,6 +279,15 @@ block_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
   return all ? NULL : flags;
 }
 
+static gboolean
+any_head (const gboolean *flags, gint32 n)
+{
+  for (gint32 h = 0; h < n; h++)
+    if (flags[h])
+      return TRUE;
+  return FALSE;
+}
+
 /* Validates a selection a policy passes in against the layer's stored blocks. */
 static gboolean
 validate (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, GError **error)
@@ -476,8 +485,8 @@ sift_engine_attend_validated (SiftEngine *e, const SiftPolicyContext *ctx, const
 
 gboolean
 sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *sel,
-                           const SiftView *k, const SiftView *v, gsize n_blocks, SiftView *out, float *lse,
-                           GError **error)
+                           const SiftSelection *loaded, const SiftView *k, const SiftView *v, gsize n_blocks,
+                           SiftView *out, float *lse, GError **error)
 {
   if (!check_call (e, ctx, out, lse, error))
     return FALSE;
@@ -493,10 +502,13 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
   batch_clear (b);
   for (gsize i = 0; i < n_blocks; i++)
     {
-      gint64 id = sel != NULL ? sift_selection_block (sel, i) : (gint64) i;
+      gint64 id = loaded != NULL ? sift_selection_block (loaded, i) : (gint64) i;
+      const gboolean *heads = block_heads (e, sel, id, flags);
+      if (heads != NULL && !any_head (heads, e->config.shape.n_q_heads))
+        continue; /* loaded ahead, not selected */
       gint64 nv = g_array_index (e->meta[ctx->layer], SiftBlockMeta, id).n_valid;
       SiftView kr = sift_view_tokens (k, (gint64) i * bs, nv), vr = sift_view_tokens (v, (gint64) i * bs, nv);
-      batch_add (e, b, &kr, &vr, block_heads (e, sel, id, flags));
+      batch_add (e, b, &kr, &vr, heads);
     }
   SiftView lk, lv;
   sift_engine_local_kv (e, ctx, &lk, &lv);

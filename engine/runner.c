@@ -1,8 +1,10 @@
-/* The layerwise runner: chunked prefill and decode over every layer. For
- * each layer and call: q, k, v from the model source; k, v into the engine's
- * local buffer; the policy's select_blocks (validated); its compute or the
- * engine's default pipeline; the observer; then the offload of full blocks
- * (the policy's offload hook first). After any error the run stops until
+/* The layerwise runner: chunked prefill and decode over every layer,
+ * driving the model through protocol v2 (begin, then per layer qkv and
+ * attended, then end). For each layer and call: q, k, v from the model; k, v
+ * into the engine's local buffer; the policy's select_blocks (validated);
+ * its compute or the engine's default pipeline; the output back to the
+ * model; the observer; then the offload of full blocks (the policy's
+ * offload hook first). After any error the run stops until
  * sift_runner_reset. */
 #include <math.h>
 #include <string.h>
@@ -15,7 +17,7 @@
 
 struct _SiftRunner {
   SiftEngine *engine;
-  SiftModelSource *source;
+  SiftModel *model;
   SiftPolicy **prefill;       /* [n_layers], NULL entries: dense */
   SiftPolicy **decode;        /* [n_layers] */
   SiftRunnerObserver observer;
@@ -27,8 +29,13 @@ struct _SiftRunner {
   /* One layer's call: q [max_q][n_q_heads][head_dim], k and v [max_q][n_kv_heads][head_dim]. */
   float *q, *k, *v;
   float *out;                 /* [n_q_heads][max_q][head_dim] */
+  float *out_tm;              /* the same, token-major [max_q][n_q_heads][head_dim], for the model */
   float *lse;                 /* [n_q_heads][max_q] */
   SiftSelection **sel;        /* [n_layers] */
+  /* Cross-layer decode: what is prefetched for a layer before its query
+   * exists (the blocks it chose at the previous step). */
+  SiftSelection **guess;      /* [n_layers] */
+  gboolean *have_prev;        /* [n_layers]: sel[l] holds the previous decode step's selection */
   SiftSelection *empty;       /* validated, no blocks */
   gint64 *available;          /* [capacity] 0, 1, 2, ... */
   gsize n_available_cap;
@@ -64,17 +71,17 @@ check_policy (SiftPolicy *p, SiftPhase phase, gint32 layer, GError **error)
 }
 
 SiftRunner *
-sift_runner_new (SiftEngine *engine, SiftModelSource *source, SiftPolicy *const *prefill,
+sift_runner_new (SiftEngine *engine, SiftModel *model, SiftPolicy *const *prefill,
                  SiftPolicy *const *decode, GError **error)
 {
-  g_return_val_if_fail (engine != NULL && source != NULL, NULL);
-  const SiftModelShape *s = &engine->config.shape, *m = &source->shape;
+  g_return_val_if_fail (engine != NULL && model != NULL, NULL);
+  const SiftModelShape *s = &engine->config.shape, *m = &model->shape;
   if (m->n_layers != s->n_layers || m->n_q_heads != s->n_q_heads || m->n_kv_heads != s->n_kv_heads
       || m->head_dim != s->head_dim)
     {
       g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID,
-                   "runner: the %s source yields %d layers x %d/%d heads x %d dim, the engine holds %d x %d/%d x %d",
-                   source->klass->name, m->n_layers, m->n_q_heads, m->n_kv_heads, m->head_dim, s->n_layers,
+                   "runner: the %s model yields %d layers x %d/%d heads x %d dim, the engine holds %d x %d/%d x %d",
+                   model->klass->name, m->n_layers, m->n_q_heads, m->n_kv_heads, m->head_dim, s->n_layers,
                    s->n_q_heads, s->n_kv_heads, s->head_dim);
       return NULL;
     }
@@ -85,7 +92,7 @@ sift_runner_new (SiftEngine *engine, SiftModelSource *source, SiftPolicy *const 
       return NULL;
   SiftRunner *r = g_new0 (SiftRunner, 1);
   r->engine = engine;
-  r->source = source;
+  r->model = model;
   r->prefill = g_new0 (SiftPolicy *, (guint) L);
   r->decode = g_new0 (SiftPolicy *, (guint) L);
   for (gint32 l = 0; l < L; l++)
@@ -94,16 +101,20 @@ sift_runner_new (SiftEngine *engine, SiftModelSource *source, SiftPolicy *const 
       r->decode[l] = decode ? decode[l] : NULL;
     }
   const gint64 max_q = engine->max_q;
-  /* Cross-layer decode keeps every layer's rows of a step. */
-  const gint64 rows = MAX (max_q, (gint64) L * SIFT_ATTN_DECODE_MAX_ROWS);
-  r->q = g_new0 (float, (gsize) (rows * s->n_q_heads * s->head_dim));
-  r->k = g_new0 (float, (gsize) (rows * s->n_kv_heads * s->head_dim));
-  r->v = g_new0 (float, (gsize) (rows * s->n_kv_heads * s->head_dim));
+  r->q = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
+  r->k = g_new0 (float, (gsize) (max_q * s->n_kv_heads * s->head_dim));
+  r->v = g_new0 (float, (gsize) (max_q * s->n_kv_heads * s->head_dim));
   r->out = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
+  r->out_tm = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
   r->lse = g_new0 (float, (gsize) (max_q * s->n_q_heads));
   r->sel = g_new0 (SiftSelection *, (guint) L);
+  r->guess = g_new0 (SiftSelection *, (guint) L);
+  r->have_prev = g_new0 (gboolean, (guint) L);
   for (gint32 l = 0; l < L; l++)
-    r->sel[l] = sift_selection_new (s->n_q_heads, s->n_kv_heads);
+    {
+      r->sel[l] = sift_selection_new (s->n_q_heads, s->n_kv_heads);
+      r->guess[l] = sift_selection_new (s->n_q_heads, s->n_kv_heads);
+    }
   for (gint32 l = 0; l < L; l++)
     {
       guint32 f = (r->prefill[l] ? r->prefill[l]->ops->flags : 0) | (r->decode[l] ? r->decode[l]->ops->flags : 0);
@@ -120,15 +131,21 @@ sift_runner_free (SiftRunner *r)
   if (r == NULL)
     return;
   for (gint32 l = 0; l < r->engine->config.shape.n_layers; l++)
-    sift_selection_free (r->sel[l]);
+    {
+      sift_selection_free (r->sel[l]);
+      sift_selection_free (r->guess[l]);
+    }
   sift_selection_free (r->empty);
   g_free (r->sel);
+  g_free (r->guess);
+  g_free (r->have_prev);
   g_free (r->prefill);
   g_free (r->decode);
   g_free (r->q);
   g_free (r->k);
   g_free (r->v);
   g_free (r->out);
+  g_free (r->out_tm);
   g_free (r->lse);
   g_free (r->available);
   g_free (r);
@@ -166,6 +183,7 @@ sift_runner_reset (SiftRunner *r)
     }
   r->position = r->n_chunks = r->decode_steps = 0;
   r->failed = FALSE;
+  memset (r->have_prev, 0, sizeof (gboolean) * (gsize) r->engine->config.shape.n_layers);
 }
 
 static const gint64 *
@@ -261,11 +279,18 @@ make_context (SiftRunner *r, SiftPolicyContext *ctx, SiftPhase phase, gint32 l, 
   sift_engine_fill_context (r->engine, ctx, l);
 }
 
-/* After a layer's attention: the observer, H2O accumulation (tracked
- * layers), the offload, then eviction down to capacity (docs/eviction.md). */
+/* After a layer's attention: the output to the model (token-major), the
+ * observer, H2O accumulation (tracked layers), the offload, then eviction
+ * down to capacity (docs/eviction.md). */
 static gboolean
 finish_layer (SiftRunner *r, const SiftPolicyContext *ctx, SiftView *out, GError **error)
 {
+  SiftView tm = sift_view_thd (r->out_tm, SIFT_DTYPE_F32, ctx->n_q, out->n_heads, out->head_dim);
+  for (gint32 h = 0; h < out->n_heads; h++)
+    for (gint64 t = 0; t < ctx->n_q; t++)
+      memcpy (sift_view_row (&tm, h, t), sift_view_row (out, h, t), sizeof (float) * (gsize) out->head_dim);
+  if (!sift_model_attended (r->model, ctx->layer, r->out_tm, error))
+    return FALSE;
   if (r->observer.attention != NULL)
     r->observer.attention (r->user_data, ctx, out, r->lse);
   const gint32 l = ctx->layer;
@@ -284,7 +309,7 @@ run_layer (SiftRunner *r, SiftPhase phase, gint32 l, gint64 pos0, gint64 n, GErr
   SiftEngine *e = r->engine;
   const SiftModelShape *s = &e->config.shape;
   SiftPolicy *p = phase == SIFT_PHASE_PREFILL ? r->prefill[l] : r->decode[l];
-  if (!sift_model_source_qkv (r->source, l, pos0, n, r->q, r->k, r->v, error))
+  if (!sift_model_qkv (r->model, l, r->q, r->k, r->v, error))
     return FALSE;
   gboolean ok = phase == SIFT_PHASE_PREFILL ? sift_engine_put_prefill (e, l, pos0, n, r->k, r->v, error)
                                             : sift_engine_put_decode (e, l, pos0, n, r->k, r->v, error);
@@ -312,8 +337,30 @@ stopped (SiftRunner *r, GError **error)
   return TRUE;
 }
 
+static gboolean decode_cross_layer (SiftRunner *r, gint64 pos0, gint64 n, GError **error);
+
+/* One step of the model: begin, every layer (each layer's qkv inside
+ * run_layer or the cross-layer loop), end. */
+static gboolean
+run_step (SiftRunner *r, SiftPhase phase, gint64 pos0, gint64 n, const gint32 *tokens, float *logits,
+          GError **error)
+{
+  const gint32 L = r->engine->config.shape.n_layers;
+  if (!sift_model_begin (r->model, pos0, n, tokens, error))
+    return FALSE;
+  gboolean ok = TRUE;
+  /* Resident blocks (zero-copy) need no prefetch: layer by layer. */
+  if (phase == SIFT_PHASE_DECODE && r->engine->config.pipeline == SIFT_PIPELINE_CROSS_LAYER
+      && !sift_engine_maps (r->engine))
+    ok = decode_cross_layer (r, pos0, n, error);
+  else
+    for (gint32 l = 0; l < L && ok; l++)
+      ok = run_layer (r, phase, l, pos0, n, error);
+  return ok && sift_model_end (r->model, logits, error);
+}
+
 gboolean
-sift_runner_prefill (SiftRunner *r, gint64 n_tokens, GError **error)
+sift_runner_prefill (SiftRunner *r, gint64 n_tokens, const gint32 *tokens, float *logits, GError **error)
 {
   g_return_val_if_fail (r != NULL, FALSE);
   if (stopped (r, error))
@@ -334,12 +381,16 @@ sift_runner_prefill (SiftRunner *r, gint64 n_tokens, GError **error)
   const SiftModelShape *s = &r->engine->config.shape;
   r->n_chunks = (n_tokens + s->chunk_size - 1) / s->chunk_size;
   for (gint64 pos = 0; pos < n_tokens; pos += s->chunk_size)
-    for (gint32 l = 0; l < s->n_layers; l++)
-      if (!run_layer (r, SIFT_PHASE_PREFILL, l, pos, MIN (s->chunk_size, n_tokens - pos), error))
+    {
+      gint64 n = MIN (s->chunk_size, n_tokens - pos);
+      /* Logits only of the prompt's last token. */
+      if (!run_step (r, SIFT_PHASE_PREFILL, pos, n, tokens != NULL ? tokens + pos : NULL,
+                     pos + n == n_tokens ? logits : NULL, error))
         {
           r->failed = TRUE;
           return FALSE;
         }
+    }
   if (!sift_engine_sync (r->engine, error))
     {
       r->failed = TRUE;
@@ -349,55 +400,97 @@ sift_runner_prefill (SiftRunner *r, gint64 n_tokens, GError **error)
   return TRUE;
 }
 
-/* A decode step through the cross-layer pipeline: every layer's rows and
- * selection first, then layer l + 1's blocks load while layer l computes. */
+/* What the cross-layer pipeline loads for layer l before its query exists:
+ * nothing for a policy with its own compute (it loads what it wants), every
+ * block for a layer that selects nothing, and for a selecting layer the
+ * blocks it chose at the previous step that are still stored (every block
+ * at the first step). */
+static const SiftSelection *
+prefetch_for (SiftRunner *r, gint32 l)
+{
+  SiftPolicy *p = r->decode[l];
+  if (has_compute (p, SIFT_PHASE_DECODE))
+    return r->empty;
+  if (p == NULL || (p->ops->flags & SIFT_POLICY_REQUIRES_BLOCK_SELECTION) == 0 || !r->have_prev[l])
+    return NULL;
+  const gint64 nb = r->engine->store_ids[l]->len;
+  SiftSelection *g = r->guess[l];
+  sift_selection_clear (g);
+  for (gsize i = 0; i < sift_selection_n_blocks (r->sel[l]); i++)
+    if (sift_selection_block (r->sel[l], i) < nb)
+      sift_selection_add (g, sift_selection_block (r->sel[l], i));
+  sift_selection_validate (g, available_ids (r, nb), (gsize) nb, "runner", NULL);
+  return g;
+}
+
+/* TRUE when every block of sel is among the loaded ones (NULL: every block). */
+static gboolean
+covers (const SiftSelection *loaded, const SiftSelection *sel)
+{
+  if (loaded == NULL)
+    return TRUE;
+  gsize n = sift_selection_n_blocks (loaded), j = 0;
+  for (gsize i = 0; i < sift_selection_n_blocks (sel); i++)
+    {
+      gint64 b = sift_selection_block (sel, i);
+      while (j < n && sift_selection_block (loaded, j) < b)
+        j++;
+      if (j == n || sift_selection_block (loaded, j) != b)
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* A decode step through the cross-layer pipeline: layer l + 1's guessed
+ * blocks (prefetch_for) load while layer l computes; layer l + 1's q, k, v
+ * come only after layer l's output went back to the model. A selection
+ * that reaches past what was prefetched goes through the ring instead. */
 static gboolean
 decode_cross_layer (SiftRunner *r, gint64 pos0, gint64 n, GError **error)
 {
   SiftEngine *e = r->engine;
   const SiftModelShape *s = &e->config.shape;
   const gint32 L = s->n_layers;
-  const gsize qrow = (gsize) s->n_q_heads * (gsize) s->head_dim, krow = (gsize) s->n_kv_heads * (gsize) s->head_dim;
-  g_autofree SiftPolicyContext *ctx = g_new0 (SiftPolicyContext, (guint) L);
-  g_autofree SiftSelection **sel = g_new0 (SiftSelection *, (guint) L);  /* for attention (NULL: all) */
-  g_autofree SiftSelection **load = g_new0 (SiftSelection *, (guint) L); /* for the pipeline */
-  for (gint32 l = 0; l < L; l++)
-    {
-      float *q = r->q + (gsize) l * SIFT_ATTN_DECODE_MAX_ROWS * qrow;
-      float *k = r->k + (gsize) l * SIFT_ATTN_DECODE_MAX_ROWS * krow;
-      float *v = r->v + (gsize) l * SIFT_ATTN_DECODE_MAX_ROWS * krow;
-      if (!sift_model_source_qkv (r->source, l, pos0, n, q, k, v, error)
-          || !sift_engine_put_decode (e, l, pos0, n, k, v, error))
-        return FALSE;
-      make_context (r, &ctx[l], SIFT_PHASE_DECODE, l, pos0, n, q);
-      sift_engine_begin_call (e, SIFT_PHASE_DECODE, policy_name (r->decode[l]));
-      if (!select_for (r, r->decode[l], &ctx[l], &sel[l], error))
-        return FALSE;
-      /* A policy with its own compute loads what it wants itself. */
-      load[l] = has_compute (r->decode[l], SIFT_PHASE_DECODE) ? r->empty : sel[l];
-    }
-  if (!sift_engine_pipeline_start (e, load[0], error))
+  const SiftSelection *loaded = prefetch_for (r, 0);
+  if (!sift_engine_pipeline_start (e, loaded, error))
     return FALSE;
   gboolean ok = TRUE;
   for (gint32 l = 0; l < L && ok; l++)
     {
       SiftPolicy *p = r->decode[l];
+      SiftPolicyContext ctx;
+      SiftSelection *sel = NULL;
       SiftView k, v, out = sift_view_htd (r->out, SIFT_DTYPE_F32, s->n_q_heads, n, s->head_dim);
       gsize nb = 0;
-      sift_engine_begin_call (e, SIFT_PHASE_DECODE, policy_name (p));
-      ok = sift_engine_pipeline_get (e, l, l + 1 < L ? load[l + 1] : NULL, &k, &v, &nb, error);
+      ok = sift_model_qkv (r->model, l, r->q, r->k, r->v, error)
+           && sift_engine_put_decode (e, l, pos0, n, r->k, r->v, error);
       if (ok)
-        ok = has_compute (p, SIFT_PHASE_DECODE)
-               ? policy_compute (p, &ctx[l], &out, r->lse, error)
-               : sift_engine_attend_loaded (e, &ctx[l], sel[l], &k, &v, nb, &out, r->lse, error);
-      ok = ok && finish_layer (r, &ctx[l], &out, error);
+        {
+          make_context (r, &ctx, SIFT_PHASE_DECODE, l, pos0, n, r->q);
+          sift_engine_begin_call (e, SIFT_PHASE_DECODE, policy_name (p));
+          ok = select_for (r, p, &ctx, &sel, error);
+        }
+      const SiftSelection *next = l + 1 < L ? prefetch_for (r, l + 1) : NULL;
+      ok = ok && sift_engine_pipeline_get (e, l, next, &k, &v, &nb, error);
+      if (ok)
+        {
+          if (has_compute (p, SIFT_PHASE_DECODE))
+            ok = policy_compute (p, &ctx, &out, r->lse, error);
+          else if (sel == NULL || covers (loaded, sel))
+            ok = sift_engine_attend_loaded (e, &ctx, sel, loaded, &k, &v, nb, &out, r->lse, error);
+          else
+            ok = sift_engine_attend_validated (e, &ctx, sel, &out, r->lse, error);
+          r->have_prev[l] = sel != NULL;
+        }
+      ok = ok && finish_layer (r, &ctx, &out, error);
+      loaded = next;
     }
   sift_engine_pipeline_end (e);
   return ok;
 }
 
 gboolean
-sift_runner_decode (SiftRunner *r, gint32 n_rows, GError **error)
+sift_runner_decode (SiftRunner *r, gint32 n_rows, const gint32 *tokens, float *logits, GError **error)
 {
   g_return_val_if_fail (r != NULL, FALSE);
   if (stopped (r, error))
@@ -413,16 +506,8 @@ sift_runner_decode (SiftRunner *r, gint32 n_rows, GError **error)
                    SIFT_ATTN_DECODE_MAX_ROWS);
       return FALSE;
     }
-  const SiftModelShape *s = &r->engine->config.shape;
-  gboolean ok = TRUE;
-  /* Resident blocks (zero-copy) need no prefetch: layer by layer. */
-  if (r->engine->config.pipeline == SIFT_PIPELINE_CROSS_LAYER && !sift_engine_maps (r->engine))
-    ok = decode_cross_layer (r, r->position, n_rows, error);
-  else
-    for (gint32 l = 0; l < s->n_layers && ok; l++)
-      ok = run_layer (r, SIFT_PHASE_DECODE, l, r->position, n_rows, error);
-  ok = ok && sift_engine_sync (r->engine, error);
-  if (!ok)
+  if (!run_step (r, SIFT_PHASE_DECODE, r->position, n_rows, tokens, logits, error)
+      || !sift_engine_sync (r->engine, error))
     {
       r->failed = TRUE;
       return FALSE;

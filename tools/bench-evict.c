@@ -52,7 +52,7 @@ run_one (const Opts *o, SiftRegistry *registry, gint64 capacity, SiftEvictGranul
 {
   SiftModelShape shape = { o->layers, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
   shape.scale = 1.0f / sqrtf ((float) o->head_dim);
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, 1, NULL, NULL, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, 1, NULL, NULL, error);
   if (src == NULL)
     return FALSE;
   SiftStoreConfig sc = { SIFT_DTYPE_F16, o->kv_heads, o->block, o->head_dim, 0, NULL, FALSE, FALSE };
@@ -83,11 +83,11 @@ run_one (const Opts *o, SiftRegistry *registry, gint64 capacity, SiftEvictGranul
   Capture cap = { outputs };
   const SiftRunnerObserver obs = { capture, NULL };
   sift_runner_set_observer (runner, &obs, &cap);
-  if (!sift_runner_prefill (runner, o->prompt, error))
+  if (!sift_runner_prefill (runner, o->prompt, NULL, NULL, error))
     return FALSE;
   gint64 t0 = g_get_monotonic_time ();
   for (gint64 i = 0; i < o->steps; i++)
-    if (!sift_runner_decode (runner, 1, error))
+    if (!sift_runner_decode (runner, 1, NULL, NULL, error))
       return FALSE;
   res->ms_per_step = (double) (g_get_monotonic_time () - t0) / 1e3 / (double) MAX (o->steps, 1);
   SiftCounters pc, dc;

@@ -41,7 +41,7 @@ typedef struct {
 /* ---- A cheap deterministic source (the benchmark measures the engine) --- */
 
 static gboolean
-pattern_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v, GError **error)
+pattern_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v, GError **error)
 {
   (void) error;
   const SiftModelShape *s = &src->shape;
@@ -60,14 +60,14 @@ pattern_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q
   return TRUE;
 }
 
-static const SiftModelSourceClass pattern_class = { "pattern", pattern_qkv, NULL };
+static const SiftModelClass pattern_class = SIFT_MODEL_POSITIONAL_CLASS ("pattern", pattern_qkv, NULL);
 
-static SiftModelSource *
+static SiftModel *
 pattern_new (const SiftModelShape *shape)
 {
-  SiftModelSource *s = g_new0 (SiftModelSource, 1);
-  s->klass = &pattern_class;
-  s->shape = *shape;
+  SiftModel *s = g_new0 (SiftModel, 1);
+  gboolean ok = sift_model_init (s, &pattern_class, shape, 0, NULL);
+  g_assert (ok);
   return s;
 }
 
@@ -242,11 +242,11 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
       g_autoptr (SiftEngine) engine = store ? sift_engine_new (&ec, store, &error) : NULL;
       if (engine != NULL) /* the copy worker is what is measured */
         sift_engine_set_force_copy (engine, TRUE);
-      g_autoptr (SiftModelSource) source = pattern_new (&shape);
+      g_autoptr (SiftModel) source = pattern_new (&shape);
       g_autoptr (SiftPolicy) fill = sift_policy_new (&store_only_ops, NULL, &shape, NULL);
       SiftPolicy *pre[1] = { fill };
       g_autoptr (SiftRunner) runner = engine ? sift_runner_new (engine, source, pre, NULL, &error) : NULL;
-      if (runner == NULL || !sift_runner_prefill (runner, n_blocks * shape.block_size, &error))
+      if (runner == NULL || !sift_runner_prefill (runner, n_blocks * shape.block_size, NULL, NULL, &error))
         {
           status = sift_cli_fail ("bench offload", error);
           break;
@@ -365,7 +365,7 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   if (engine == NULL)
     return sift_cli_fail ("bench offload", error);
   sift_engine_set_force_copy (engine, copy);
-  g_autoptr (SiftModelSource) source = pattern_new (&shape);
+  g_autoptr (SiftModel) source = pattern_new (&shape);
   g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &store_only_ops : &window_ops, NULL, &shape, &error);
   g_autoptr (SiftPolicy) dp = sift_policy_new (&window_ops, NULL, &shape, &error);
   if (!o->decode_only)
@@ -382,12 +382,12 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   Wall wp = { 0, 0 }, wd = { 0, 0 };
   sift_runner_set_observer (runner, &wall_observer, &wp);
   double t0 = now_s (), c0 = sift_bench_cpu_seconds ();
-  if (!sift_runner_prefill (runner, o->tokens, &error))
+  if (!sift_runner_prefill (runner, o->tokens, NULL, NULL, &error))
     return sift_cli_fail ("bench offload", error);
   double t1 = now_s (), c1 = sift_bench_cpu_seconds ();
   sift_runner_set_observer (runner, &wall_observer, &wd);
   for (gint i = 0; i < o->steps; i++)
-    if (!sift_runner_decode (runner, o->rows, &error))
+    if (!sift_runner_decode (runner, o->rows, NULL, NULL, &error))
       return sift_cli_fail ("bench offload", error);
   double t2 = now_s (), c2 = sift_bench_cpu_seconds ();
   Phase p, d;
@@ -420,7 +420,7 @@ typedef struct {
 } Contig;
 
 static void
-contig_init (Contig *c, SiftModelSource *src, const SiftModelShape *s, gint64 n, SiftDType dtype)
+contig_init (Contig *c, SiftModel *src, const SiftModelShape *s, gint64 n, SiftDType dtype)
 {
   const gsize nk = (gsize) n * (gsize) s->n_kv_heads * (gsize) s->head_dim;
   c->q = g_new (float, (gsize) n * (gsize) s->n_q_heads * (gsize) s->head_dim);
@@ -469,7 +469,7 @@ engine_secs (SiftEngine *e, SiftPhase ph)
  * prefill that only stores. */
 typedef struct {
   SiftEngine *engine;
-  SiftModelSource *source;
+  SiftModel *source;
   SiftPolicy *fill;
   SiftRunner *runner;
 } Bed;
@@ -479,7 +479,7 @@ bed_clear (Bed *b)
 {
   sift_runner_free (b->runner);
   sift_policy_free (b->fill);
-  sift_model_source_free (b->source);
+  sift_model_free (b->source);
   sift_engine_free (b->engine);
 }
 
@@ -526,9 +526,9 @@ overhead_prefill (const Opts *o, SiftStore *store, SiftDType compute, gboolean c
   const gint64 n = o->overhead_tokens;
   SiftModelShape shape = sift_engine_config (engine)->shape;
   Contig c;
-  SiftModelSource *src = pattern_new (&shape);
+  SiftModel *src = pattern_new (&shape);
   contig_init (&c, src, &shape, n, compute);
-  sift_model_source_free (src);
+  sift_model_free (src);
   g_autofree float *out = g_new (float, (gsize) n * shape.n_q_heads * shape.head_dim);
   g_autofree float *lse = g_new (float, (gsize) n * shape.n_q_heads);
   SiftView qv = sift_view_thd (c.q, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
@@ -541,7 +541,7 @@ overhead_prefill (const Opts *o, SiftStore *store, SiftDType compute, gboolean c
   for (gint r = 0; r < reps && ok; r++)
     {
       sift_runner_reset (runner);
-      ok = sift_runner_prefill (runner, n, error);
+      ok = sift_runner_prefill (runner, n, NULL, NULL, error);
       best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_PREFILL));
       double t0 = now_s ();
       sift_attn_dense (&qv, &kv, &vv, &causal, &ov, lse, NULL);
@@ -572,19 +572,19 @@ overhead_decode (const Opts *o, SiftStore *store, SiftDType compute, gboolean co
   SiftModelShape shape = sift_engine_config (engine)->shape;
   const gint64 total = n + steps;
   Contig c;
-  SiftModelSource *src = pattern_new (&shape);
+  SiftModel *src = pattern_new (&shape);
   contig_init (&c, src, &shape, total, compute);
-  sift_model_source_free (src);
+  sift_model_free (src);
   g_autofree float *o1 = g_new (float, (gsize) shape.n_q_heads * shape.head_dim);
   g_autofree float *lse = g_new (float, (gsize) shape.n_q_heads);
   const SiftView kall = sift_view_htd (c.k, compute, shape.n_kv_heads, total, shape.head_dim);
   const SiftView vall = sift_view_htd (c.v, compute, shape.n_kv_heads, total, shape.head_dim);
   double best_e = 1e30, best_k = 1e30;
-  gboolean ok = sift_runner_prefill (runner, n, error);
+  gboolean ok = sift_runner_prefill (runner, n, NULL, NULL, error);
   for (gint i = 0; i < steps && ok; i++)
     {
       double before = engine_secs (engine, SIFT_PHASE_DECODE);
-      ok = sift_runner_decode (runner, 1, error);
+      ok = sift_runner_decode (runner, 1, NULL, NULL, error);
       best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_DECODE) - before);
       const gint64 keys = n + i + 1;
       SiftView q1 = sift_view_thd (c.q + (gsize) (keys - 1) * shape.n_q_heads * shape.head_dim, SIFT_DTYPE_F32, 1,

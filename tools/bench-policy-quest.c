@@ -92,7 +92,7 @@ run_one (const Options *o, const SiftModelShape *shape, gint64 length, SiftPolic
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
   if (engine == NULL)
     return FALSE;
-  g_autoptr (SiftModelSource) source = sift_model_random_new (shape, 1);
+  g_autoptr (SiftModel) source = sift_model_random_new (shape, 1);
   g_autofree SiftPolicy **pre = g_new (SiftPolicy *, shape->n_layers);
   g_autofree SiftPolicy **dec = g_new (SiftPolicy *, shape->n_layers);
   for (gint32 l = 0; l < shape->n_layers; l++)
@@ -103,12 +103,12 @@ run_one (const Options *o, const SiftModelShape *shape, gint64 length, SiftPolic
   sift_policy_reset (prefill);
   sift_policy_reset (decode);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, pre, dec, error);
-  if (runner == NULL || !sift_runner_prefill (runner, length, error))
+  if (runner == NULL || !sift_runner_prefill (runner, length, NULL, NULL, error))
     return FALSE;
 
   /* One untimed step: Quest reads the prompt blocks' keys once for its
    * bounds (the prefill policy's hooks saw them, not the decode policy's). */
-  if (!sift_runner_decode (runner, 1, error))
+  if (!sift_runner_decode (runner, 1, NULL, NULL, error))
     return FALSE;
   /* Medians over the steps: the machine may be shared, and one preempted
    * step should not move the figure. */
@@ -120,7 +120,7 @@ run_one (const Options *o, const SiftModelShape *shape, gint64 length, SiftPolic
   for (gint s = 0; s < o->steps; s++)
     {
       gint64 t0 = g_get_monotonic_time ();
-      if (!sift_runner_decode (runner, 1, error))
+      if (!sift_runner_decode (runner, 1, NULL, NULL, error))
         return FALSE;
       wall[s] = (double) (g_get_monotonic_time () - t0) / 1e6;
       sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &after);

@@ -9,7 +9,7 @@ sift_bench_synth_qkv (const SiftConfig *cfg, gint32 q_heads, gint64 n, float *q,
 {
   SiftModelShape shape = cfg->shape;
   shape.n_layers = 1;
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, NULL, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, NULL, error);
   if (src == NULL)
     return FALSE;
   const gint32 d = shape.head_dim, Hq = shape.n_q_heads, Hk = shape.n_kv_heads;
@@ -23,7 +23,7 @@ sift_bench_synth_qkv (const SiftConfig *cfg, gint32 q_heads, gint64 n, float *q,
   for (gint64 p0 = 0; p0 < n; p0 += step)
     {
       gint64 m = MIN (step, n - p0);
-      if (!sift_model_source_qkv (src, 0, p0, m, sq, sk, sv, error))
+      if (!sift_model_qkv_at (src, 0, p0, m, sq, sk, sv, error))
         return FALSE;
       /* The source writes token-major [m][heads][d]; the benches want head-major. */
       for (gint64 t = 0; t < m; t++)

@@ -1,6 +1,6 @@
 /* sift — the layerwise runner: chunked prefill and token-by-token decode
- * over every layer, driven by a model source, with a prefill and a decode
- * policy per layer. */
+ * over every layer, driving a model through the model protocol
+ * (<sift/model.h>), with a prefill and a decode policy per layer. */
 #pragma once
 
 #include <glib.h>
@@ -27,7 +27,7 @@ typedef struct {
  * ctx->layer). NULL means dense attention over every block through the
  * default pipeline (layers forced dense). Each policy must support the phase
  * it is placed in. */
-SiftRunner *sift_runner_new (SiftEngine *engine, SiftModelSource *source,
+SiftRunner *sift_runner_new (SiftEngine *engine, SiftModel *model,
                              SiftPolicy *const *prefill, SiftPolicy *const *decode,
                              GError **error);
 void sift_runner_free (SiftRunner *runner);
@@ -36,10 +36,15 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftRunner, sift_runner_free)
 void sift_runner_set_observer (SiftRunner *runner, const SiftRunnerObserver *observer, gpointer user_data);
 
 /* Prefills tokens [0, n_tokens) chunk by chunk (chunk_size tokens, the last
- * chunk possibly shorter). Only once per sequence. */
-gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, GError **error);
-/* One decode step of n_rows (1..16) new tokens at the next positions. */
-gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, GError **error);
+ * chunk possibly shorter), one model step per chunk. Only once per
+ * sequence. tokens: [n_tokens] ids, or NULL for a model without tokens;
+ * logits: [n_vocab] of the prompt's last token, or NULL for none. */
+gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, const gint32 *tokens, float *logits,
+                              GError **error);
+/* One decode step of n_rows (1..16) new tokens at the next positions;
+ * tokens [n_rows] or NULL, logits [n_vocab] of the last row or NULL. */
+gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, const gint32 *tokens, float *logits,
+                             GError **error);
 /* Tokens processed so far. */
 gint64 sift_runner_position (const SiftRunner *runner);
 /* New sequence: resets the engine and every policy. */

@@ -6,7 +6,7 @@
 #include <sift/model.h>
 
 typedef struct {
-  SiftModelSource parent;
+  SiftModel parent;
   guint64 seed;
 } RandomSource;
 
@@ -44,7 +44,7 @@ fill (const RandomSource *self, gint32 layer, gint64 pos, guint64 tensor, float 
 }
 
 static gboolean
-random_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
+random_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
             GError **error)
 {
   (void) error;
@@ -60,21 +60,17 @@ random_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q,
   return TRUE;
 }
 
-static const SiftModelSourceClass random_class = {
-  .name = "random",
-  .qkv = random_qkv,
-  .finalize = NULL,
-};
+static const SiftModelClass random_class = SIFT_MODEL_POSITIONAL_CLASS ("random", random_qkv, NULL);
 
-SiftModelSource *
+SiftModel *
 sift_model_random_new (const SiftModelShape *shape, guint64 seed)
 {
   g_return_val_if_fail (shape != NULL && shape->n_layers > 0 && shape->n_q_heads > 0 && shape->n_kv_heads > 0
                           && shape->head_dim > 0,
                         NULL);
   RandomSource *self = g_new0 (RandomSource, 1);
-  self->parent.klass = &random_class;
-  self->parent.shape = *shape;
+  gboolean ok = sift_model_init (&self->parent, &random_class, shape, 0, NULL);
+  g_assert (ok);
   self->seed = seed;
   return &self->parent;
 }

@@ -6,7 +6,7 @@
 /* Rotary positions become position + offset (content stays keyed by the
  * position): shifting every position by one offset must leave q . k
  * unchanged, which is what "relative-position structure" means. */
-void sift_model_synthetic_set_rope_offset (SiftModelSource *src, gint64 offset);
+void sift_model_synthetic_set_rope_offset (SiftModel *src, gint64 offset);
 
 /* Standard normal values from a counter-based hash of (seed, tag, layer,
  * head, position): out[n]. */

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <sift/attn.h>
 #include <sift/error.h>
 #include "synthetic.h"
 
@@ -27,7 +28,7 @@ enum { TAG_Q = 1, TAG_K = 2, TAG_V = 3, TAG_BASIS = 4, TAG_PHASE = 5, TAG_DRIFT 
 #define DEFAULT_CONTEXT 4096
 
 typedef struct {
-  SiftModelSource parent;
+  SiftModel parent;
   SiftSyntheticConfig knobs;
   guint64 seed;
   gint32 nr;               /* content dims */
@@ -407,7 +408,7 @@ query_row (const SynthSource *s, gint32 layer, gint32 h, gint64 p, float *q)
 }
 
 void
-sift_model_synthetic_value_code (SiftModelSource *src, gint32 layer, gint32 kv_head, gint64 position,
+sift_model_synthetic_value_code (SiftModel *src, gint32 layer, gint32 kv_head, gint64 position,
                                  float *out)
 {
   SynthSource *s = (SynthSource *) src;
@@ -415,7 +416,7 @@ sift_model_synthetic_value_code (SiftModelSource *src, gint32 layer, gint32 kv_h
 }
 
 static gboolean
-synth_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
+synth_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
            GError **error)
 {
   SynthSource *s = (SynthSource *) src;
@@ -442,7 +443,7 @@ synth_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, 
 }
 
 static void
-synth_finalize (SiftModelSource *src)
+synth_finalize (SiftModel *src)
 {
   SynthSource *s = (SynthSource *) src;
   g_free (s->basis);
@@ -454,11 +455,7 @@ synth_finalize (SiftModelSource *src)
   g_free (s->plan.needles);
 }
 
-static const SiftModelSourceClass synth_class = {
-  .name = "synthetic",
-  .qkv = synth_qkv,
-  .finalize = synth_finalize,
-};
+static const SiftModelClass synth_class = SIFT_MODEL_POSITIONAL_CLASS ("synthetic", synth_qkv, synth_finalize);
 
 /* Picks round(fraction * q_heads) retrieval heads per layer (at least one
  * when the fraction is positive), by a seeded shuffle. */
@@ -487,7 +484,7 @@ pick_retrieval_heads (SynthSource *s)
     }
 }
 
-SiftModelSource *
+SiftModel *
 sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed, const SiftSyntheticConfig *knobs,
                           const SiftNeedlePlan *plan, GError **error)
 {
@@ -515,14 +512,17 @@ sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed, const SiftS
     }
 
   SynthSource *s = g_new0 (SynthSource, 1);
-  s->parent.klass = &synth_class;
-  s->parent.shape = *shape;
+  if (!sift_model_init (&s->parent, &synth_class, shape, 0, error))
+    {
+      g_free (s);
+      return NULL;
+    }
   s->knobs = *knobs;
   s->seed = seed;
   s->nr = nr;
   s->n_pairs = (gint32) knobs->rope_dims / 2;
   s->n_basis = n_basis;
-  float scale = shape->scale > 0 ? shape->scale : 1.0f / sqrtf ((float) shape->head_dim);
+  float scale = sift_attn_scale (shape->scale, shape->head_dim);
   s->a_sink = sqrtf ((float) knobs->sink_strength / scale);
   s->a_heavy = sqrtf ((float) knobs->heavy_hitter_strength / scale);
   s->a_needle = sqrtf ((float) knobs->needle_strength / scale);
@@ -564,7 +564,7 @@ sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed, const SiftS
 }
 
 gboolean
-sift_model_synthetic_is_retrieval_head (SiftModelSource *src, gint32 layer, gint32 q_head)
+sift_model_synthetic_is_retrieval_head (SiftModel *src, gint32 layer, gint32 q_head)
 {
   g_return_val_if_fail (src != NULL && src->klass == &synth_class, FALSE);
   SynthSource *s = (SynthSource *) src;
@@ -574,7 +574,7 @@ sift_model_synthetic_is_retrieval_head (SiftModelSource *src, gint32 layer, gint
 }
 
 const gint64 *
-sift_model_synthetic_heavy_hitters (SiftModelSource *src, gsize *n_out)
+sift_model_synthetic_heavy_hitters (SiftModel *src, gsize *n_out)
 {
   g_return_val_if_fail (src != NULL && src->klass == &synth_class, NULL);
   SynthSource *s = (SynthSource *) src;
@@ -583,7 +583,7 @@ sift_model_synthetic_heavy_hitters (SiftModelSource *src, gsize *n_out)
 }
 
 void
-sift_model_synthetic_set_rope_offset (SiftModelSource *src, gint64 offset)
+sift_model_synthetic_set_rope_offset (SiftModel *src, gint64 offset)
 {
   g_return_if_fail (src != NULL && src->klass == &synth_class);
   ((SynthSource *) src)->rope_offset = offset;

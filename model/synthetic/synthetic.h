@@ -1,6 +1,6 @@
 /* sift — the synthetic model source (model/synthetic/; not installed).
  *
- * A seeded, deterministic SiftModelSource whose attention looks like a real
+ * A seeded, deterministic SiftModel whose attention looks like a real
  * model's where sparse policies care: attention sinks, locality (a rotary
  * kernel and slowly drifting content shared by q and k), heavy-hitter
  * columns, relative-position
@@ -56,18 +56,18 @@ gsize sift_needle_plan_targets (const SiftNeedlePlan *plan, gint32 key, gint64 *
  * needles and no question rows (heavy hitters spread over 4096 tokens).
  * The plan is copied. SIFT_MODEL_ERROR_INVALID for an impossible shape or
  * knob (message names the knob and value). */
-SiftModelSource *sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed,
+SiftModel *sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed,
                                            const SiftSyntheticConfig *knobs,
                                            const SiftNeedlePlan *plan, GError **error);
 /* The knobs' defaults (the values config.h documents). */
 void sift_synthetic_config_defaults (SiftSyntheticConfig *knobs);
 /* TRUE when q head `q_head` of `layer` is a retrieval head. */
-gboolean sift_model_synthetic_is_retrieval_head (SiftModelSource *src, gint32 layer, gint32 q_head);
+gboolean sift_model_synthetic_is_retrieval_head (SiftModel *src, gint32 layer, gint32 q_head);
 /* The value code of a token: what v holds for (layer, kv_head, position),
  * written to out[head_dim]. */
-void sift_model_synthetic_value_code (SiftModelSource *src, gint32 layer, gint32 kv_head,
+void sift_model_synthetic_value_code (SiftModel *src, gint32 layer, gint32 kv_head,
                                       gint64 position, float *out);
 /* Heavy-hitter positions, ascending (owned by the source). */
-const gint64 *sift_model_synthetic_heavy_hitters (SiftModelSource *src, gsize *n_out);
+const gint64 *sift_model_synthetic_heavy_hitters (SiftModel *src, gsize *n_out);
 
 G_END_DECLS

@@ -76,7 +76,7 @@ test_selection (SiftRegistry *reg)
 /* ---- Through the engine, against dense attention ------------------------ */
 
 typedef struct {
-  SiftModelSource *source;
+  SiftModel *source;
   gint64 sinks, window;  /* the rule the reference applies; window < 0: every token */
   gsize calls;
   double worst;          /* largest |o - o_ref| / max |o_ref| over calls */
@@ -114,7 +114,7 @@ check_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftVie
   g_autofree float *q = g_new (float, (gsize) n_kv * s->n_q_heads * s->head_dim);
   g_autofree float *k = g_new (float, (gsize) n_kv * s->n_kv_heads * s->head_dim);
   g_autofree float *v = g_new (float, (gsize) n_kv * s->n_kv_heads * s->head_dim);
-  CHECK_OK (sift_model_source_qkv (ref->source, ctx->layer, 0, n_kv, q, k, v, &error), error);
+  CHECK_OK (sift_model_qkv_at (ref->source, ctx->layer, 0, n_kv, q, k, v, &error), error);
   g_autofree gint64 *rows = g_new (gint64, n_kv);
   gsize n_rows = kept_positions (ref, ctx, rows);
 
@@ -169,16 +169,16 @@ run_engine (SiftRegistry *reg, gint64 prompt, gint64 steps, gint64 sinks, gint64
                                      .pipeline = SIFT_PIPELINE_RING };
   g_autoptr (SiftEngine) engine = sift_engine_new (&engine_config, store, &error);
   CHECK_OK (engine != NULL, error);
-  g_autoptr (SiftModelSource) source = sift_model_random_new (&shape, 7);
+  g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, source, per_layer, per_layer, &error);
   CHECK_OK (runner != NULL, error);
 
   Reference ref = { .source = source, .sinks = sinks, .window = window };
   SiftRunnerObserver observer = { .attention = check_attention };
   sift_runner_set_observer (runner, &observer, &ref);
-  CHECK_OK (sift_runner_prefill (runner, prompt, &error), error);
+  CHECK_OK (sift_runner_prefill (runner, prompt, NULL, NULL, &error), error);
   for (gint64 i = 0; i < steps; i++)
-    CHECK_OK (sift_runner_decode (runner, 1, &error), error);
+    CHECK_OK (sift_runner_decode (runner, 1, NULL, NULL, &error), error);
 
   /* Every chunk and step of every layer was checked, within f32 rounding. */
   gint64 chunks = (prompt + shape.chunk_size - 1) / shape.chunk_size;

@@ -5,17 +5,17 @@
 #include "helpers.h"
 
 typedef struct {
-  SiftModelSource parent;
-  SiftModelSource *inner;
+  SiftModel parent;
+  SiftModel *inner;
   SiftDType round_to;
 } RoundSource;
 
 static gboolean
-round_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
+round_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
            GError **error)
 {
   RoundSource *self = (RoundSource *) src;
-  if (!sift_model_source_qkv (self->inner, layer, pos0, n, q, k, v, error))
+  if (!sift_model_qkv_at (self->inner, layer, pos0, n, q, k, v, error))
     return FALSE;
   gsize m = (gsize) (n * src->shape.n_kv_heads * src->shape.head_dim);
   if (self->round_to != SIFT_DTYPE_F32)
@@ -33,26 +33,25 @@ round_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n, float *q, 
 }
 
 static void
-round_finalize (SiftModelSource *src)
+round_finalize (SiftModel *src)
 {
-  sift_model_source_free (((RoundSource *) src)->inner);
+  sift_model_free (((RoundSource *) src)->inner);
 }
 
-static const SiftModelSourceClass round_class = { "rounded-random", round_qkv, round_finalize };
+static const SiftModelClass round_class = SIFT_MODEL_POSITIONAL_CLASS ("rounded-random", round_qkv, round_finalize);
 
-SiftModelSource *
+SiftModel *
 test_source_new (const SiftModelShape *shape, guint64 seed, SiftDType round_to)
 {
   RoundSource *s = g_new0 (RoundSource, 1);
-  s->parent.klass = &round_class;
-  s->parent.shape = *shape;
+  g_assert_true (sift_model_init (&s->parent, &round_class, shape, 0, NULL));
   s->inner = sift_model_random_new (shape, seed);
   s->round_to = round_to;
   return &s->parent;
 }
 
 TestChecker *
-test_checker_new (SiftModelSource *src, gint64 n_tokens)
+test_checker_new (SiftModel *src, gint64 n_tokens)
 {
   TestChecker *c = g_new0 (TestChecker, 1);
   const SiftModelShape *s = &src->shape;
@@ -67,7 +66,7 @@ test_checker_new (SiftModelSource *src, gint64 n_tokens)
     {
       c->k[l] = g_new (float, kn);
       c->v[l] = g_new (float, kn);
-      g_assert_true (sift_model_source_qkv (src, l, 0, n_tokens, q, c->k[l], c->v[l], NULL));
+      g_assert_true (sift_model_qkv_at (src, l, 0, n_tokens, q, c->k[l], c->v[l], NULL));
     }
   g_free (q);
   c->outputs = g_array_new (FALSE, FALSE, sizeof (float));

@@ -8,13 +8,13 @@
 #include "engine-private.h"
 
 /* The random source, k and v rounded through `dtype` (f32: unchanged). */
-SiftModelSource *test_source_new (const SiftModelShape *shape, guint64 seed, SiftDType round_to);
+SiftModel *test_source_new (const SiftModelShape *shape, guint64 seed, SiftDType round_to);
 
 /* Which stored keys a query head attends: NULL = all. */
 typedef gboolean (*TestKeep) (gint64 block, gint32 q_head, gpointer data);
 
 typedef struct {
-  SiftModelSource *src;
+  SiftModel *src;
   const SiftModelShape *shape;
   gint64 n_tokens;         /* tokens cached */
   float **k, **v;          /* [n_layers] -> [n_tokens][n_kv_heads][head_dim] */
@@ -27,7 +27,7 @@ typedef struct {
   GArray *outputs;         /* every float of every call, in order (for bitwise comparisons) */
 } TestChecker;
 
-TestChecker *test_checker_new (SiftModelSource *src, gint64 n_tokens);
+TestChecker *test_checker_new (SiftModel *src, gint64 n_tokens);
 void test_checker_free (TestChecker *c);
 /* The observer: compares each attention call with the reference. */
 extern const SiftRunnerObserver test_checker_observer;

@@ -83,7 +83,7 @@ case_shape (const Case *c)
 typedef struct {
   SiftStore *store;
   SiftEngine *engine;
-  SiftModelSource *src;
+  SiftModel *src;
   SiftPolicy *policy;
   SiftPolicy **per_layer;
   SiftRunner *runner;
@@ -129,11 +129,11 @@ static void
 run_sequence (Run *r, const Case *c)
 {
   g_autoptr (GError) error = NULL;
-  g_assert_true (sift_runner_prefill (r->runner, c->prompt, &error));
+  g_assert_true (sift_runner_prefill (r->runner, c->prompt, NULL, NULL, &error));
   g_assert_no_error (error);
   for (gint32 i = 0; i < c->steps; i++)
     {
-      g_assert_true (sift_runner_decode (r->runner, rows_of_step (i), &error));
+      g_assert_true (sift_runner_decode (r->runner, rows_of_step (i), NULL, NULL, &error));
       g_assert_no_error (error);
     }
   g_assert_cmpint (sift_runner_position (r->runner), ==, case_tokens (c));
@@ -147,7 +147,7 @@ run_close (Run *r, gboolean own_store)
   sift_engine_free (r->engine);
   sift_policy_free (r->policy);
   g_free (r->per_layer);
-  sift_model_source_free (r->src);
+  sift_model_free (r->src);
   if (own_store)
     {
       g_assert_cmpint (sift_store_blocks_in_use (r->store), ==, 0);
@@ -244,7 +244,7 @@ test_reset_leaves_no_trace (void **state)
       assert_int_equal (z.bytes_loaded, 0);
       /* The same engine, a new sequence of another seed. */
       test_checker_free (a.check);
-      sift_model_source_free (a.src);
+      sift_model_free (a.src);
       SiftModelShape shape = case_shape (&c);
       a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
       sift_runner_free (a.runner);
@@ -285,12 +285,12 @@ test_multi_sequence (void **state)
   cb.prompt = 190;
   cb.pipeline = SIFT_PIPELINE_CROSS_LAYER;
   run_open (&b, &cb, 12, store);
-  assert_true (sift_runner_prefill (a.runner, c.prompt, &error));
-  assert_true (sift_runner_prefill (b.runner, cb.prompt, &error));
+  assert_true (sift_runner_prefill (a.runner, c.prompt, NULL, NULL, &error));
+  assert_true (sift_runner_prefill (b.runner, cb.prompt, NULL, NULL, &error));
   for (gint32 i = 0; i < c.steps; i++)
     {
-      assert_true (sift_runner_decode (a.runner, rows_of_step (i), &error));
-      assert_true (sift_runner_decode (b.runner, rows_of_step (i), &error));
+      assert_true (sift_runner_decode (a.runner, rows_of_step (i), NULL, NULL, &error));
+      assert_true (sift_runner_decode (b.runner, rows_of_step (i), NULL, NULL, &error));
     }
   g_assert_no_error (error);
   /* Store ids of the two engines are disjoint. */
@@ -449,23 +449,23 @@ test_max_tokens (void **state)
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 1);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 1);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
-  assert_false (sift_runner_decode (runner, 1, &error));
+  assert_false (sift_runner_decode (runner, 1, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
   g_clear_error (&error);
-  assert_true (sift_runner_prefill (runner, 60, &error));
-  assert_false (sift_runner_prefill (runner, 60, &error));
+  assert_true (sift_runner_prefill (runner, 60, NULL, NULL, &error));
+  assert_false (sift_runner_prefill (runner, 60, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
   g_clear_error (&error);
   gboolean ok = TRUE;
   for (int i = 0; i < 40 && ok; i++)
-    ok = sift_runner_decode (runner, 1, &error);
+    ok = sift_runner_decode (runner, 1, NULL, NULL, &error);
   assert_false (ok);
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_CAPACITY);
   g_clear_error (&error);
   /* The run stopped. */
-  assert_false (sift_runner_decode (runner, 1, &error));
+  assert_false (sift_runner_decode (runner, 1, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
 }
 
@@ -475,16 +475,16 @@ test_random_source (void **state)
 {
   (void) state;
   SiftModelShape shape = { 2, 4, 2, 16, 16, 16, 0 };
-  g_autoptr (SiftModelSource) a = sift_model_random_new (&shape, 9), b = sift_model_random_new (&shape, 9);
-  g_autoptr (SiftModelSource) c = sift_model_random_new (&shape, 10);
+  g_autoptr (SiftModel) a = sift_model_random_new (&shape, 9), b = sift_model_random_new (&shape, 9);
+  g_autoptr (SiftModel) c = sift_model_random_new (&shape, 10);
   float q1[20 * 64], k1[20 * 32], v1[20 * 32], q2[5 * 64], k2[5 * 32], v2[5 * 32];
-  assert_true (sift_model_source_qkv (a, 1, 100, 20, q1, k1, v1, NULL));
-  assert_true (sift_model_source_qkv (b, 0, 7, 5, q2, k2, v2, NULL));
-  assert_true (sift_model_source_qkv (b, 1, 113, 5, q2, k2, v2, NULL));
+  assert_true (sift_model_qkv_at (a, 1, 100, 20, q1, k1, v1, NULL));
+  assert_true (sift_model_qkv_at (b, 0, 7, 5, q2, k2, v2, NULL));
+  assert_true (sift_model_qkv_at (b, 1, 113, 5, q2, k2, v2, NULL));
   assert_memory_equal (q1 + 13 * 64, q2, sizeof q2);
   assert_memory_equal (k1 + 13 * 32, k2, sizeof k2);
   assert_memory_equal (v1 + 13 * 32, v2, sizeof v2);
-  assert_true (sift_model_source_qkv (c, 1, 113, 5, q2, k2, v2, NULL));
+  assert_true (sift_model_qkv_at (c, 1, 113, 5, q2, k2, v2, NULL));
   assert_memory_not_equal (q1 + 13 * 64, q2, sizeof q2);
   double sum = 0, sq = 0;
   for (gsize i = 0; i < G_N_ELEMENTS (q1); i++)
@@ -492,7 +492,7 @@ test_random_source (void **state)
   assert_true (fabs (sum / G_N_ELEMENTS (q1)) < 0.1);
   assert_true (fabs (sq / G_N_ELEMENTS (q1) - 1.0) < 0.1);
   g_autoptr (GError) error = NULL;
-  assert_false (sift_model_source_qkv (a, 2, 0, 1, q2, k2, v2, &error));
+  assert_false (sift_model_qkv_at (a, 2, 0, 1, q2, k2, v2, &error));
   assert_int_equal (error->code, SIFT_MODEL_ERROR_INVALID);
 }
 

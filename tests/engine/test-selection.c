@@ -187,7 +187,7 @@ typedef struct {
   SiftModelShape shape;
   SiftStore *store;
   SiftEngine *engine;
-  SiftModelSource *src;
+  SiftModel *src;
   TestPolicy *policy;
   SiftRunner *runner;
   TestChecker *check;
@@ -229,7 +229,7 @@ fix_close (Fix *f)
   sift_runner_free (f->runner);
   sift_policy_free (&f->policy->parent);
   sift_engine_free (f->engine);
-  sift_model_source_free (f->src);
+  sift_model_free (f->src);
   sift_store_free (f->store);
 }
 
@@ -250,7 +250,7 @@ test_bad_selections (void **state)
         fix_open (&f, &select_ops, bad[i].mode, (SiftPipeline) pipe, 4, 2, 200);
         g_autoptr (GError) error = NULL;
         /* The first chunk has no stored block: only out-of-range ids fail there. */
-        gboolean ok = sift_runner_prefill (f.runner, 100, &error);
+        gboolean ok = sift_runner_prefill (f.runner, 100, NULL, NULL, &error);
         assert_false (ok);
         assert_non_null (error);
         assert_true (error->domain == SIFT_ENGINE_ERROR);
@@ -262,7 +262,7 @@ test_bad_selections (void **state)
   Fix f;
   fix_open (&f, &select_ops, MODE_FAIL, SIFT_PIPELINE_RING, 4, 2, 200);
   g_autoptr (GError) error = NULL;
-  assert_false (sift_runner_prefill (f.runner, 100, &error));
+  assert_false (sift_runner_prefill (f.runner, 100, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_POLICY);
   assert_non_null (strstr (error->message, "the test policy refuses"));
   fix_close (&f);
@@ -283,9 +283,9 @@ test_per_head_selection (void **state)
         f.check->keep_data = &f.shape;
         f.check->prompt = prompt;
         g_autoptr (GError) error = NULL;
-        assert_true (sift_runner_prefill (f.runner, prompt, &error));
+        assert_true (sift_runner_prefill (f.runner, prompt, NULL, NULL, &error));
         for (gint64 i = 0; i < steps; i++)
-          assert_true (sift_runner_decode (f.runner, 1, &error));
+          assert_true (sift_runner_decode (f.runner, 1, NULL, NULL, &error));
         g_assert_no_error (error);
         if (f.check->max_err > 1e-5 || f.check->max_lse_err > 1e-5)
           fail_msg ("per-%s-head selection, %s: error %g, lse %g", kv ? "kv" : "q", pipe ? "cross-layer" : "ring",
@@ -329,9 +329,9 @@ test_mixed_selection (void **state)
         f.check->keep = keep_mixed;
         f.check->prompt = prompt;
         g_autoptr (GError) error = NULL;
-        assert_true (sift_runner_prefill (f.runner, prompt, &error));
+        assert_true (sift_runner_prefill (f.runner, prompt, NULL, NULL, &error));
         for (gint64 i = 0; i < steps; i++)
-          assert_true (sift_runner_decode (f.runner, rows, &error));
+          assert_true (sift_runner_decode (f.runner, rows, NULL, NULL, &error));
         g_assert_no_error (error);
         if (f.check->max_err > 1e-5 || f.check->max_lse_err > 1e-5)
           fail_msg ("mixed selection, %s, %d rows: error %g, lse %g",
@@ -367,9 +367,9 @@ test_hooks_reach_every_layer_policy (void **state)
       SiftPolicy *decode[2] = { &f.policy->parent, &f.policy->parent };
       f.runner = sift_runner_new (f.engine, f.src, prefill, decode, &error);
       g_assert_no_error (error);
-      assert_true (sift_runner_prefill (f.runner, prompt, &error));
+      assert_true (sift_runner_prefill (f.runner, prompt, NULL, NULL, &error));
       for (gint64 i = 0; i < steps; i++)
-        assert_true (sift_runner_decode (f.runner, 1, &error));
+        assert_true (sift_runner_decode (f.runner, 1, NULL, NULL, &error));
       g_assert_no_error (error);
       const gint64 prompt_blocks = (prompt + 15) / 16 * 2; /* two layers */
       const gint64 decode_blocks = (prompt + steps) / 16 * 2 - prompt / 16 * 2;
@@ -398,9 +398,9 @@ test_own_compute (void **state)
       f.check->keep = keep_even;
       f.check->prompt = 190;
       g_autoptr (GError) error = NULL;
-      assert_true (sift_runner_prefill (f.runner, 190, &error));
+      assert_true (sift_runner_prefill (f.runner, 190, NULL, NULL, &error));
       for (int i = 0; i < 60; i++)
-        assert_true (sift_runner_decode (f.runner, 1, &error));
+        assert_true (sift_runner_decode (f.runner, 1, NULL, NULL, &error));
       g_assert_no_error (error);
       assert_true (f.check->max_err < 1e-5);
       /* attend_default counted what it attended: about half the stored blocks. */
@@ -463,7 +463,7 @@ test_phase_support (void **state)
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 1);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 1);
   g_autoptr (SiftPolicy) p = sift_policy_new (&prefill_only_ops, NULL, &shape, &error);
   SiftPolicy *per[1] = { p };
   assert_null (sift_runner_new (engine, src, per, per, &error));

@@ -326,7 +326,7 @@ fault_new (SiftStore *inner)
 typedef struct {
   FaultStore *store;
   SiftEngine *engine;
-  SiftModelSource *src;
+  SiftModel *src;
   SiftRunner *runner;
   TestChecker *check;
 } FaultRun;
@@ -356,7 +356,7 @@ fault_run_close (FaultRun *r)
   test_checker_free (r->check);
   sift_runner_free (r->runner);
   sift_engine_free (r->engine);
-  sift_model_source_free (r->src);
+  sift_model_free (r->src);
   sift_store_free (&r->store->parent);
 }
 
@@ -365,16 +365,16 @@ static void
 assert_stopped_then_recovers (FaultRun *r)
 {
   g_autoptr (GError) error = NULL;
-  assert_false (sift_runner_decode (r->runner, 1, &error));
+  assert_false (sift_runner_decode (r->runner, 1, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_STATE);
   g_clear_error (&error);
   sift_runner_reset (r->runner); /* waits for the copy worker */
   r->store->fail_read_at = r->store->fail_write_at = 0;
   assert_int_equal (sift_store_blocks_in_use (&r->store->parent), 0);
   r->check->max_err = 0;
-  assert_true (sift_runner_prefill (r->runner, 200, &error));
+  assert_true (sift_runner_prefill (r->runner, 200, NULL, NULL, &error));
   for (int i = 0; i < 20; i++)
-    assert_true (sift_runner_decode (r->runner, 1, &error));
+    assert_true (sift_runner_decode (r->runner, 1, NULL, NULL, &error));
   g_assert_no_error (error);
   assert_true (r->check->max_err < 1e-5);
 }
@@ -395,9 +395,9 @@ test_read_failure_stops_run (void **state)
           r.store->fail_read_at = cases[c].fail_at;
           r.store->short_read = shortr;
           g_autoptr (GError) error = NULL;
-          gboolean ok = sift_runner_prefill (r.runner, 150, &error);
+          gboolean ok = sift_runner_prefill (r.runner, 150, NULL, NULL, &error);
           for (int i = 0; i < 10 && ok; i++)
-            ok = sift_runner_decode (r.runner, 1, &error);
+            ok = sift_runner_decode (r.runner, 1, NULL, NULL, &error);
           assert_false (ok);
           assert_true (error->domain == SIFT_STORE_ERROR);
           assert_int_equal (error->code, shortr ? SIFT_STORE_ERROR_SHORT_READ : SIFT_STORE_ERROR_IO);
@@ -418,9 +418,9 @@ test_write_failure (void **state)
       fault_run_open (&r, (SiftPipeline) pipe, TRUE, 2);
       r.store->fail_write_at = 7;
       g_autoptr (GError) error = NULL;
-      gboolean ok = sift_runner_prefill (r.runner, 200, &error);
+      gboolean ok = sift_runner_prefill (r.runner, 200, NULL, NULL, &error);
       for (int i = 0; i < 10 && ok; i++)
-        ok = sift_runner_decode (r.runner, 1, &error);
+        ok = sift_runner_decode (r.runner, 1, NULL, NULL, &error);
       assert_false (ok);
       assert_int_equal (error->code, SIFT_STORE_ERROR_IO);
       assert_non_null (strstr (error->message, "injected: write 7"));
@@ -454,11 +454,11 @@ test_changed_during_run (void **state)
   g_autoptr (SiftStore) store = sift_store_file_new (&sc, &error);
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 5);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 5);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
-  assert_true (sift_runner_prefill (runner, 100, &error));
+  assert_true (sift_runner_prefill (runner, 100, NULL, NULL, &error));
   assert_int_equal (truncate (path, 1000), 0);
-  assert_false (sift_runner_decode (runner, 1, &error));
+  assert_false (sift_runner_decode (runner, 1, NULL, NULL, &error));
   assert_int_equal (error->code, SIFT_STORE_ERROR_CHANGED);
 }
 

@@ -16,7 +16,7 @@
 typedef struct {
   SiftStore *store;
   SiftEngine *engine;
-  SiftModelSource *src;
+  SiftModel *src;
   SiftRunner *runner;
   TestChecker *check;
 } Run;
@@ -46,7 +46,7 @@ run_close (Run *r)
   test_checker_free (r->check);
   sift_runner_free (r->runner);
   sift_engine_free (r->engine);
-  sift_model_source_free (r->src);
+  sift_model_free (r->src);
   assert_int_equal (sift_store_blocks_in_use (r->store), 0);
   sift_store_free (r->store);
 }
@@ -55,9 +55,9 @@ static void
 run_steps (Run *r, gint64 prompt, gint32 steps)
 {
   g_autoptr (GError) error = NULL;
-  assert_true (sift_runner_prefill (r->runner, prompt, &error));
+  assert_true (sift_runner_prefill (r->runner, prompt, NULL, NULL, &error));
   for (gint32 i = 0; i < steps; i++)
-    assert_true (sift_runner_decode (r->runner, i % 5 == 4 ? 3 : 1, &error));
+    assert_true (sift_runner_decode (r->runner, i % 5 == 4 ? 3 : 1, NULL, NULL, &error));
   g_assert_no_error (error);
 }
 
@@ -290,15 +290,15 @@ test_batched_equals_per_block (void **state)
         SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 4 };
         g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
         sift_engine_set_force_copy (engine, copy);
-        g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 5);
+        g_autoptr (SiftModel) src = sift_model_random_new (&shape, 5);
         g_autoptr (SiftPolicy) pol = sift_policy_new (&compare_ops, NULL, &shape, &error);
         SiftPolicy *per[2] = { pol, pol };
         g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, per, per, &error);
         g_assert_no_error (error);
         compare_max_err = 0;
-        assert_true (sift_runner_prefill (runner, 200, &error));
+        assert_true (sift_runner_prefill (runner, 200, NULL, NULL, &error));
         for (int i = 0; i < 30; i++)
-          assert_true (sift_runner_decode (runner, i % 4 == 3 ? 5 : 1, &error));
+          assert_true (sift_runner_decode (runner, i % 4 == 3 ? 5 : 1, NULL, NULL, &error));
         g_assert_no_error (error);
         assert_true (compare_max_err < 5e-6);
       }
@@ -325,15 +325,15 @@ test_batched_late_heads (void **state)
           g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
           sift_engine_set_force_copy (engine, copy);
           sift_engine_set_ring_group (engine, slots / 2); /* several blocks per group */
-          g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
+          g_autoptr (SiftModel) src = sift_model_random_new (&shape, 9);
           g_autoptr (SiftPolicy) pol = sift_policy_new (&compare_ops, NULL, &shape, &error);
           SiftPolicy *per[1] = { pol };
           g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, per, per, &error);
           g_assert_no_error (error);
           compare_max_err = 0;
-          assert_true (sift_runner_prefill (runner, 96, &error));
+          assert_true (sift_runner_prefill (runner, 96, NULL, NULL, &error));
           for (int i = 0; i < 6; i++)
-            assert_true (sift_runner_decode (runner, 1, &error));
+            assert_true (sift_runner_decode (runner, 1, NULL, NULL, &error));
           g_assert_no_error (error);
           if (!(compare_max_err < 5e-6))
             fail_msg ("%s, %d slots, %s: error %g", copy ? "copied" : "mapped", slots, gqa ? "gqa" : "mha",
@@ -407,13 +407,13 @@ test_deterministic_timing (void **state)
       SiftEngineConfig ec = { .shape = shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = 3 };
       SiftEngine *engine = sift_engine_new (&ec, store, &error);
       sift_engine_set_force_copy (engine, TRUE); /* the plain store copies too */
-      SiftModelSource *src = test_source_new (&shape, 8, SIFT_DTYPE_F32);
+      SiftModel *src = test_source_new (&shape, 8, SIFT_DTYPE_F32);
       SiftRunner *runner = sift_runner_new (engine, src, NULL, NULL, &error);
       TestChecker *check = test_checker_new (src, 300);
       sift_runner_set_observer (runner, &test_checker_observer, check);
-      assert_true (sift_runner_prefill (runner, 180, &error));
+      assert_true (sift_runner_prefill (runner, 180, NULL, NULL, &error));
       for (int i = 0; i < 40; i++)
-        assert_true (sift_runner_decode (runner, 1, &error));
+        assert_true (sift_runner_decode (runner, 1, NULL, NULL, &error));
       g_assert_no_error (error);
       assert_true (check->max_err < 1e-5);
       if (first == NULL)
@@ -426,7 +426,7 @@ test_deterministic_timing (void **state)
       test_checker_free (check);
       sift_runner_free (runner);
       sift_engine_free (engine);
-      sift_model_source_free (src);
+      sift_model_free (src);
       sift_store_free (store);
     }
 }
@@ -504,7 +504,7 @@ test_mapped_slot_survives_eviction (void **state)
       /* Decode past the capacity: eviction rewrites or drops blocks 1 and 2. */
       for (int i = 0; i < 40; i++)
         {
-          sift_runner_decode (r.runner, 1, &error);
+          sift_runner_decode (r.runner, 1, NULL, NULL, &error);
           g_assert_no_error (error);
         }
       SiftCounters c;
@@ -626,15 +626,15 @@ test_random_configs (void **state)
       g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
       g_assert_no_error (error);
       sift_engine_set_force_copy (engine, copy);
-      g_autoptr (SiftModelSource) src = test_source_new (&shape, (guint64) it + 1,
+      g_autoptr (SiftModel) src = test_source_new (&shape, (guint64) it + 1,
                                                         dt[0] != SIFT_DTYPE_F32 ? dt[0] : dt[1]);
       g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
       g_assert_no_error (error);
       TestChecker *check = test_checker_new (src, n_tokens);
       sift_runner_set_observer (runner, &test_checker_observer, check);
-      assert_true (sift_runner_prefill (runner, prompt, &error));
+      assert_true (sift_runner_prefill (runner, prompt, NULL, NULL, &error));
       for (gint32 i = 0; i < steps && error == NULL; i++)
-        sift_runner_decode (runner, rows[i], &error);
+        sift_runner_decode (runner, rows[i], NULL, NULL, &error);
       g_assert_no_error (error);
       if (!(check->max_err < 1e-5 && check->max_lse_err < 1e-5 && check->calls > 0))
         fail_msg ("case %d: %d layers, %d/%d heads, dim %d, block %d, chunk %d, %d slots, %s store %s -> %s, %s, %s: "
@@ -670,15 +670,15 @@ test_shared_store (void **state)
       SiftEvictConfig ev = { 48, gran == 0 ? SIFT_EVICT_TOKEN : SIFT_EVICT_BLOCK, 4, 16 };
       assert_true (sift_engine_set_eviction (b, &ev, &error));
       assert_true (sift_engine_maps (a) && sift_engine_maps (b));
-      SiftModelSource *sa = test_source_new (&shape, 3, SIFT_DTYPE_F32), *sb = test_source_new (&shape, 4, SIFT_DTYPE_F32);
+      SiftModel *sa = test_source_new (&shape, 3, SIFT_DTYPE_F32), *sb = test_source_new (&shape, 4, SIFT_DTYPE_F32);
       SiftRunner *ra = sift_runner_new (a, sa, NULL, NULL, &error), *rb = sift_runner_new (b, sb, NULL, NULL, &error);
       g_assert_no_error (error);
       TestChecker *check = test_checker_new (sa, 37 + 60 * 5);
       sift_runner_set_observer (ra, &test_checker_observer, check);
-      assert_true (sift_runner_prefill (ra, 37, &error) && sift_runner_prefill (rb, 45, &error));
+      assert_true (sift_runner_prefill (ra, 37, NULL, NULL, &error) && sift_runner_prefill (rb, 45, NULL, NULL, &error));
       for (gint32 i = 0; i < 60 && error == NULL; i++)
-        assert_true (sift_runner_decode (ra, i % 3 == 2 ? 5 : 1, &error)
-                     && sift_runner_decode (rb, i % 4 == 1 ? 5 : 1, &error));
+        assert_true (sift_runner_decode (ra, i % 3 == 2 ? 5 : 1, NULL, NULL, &error)
+                     && sift_runner_decode (rb, i % 4 == 1 ? 5 : 1, NULL, NULL, &error));
       g_assert_no_error (error);
       SiftCounters c;
       sift_engine_counters (b, -1, SIFT_PHASE_DECODE, &c);
@@ -690,8 +690,8 @@ test_shared_store (void **state)
       sift_runner_free (rb);
       sift_engine_free (a);
       sift_engine_free (b);
-      sift_model_source_free (sa);
-      sift_model_source_free (sb);
+      sift_model_free (sa);
+      sift_model_free (sb);
       assert_int_equal (sift_store_blocks_in_use (store), 0);
     }
 }
@@ -718,7 +718,7 @@ test_mapped_after_failed_store (void **state)
   assert_true (sift_engine_load_block (r.engine, 0, 1, 0, SIFT_LOAD_KV, &error));
   assert_false (sift_engine_wait_slot (r.engine, 0, &error));
   g_clear_error (&error);
-  assert_false (sift_runner_decode (r.runner, 1, &error));
+  assert_false (sift_runner_decode (r.runner, 1, NULL, NULL, &error));
   assert_non_null (strstr (error->message, "injected"));
   sift_runner_reset (r.runner);
   run_close (&r);

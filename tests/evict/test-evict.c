@@ -25,18 +25,18 @@
 /* ---- A source with a needle every query attends to ---------------------- */
 
 typedef struct {
-  SiftModelSource parent;
-  SiftModelSource *inner;
+  SiftModel parent;
+  SiftModel *inner;
   gint64 needle;      /* position, or -1 */
 } NeedleSource;
 
 static gboolean
-needle_qkv (SiftModelSource *self, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
+needle_qkv (SiftModel *self, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
             GError **error)
 {
   NeedleSource *ns = (NeedleSource *) self;
   const SiftModelShape *s = &self->shape;
-  if (!sift_model_source_qkv (ns->inner, layer, pos0, n, q, k, v, error))
+  if (!sift_model_qkv_at (ns->inner, layer, pos0, n, q, k, v, error))
     return FALSE;
   for (gint64 t = 0; t < n; t++)
     {
@@ -58,19 +58,18 @@ needle_qkv (SiftModelSource *self, gint32 layer, gint64 pos0, gint64 n, float *q
 }
 
 static void
-needle_finalize (SiftModelSource *self)
+needle_finalize (SiftModel *self)
 {
-  sift_model_source_free (((NeedleSource *) self)->inner);
+  sift_model_free (((NeedleSource *) self)->inner);
 }
 
-static const SiftModelSourceClass needle_class = { "needle", needle_qkv, needle_finalize };
+static const SiftModelClass needle_class = SIFT_MODEL_POSITIONAL_CLASS ("needle", needle_qkv, needle_finalize);
 
-static SiftModelSource *
+static SiftModel *
 needle_source_new (const SiftModelShape *shape, guint64 seed, gint64 needle)
 {
   NeedleSource *ns = g_new0 (NeedleSource, 1);
-  ns->parent.klass = &needle_class;
-  ns->parent.shape = *shape;
+  g_assert_true (sift_model_init (&ns->parent, &needle_class, shape, 0, NULL));
   ns->inner = sift_model_random_new (shape, seed);
   ns->needle = needle;
   return &ns->parent;
@@ -171,7 +170,7 @@ typedef struct {
 typedef struct {
   const Scenario *sc;
   SiftModelShape shape;
-  SiftModelSource *src;
+  SiftModel *src;
   SiftStore *store;
   SiftEngine *engine;
   SiftRunner *runner;
@@ -313,7 +312,7 @@ run_new (const Scenario *sc)
       r->q[l] = g_new (float, (gsize) r->n_tokens * 4 * 32);
       r->k[l] = g_new (float, (gsize) r->n_tokens * 2 * 32);
       r->v[l] = g_new (float, (gsize) r->n_tokens * 2 * 32);
-      assert_true (sift_model_source_qkv (r->src, l, 0, r->n_tokens, r->q[l], r->k[l], r->v[l], NULL));
+      assert_true (sift_model_qkv_at (r->src, l, 0, r->n_tokens, r->q[l], r->k[l], r->v[l], NULL));
     }
   r->blocks_after = g_new0 (gint64, (gsize) sc->steps + 1);
   return r;
@@ -338,7 +337,7 @@ run_free (Run *r)
   sift_policy_free (r->decode_policy);
   sift_engine_free (r->engine);
   sift_store_free (r->store);
-  sift_model_source_free (r->src);
+  sift_model_free (r->src);
   g_free (r);
 }
 
@@ -394,12 +393,12 @@ static void
 run_all (Run *r)
 {
   g_autoptr (GError) error = NULL;
-  if (!sift_runner_prefill (r->runner, r->sc->prompt, &error))
+  if (!sift_runner_prefill (r->runner, r->sc->prompt, NULL, NULL, &error))
     fail_msg ("prefill: %s", error->message);
   check_state (r);
   for (gint64 i = 0; i < r->sc->steps; i++)
     {
-      if (!sift_runner_decode (r->runner, r->sc->rows, &error))
+      if (!sift_runner_decode (r->runner, r->sc->rows, NULL, NULL, &error))
         fail_msg ("decode step %" G_GINT64_FORMAT ": %s", i, error->message);
       r->blocks_after[i] = sift_store_blocks_in_use (r->store);
       r->max_blocks = MAX (r->max_blocks, r->blocks_after[i]);
@@ -858,15 +857,15 @@ test_custom_compute_refused (void **state)
   g_autoptr (SiftEngine) e = sift_engine_new (&ec, store, NULL);
   SiftEvictConfig ev = { 64, SIFT_EVICT_TOKEN, 4, 16 };
   assert_true (sift_engine_set_eviction (e, &ev, NULL));
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 3);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 3);
   g_autoptr (SiftPolicy) p = sift_policy_new (&own_ops, NULL, &shape, NULL);
   SiftPolicy *per_layer[1] = { p };
   g_autoptr (SiftRunner) r = sift_runner_new (e, src, per_layer, per_layer, NULL);
   g_autoptr (GError) error = NULL;
-  assert_true (sift_runner_prefill (r, 64, &error)); /* within the capacity */
+  assert_true (sift_runner_prefill (r, 64, NULL, NULL, &error)); /* within the capacity */
   gboolean ok = TRUE;
   for (int i = 0; i < 40 && ok; i++)
-    ok = sift_runner_decode (r, 1, &error);
+    ok = sift_runner_decode (r, 1, NULL, NULL, &error);
   assert_false (ok);
   assert_true (g_error_matches (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY));
   if (strstr (error->message, "policy 'own-compute' computes attention its own way and does not know eviction") == NULL)
@@ -905,11 +904,11 @@ test_subquadratic (void **state)
       sc.steps = 400;
       Run *r = run_new (&sc);
       g_autoptr (GError) error = NULL;
-      if (!sift_runner_prefill (r->runner, sc.prompt, &error))
+      if (!sift_runner_prefill (r->runner, sc.prompt, NULL, NULL, &error))
         fail_msg ("prefill: %s", error->message);
       for (gint64 i = 0; i < sc.steps; i++)
         {
-          if (!sift_runner_decode (r->runner, 1, &error))
+          if (!sift_runner_decode (r->runner, 1, NULL, NULL, &error))
             fail_msg ("decode step %" G_GINT64_FORMAT ": %s", i, error->message);
           assert_true (sift_store_blocks_in_use (r->store) <= sc.layers * (sc.capacity / sc.block + 1));
           const gint64 end = sift_runner_position (r->runner);
@@ -942,9 +941,9 @@ test_subquadratic (void **state)
   sc.gran = SIFT_EVICT_TOKEN;
   Run *r = run_new (&sc);
   g_autoptr (GError) error = NULL;
-  gboolean ok = sift_runner_prefill (r->runner, sc.prompt, &error);
+  gboolean ok = sift_runner_prefill (r->runner, sc.prompt, NULL, NULL, &error);
   for (gint64 i = 0; ok && i < sc.steps; i++)
-    ok = sift_runner_decode (r->runner, 1, &error);
+    ok = sift_runner_decode (r->runner, 1, NULL, NULL, &error);
   assert_false (ok);
   if (strstr (error->message, "lie outside its window of 100 and its globals: raise kv.capacity_tokens") == NULL)
     fail_msg ("%s", error->message);

@@ -132,7 +132,7 @@ main (int argc, char **argv)
   SiftHarnessConfig h = { .needle = SIFT_NEEDLE_SINGLE, .question_tokens = 4, .decode_steps = 0, .seed = 1 };
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, kn.sink_tokens, 1, &error);
-  g_autoptr (SiftModelSource) src = plan ? sift_model_synthetic_new (&shape, 1, &kn, plan, &error) : NULL;
+  g_autoptr (SiftModel) src = plan ? sift_model_synthetic_new (&shape, 1, &kn, plan, &error) : NULL;
   if (src == NULL)
     return fail (error);
   int d = shape.head_dim, hq = shape.n_q_heads, hkv = shape.n_kv_heads;
@@ -140,7 +140,7 @@ main (int argc, char **argv)
   g_autofree float *k = g_new (float, (gsize) n * hkv * d);
   g_autofree float *q_all = g_new (float, (gsize) n * hq * d);
   g_autofree float *v = g_new (float, (gsize) n * hkv * d);
-  if (!sift_model_source_qkv (src, 0, 0, n, q_all, k, v, &error))
+  if (!sift_model_qkv_at (src, 0, 0, n, q_all, k, v, &error))
     return fail (error);
   gsize n_heavy = 0;
   const gint64 *heavy = sift_model_synthetic_heavy_hitters (src, &n_heavy);

@@ -205,7 +205,7 @@ test_shipped_configs (void **state)
           g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g.lengths[l], 1.0,
                                                                   cfg->synthetic.sink_tokens, cfg->harness.seed, &error);
           assert_non_null (plan);
-          g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
+          g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
                                                                       &error);
           assert_non_null (src);
         }

@@ -132,7 +132,7 @@ test_score_constructed (void **state)
     {
       SiftHarnessConfig h = needles ((SiftNeedleKind) kind);
       g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.3, 4, 1, NULL);
-      g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, 9, NULL, plan, NULL);
+      g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, 9, NULL, plan, NULL);
       gint64 row0 = plan->question_start, rows = h.question_tokens + h.decode_steps;
       gsize d = 64, plane = 2 * 4 * (gsize) rows * d;
       g_autofree float *right = g_new0 (float, plane), *wrong = g_new0 (float, plane),
@@ -180,7 +180,8 @@ test_score_constructed (void **state)
     }
 }
 
-/* The streamed reference equals one dense causal call over the whole sequence. */
+/* The reference (a dense run through the runner: a prompt of n tokens,
+ * then decode steps) equals one dense causal call over the whole sequence. */
 static void
 test_dense_reference (void **state)
 {
@@ -188,16 +189,19 @@ test_dense_reference (void **state)
   const gint64 n = 2500, rows = 6, row0 = n - 3;
   SiftHarnessConfig h = needles (SIFT_NEEDLE_SINGLE);
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, 4, 1, NULL);
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, 5, NULL, plan, NULL);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, 5, NULL, plan, NULL);
   gsize d = 64, total = (gsize) (row0 + rows);
   g_autofree float *ref = g_new (float, 2 * 4 * (gsize) rows * d);
-  assert_true (harness_dense_reference (src, row0, rows, ref, NULL));
+  g_autoptr (SiftConfig) cfg = sift_config_new_default (NULL, NULL);
+  assert_non_null (cfg);
+  cfg->shape = shape;
+  assert_true (harness_dense_reference (cfg, src, n, row0 + rows - n, row0, rows, ref, NULL));
   g_autofree float *q = g_new (float, total * 4 * d), *k = g_new (float, total * 2 * d),
                    *v = g_new (float, total * 2 * d), *o = g_new (float, 4 * (gsize) rows * d);
   float lse[4 * 6];
   for (gint32 l = 0; l < 2; l++)
     {
-      assert_true (sift_model_source_qkv (src, l, 0, (gint64) total, q, k, v, NULL));
+      assert_true (sift_model_qkv_at (src, l, 0, (gint64) total, q, k, v, NULL));
       SiftView qv = sift_view_thd (q + (gsize) row0 * 4 * d, SIFT_DTYPE_F32, rows, 4, 64);
       SiftView kv = sift_view_thd (k, SIFT_DTYPE_F32, (gint64) total, 2, 64);
       SiftView vv = sift_view_thd (v, SIFT_DTYPE_F32, (gint64) total, 2, 64);

@@ -32,12 +32,12 @@ typedef struct {
 } Seq;
 
 static Seq
-generate (SiftModelSource *src, gint32 layer)
+generate (SiftModel *src, gint32 layer)
 {
   Seq s = { g_new (float, (gsize) N * HQ * D), g_new (float, (gsize) N * HKV * D),
             g_new (float, (gsize) N * HKV * D) };
   g_autoptr (GError) error = NULL;
-  assert_true (sift_model_source_qkv (src, layer, 0, N, s.q, s.k, s.v, &error));
+  assert_true (sift_model_qkv_at (src, layer, 0, N, s.q, s.k, s.v, &error));
   return s;
 }
 
@@ -49,11 +49,11 @@ seq_clear (Seq *s)
   g_free (s->v);
 }
 
-static SiftModelSource *
+static SiftModel *
 synth (const SiftSyntheticConfig *knobs, const SiftNeedlePlan *plan)
 {
   g_autoptr (GError) error = NULL;
-  SiftModelSource *src = sift_model_synthetic_new (&shape, 42, knobs, plan, &error);
+  SiftModel *src = sift_model_synthetic_new (&shape, 42, knobs, plan, &error);
   assert_non_null (src);
   return src;
 }
@@ -109,18 +109,18 @@ static void
 test_deterministic_any_range (void **state)
 {
   (void) state;
-  g_autoptr (SiftModelSource) src = synth (NULL, NULL);
-  g_autoptr (SiftModelSource) other = synth (NULL, NULL);
+  g_autoptr (SiftModel) src = synth (NULL, NULL);
+  g_autoptr (SiftModel) other = synth (NULL, NULL);
   Seq whole = generate (src, 1);
   float q[7 * HQ * D], k[7 * HKV * D], v[7 * HKV * D];
   /* A later range asked first, from another instance, gives the same rows. */
-  assert_true (sift_model_source_qkv (other, 1, 500, 7, q, k, v, NULL));
+  assert_true (sift_model_qkv_at (other, 1, 500, 7, q, k, v, NULL));
   assert_memory_equal (q, whole.q + (gsize) 500 * HQ * D, sizeof q);
   assert_memory_equal (k, whole.k + (gsize) 500 * HKV * D, sizeof k);
   assert_memory_equal (v, whole.v + (gsize) 500 * HKV * D, sizeof v);
   /* Another seed gives other values. */
-  g_autoptr (SiftModelSource) reseeded = sift_model_synthetic_new (&shape, 43, NULL, NULL, NULL);
-  assert_true (sift_model_source_qkv (reseeded, 1, 500, 7, q, k, v, NULL));
+  g_autoptr (SiftModel) reseeded = sift_model_synthetic_new (&shape, 43, NULL, NULL, NULL);
+  assert_true (sift_model_qkv_at (reseeded, 1, 500, 7, q, k, v, NULL));
   assert_memory_not_equal (k, whole.k + (gsize) 500 * HKV * D, sizeof k);
   seq_clear (&whole);
 }
@@ -134,8 +134,8 @@ test_sinks (void **state)
   sift_synthetic_config_defaults (&on);
   off = on;
   off.sink_tokens = 0;
-  g_autoptr (SiftModelSource) a = synth (&on, NULL);
-  g_autoptr (SiftModelSource) b = synth (&off, NULL);
+  g_autoptr (SiftModel) a = synth (&on, NULL);
+  g_autoptr (SiftModel) b = synth (&off, NULL);
   Seq sa = generate (a, 0), sb = generate (b, 0);
   double m_on = mean_mass (&sa, 768, 1024, sinks, 4);
   double m_off = mean_mass (&sb, 768, 1024, sinks, 4);
@@ -179,7 +179,7 @@ harness_defaults (SiftNeedleKind kind)
 static void
 near_far (const SiftSyntheticConfig *k, double *near, double *far)
 {
-  g_autoptr (SiftModelSource) src = synth (k, NULL);
+  g_autoptr (SiftModel) src = synth (k, NULL);
   Seq s = generate (src, 0);
   *near = mass_per_token_at (&s, 0, 64);
   *far = mass_per_token_at (&s, 512, 896);
@@ -235,11 +235,11 @@ test_concentration (void **state)
   enum { LONG = 4096, QB = 64 };
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, LONG, 0.5, 4, 1, NULL);
-  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  g_autoptr (SiftModel) src = synth (NULL, plan);
   g_autofree float *q = g_new (float, (gsize) LONG * HQ * D);
   g_autofree float *k = g_new (float, (gsize) LONG * HKV * D);
   g_autofree float *v = g_new (float, (gsize) LONG * HKV * D);
-  assert_true (sift_model_source_qkv (src, 0, 0, LONG, q, k, v, NULL));
+  assert_true (sift_model_qkv_at (src, 0, 0, LONG, q, k, v, NULL));
   gsize n_heavy = 0;
   const gint64 *heavy = sift_model_synthetic_heavy_hitters (src, &n_heavy);
   g_autofree double *w = g_new (double, LONG);
@@ -306,8 +306,8 @@ test_heavy_hitters (void **state)
   /* Heavy hitters spread over the planned prompt. */
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.5, 4, 1, NULL);
-  g_autoptr (SiftModelSource) a = synth (&on, plan);
-  g_autoptr (SiftModelSource) b = synth (&off, plan);
+  g_autoptr (SiftModel) a = synth (&on, plan);
+  g_autoptr (SiftModel) b = synth (&off, plan);
   gsize n_heavy = 0, n_none = 0;
   const gint64 *heavy = sift_model_synthetic_heavy_hitters (a, &n_heavy);
   sift_model_synthetic_heavy_hitters (b, &n_none);
@@ -336,8 +336,8 @@ static void
 test_rope_relative_position (void **state)
 {
   (void) state;
-  g_autoptr (SiftModelSource) a = synth (NULL, NULL);
-  g_autoptr (SiftModelSource) b = synth (NULL, NULL);
+  g_autoptr (SiftModel) a = synth (NULL, NULL);
+  g_autoptr (SiftModel) b = synth (NULL, NULL);
   sift_model_synthetic_set_rope_offset (b, 5000);
   Seq sa = generate (a, 0), sb = generate (b, 0);
   /* The vectors move with the rotation... */
@@ -368,7 +368,7 @@ test_retrieval_heads (void **state)
   assert_non_null (plan);
   assert_int_equal (plan->n_needles, 1);
   gint64 needle = plan->needles[0].position;
-  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  g_autoptr (SiftModel) src = synth (NULL, plan);
   Seq s = generate (src, 1);
   int n_retrieval = 0;
   for (gint32 head = 0; head < HQ; head++)
@@ -396,7 +396,7 @@ test_retrieval_heads (void **state)
   SiftSyntheticConfig none;
   sift_synthetic_config_defaults (&none);
   none.retrieval_heads = 0.0;
-  g_autoptr (SiftModelSource) off = synth (&none, plan);
+  g_autoptr (SiftModel) off = synth (&none, plan);
   for (gint32 head = 0; head < HQ; head++)
     assert_false (sift_model_synthetic_is_retrieval_head (off, 0, head));
 }
@@ -408,7 +408,7 @@ test_multikey_distractors (void **state)
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIKEY);
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.6, 4, 1, NULL);
   assert_int_equal (plan->n_needles, 4);
-  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  g_autoptr (SiftModel) src = synth (NULL, plan);
   Seq s = generate (src, 0);
   gint64 needle = -1;
   for (gsize i = 0; i < plan->n_needles; i++)
@@ -497,8 +497,8 @@ test_logn_scaling (void **state)
   off.locality = 0.0;
   on = off;
   on.logn_length = L;
-  g_autoptr (SiftModelSource) a = synth (&on, NULL);
-  g_autoptr (SiftModelSource) b = synth (&off, NULL);
+  g_autoptr (SiftModel) a = synth (&on, NULL);
+  g_autoptr (SiftModel) b = synth (&off, NULL);
   Seq sa = generate (a, 1), sb = generate (b, 1);
   assert_memory_equal (sa.k, sb.k, sizeof (float) * N * HKV * D);
   assert_memory_equal (sa.v, sb.v, sizeof (float) * N * HKV * D);

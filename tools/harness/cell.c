@@ -10,7 +10,7 @@
 typedef struct {
   const SiftModelShape *shape;
   const SiftNeedlePlan *plan;
-  SiftModelSource *src;
+  SiftModel *src;
   gint64 row0, n_rows;       /* question rows: prompt's last tokens, then decode steps */
   float *out;                /* [n_layers][n_q_heads][n_rows][head_dim] */
   gboolean *seen;            /* [n_rows] every layer's output captured */
@@ -248,7 +248,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, plan, error);
   if (src == NULL)
     return FALSE;
 
@@ -289,10 +289,10 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       SiftRunnerObserver obs = { .attention = on_attention, .selection = on_selection };
       sift_runner_set_observer (runner, &obs, &c);
       gint64 t0 = g_get_monotonic_time ();
-      ok = sift_runner_prefill (runner, length, error);
+      ok = sift_runner_prefill (runner, length, NULL, NULL, error);
       gint64 t1 = g_get_monotonic_time ();
       for (gint64 s = 0; ok && s < steps; s++)
-        ok = sift_runner_decode (runner, 1, error);
+        ok = sift_runner_decode (runner, 1, NULL, NULL, error);
       gint64 t2 = g_get_monotonic_time ();
       cell->prefill_seconds = (double) (t1 - t0) / G_USEC_PER_SEC;
       cell->decode_seconds = (double) (t2 - t1) / G_USEC_PER_SEC;
@@ -305,7 +305,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
         ok = FALSE;
       }
   if (ok)
-    ok = harness_dense_reference (src, c.row0, c.n_rows, ref, error);
+    ok = harness_dense_reference (cfg, src, length, steps, c.row0, c.n_rows, ref, error);
   if (ok)
     {
       g_autofree gsize *hits = g_new0 (gsize, c.n_rows);

@@ -63,11 +63,12 @@ void harness_cell_clear (HarnessCell *cell);
 gboolean harness_run_cell (const SiftConfig *config, const SiftPolicySetup *setup, gint64 length,
                            double depth, HarnessCell *cell, GError **error);
 
-/* Dense reference: for every layer the attention output of rows
- * [row0, row0 + n_rows) over keys [0, position], streamed from the source
- * in chunks and merged by LSE. ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
-gboolean harness_dense_reference (SiftModelSource *src, gint64 row0, gint64 n_rows, float *ref,
-                                  GError **error);
+/* Dense reference: the cell's prompt of `length` tokens and `steps` decode
+ * steps through a runner with dense attention in every layer (an f32
+ * store); for every layer the attention output of rows [row0, row0 + n_rows).
+ * ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
+gboolean harness_dense_reference (const SiftConfig *config, SiftModel *model, gint64 length, gint64 steps,
+                                  gint64 row0, gint64 n_rows, float *ref, GError **error);
 
 /* Retrieval scoring of captured outputs (score.c). out: f32
  * [n_layers][n_q_heads][n_rows][head_dim] for rows [row0, row0 + n_rows).
@@ -76,7 +77,7 @@ gboolean harness_dense_reference (SiftModelSource *src, gint64 row0, gint64 n_ro
  * other code of the context [0, row] (multivalue: every needle value nearer
  * than any other code); chance[r] the probability of that by luck.
  * Returns the (layer, retrieval head) pairs scored per row. */
-gsize harness_score_retrieval (SiftModelSource *src, const SiftNeedlePlan *plan, const float *out,
+gsize harness_score_retrieval (SiftModel *src, const SiftNeedlePlan *plan, const float *out,
                                gint64 row0, gint64 n_rows, gsize *hits, double *chance);
 
 /* ---- Records (records.c, json.c) ------------------------------------------ */

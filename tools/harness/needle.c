@@ -67,7 +67,7 @@ check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
   if (plan == NULL)
     return config_error (cfg, plan_keys, error);
   /* The model must take the knobs and the plan's needle keys. */
-  g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, error);
   return src != NULL || config_error (cfg, model_keys, error);
 }
 

@@ -1,62 +1,84 @@
-/* The dense reference for a cell's question rows, computed from the model
- * source alone (not through the engine): keys stream in chunks, each
- * chunk's partial result merged by LSE, so a 128K context never needs its
- * whole K and V at once. */
-#include <math.h>
+/* The dense reference for a cell's question rows: the same prompt and
+ * decode steps through the same runner with dense attention in every layer
+ * (the full policy's path), over an f32 store, so a model whose q, k, v
+ * depend on earlier layers' outputs gets the reference its own forward pass
+ * defines. */
+#include <errno.h>
 #include <string.h>
+
+#include <glib/gstdio.h>
 
 #include "harness.h"
 
-#define REF_CHUNK 1024
+typedef struct {
+  const SiftModelShape *shape;
+  gint64 row0, n_rows;
+  float *ref;               /* [n_layers][n_q_heads][n_rows][head_dim] */
+} Capture;
+
+static void
+on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *out, const float *lse)
+{
+  Capture *c = user_data;
+  (void) lse;
+  const SiftModelShape *s = c->shape;
+  gsize d = (gsize) s->head_dim;
+  for (gint32 i = 0; i < ctx->n_q; i++)
+    {
+      gint64 r = ctx->q_pos + i - c->row0;
+      if (r < 0 || r >= c->n_rows)
+        continue;
+      for (gint32 h = 0; h < s->n_q_heads; h++)
+        sift_view_row_to_f32 (out, h, i, c->ref + (((gsize) ctx->layer * s->n_q_heads + h) * c->n_rows + r) * d);
+    }
+}
+
+/* An f32 store of the config's kind (a file store keeps the reference's
+ * KV out of memory too). */
+static SiftStore *
+reference_store (const SiftConfig *cfg, GError **error)
+{
+  const SiftModelShape *s = &cfg->shape;
+  g_autofree char *path = g_build_filename (cfg->harness.out_dir, "kv-reference.store", NULL);
+  SiftStoreConfig sc = {
+    .dtype = SIFT_DTYPE_F32, .n_kv_heads = s->n_kv_heads, .block_size = s->block_size, .head_dim = s->head_dim,
+    .path = path, .keep = FALSE, .direct = cfg->store_direct,
+  };
+  if (g_strcmp0 (cfg->store, "file") != 0)
+    return sift_store_host_new (&sc, error);
+  if (g_mkdir_with_parents (cfg->harness.out_dir, 0755) != 0)
+    {
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", cfg->harness.out_dir,
+                   g_strerror (errno));
+      return NULL;
+    }
+  return sift_store_file_new (&sc, error);
+}
 
 gboolean
-harness_dense_reference (SiftModelSource *src, gint64 row0, gint64 n_rows, float *ref, GError **error)
+harness_dense_reference (const SiftConfig *cfg, SiftModel *model, gint64 length, gint64 steps, gint64 row0,
+                         gint64 n_rows, float *ref, GError **error)
 {
-  const SiftModelShape *s = &src->shape;
-  gsize d = (gsize) s->head_dim, hq = (gsize) s->n_q_heads, hkv = (gsize) s->n_kv_heads;
-  gsize rows = (gsize) n_rows;
-  g_autofree float *q = g_new (float, rows * hq * d);        /* [rows][hq][d] */
-  g_autofree float *qk = g_new (float, rows * hkv * d);      /* the rows' own keys [rows][hkv][d] */
-  g_autofree float *qv = g_new (float, rows * hkv * d);
-  g_autofree float *cq = g_new (float, REF_CHUNK * hq * d);  /* scratch: queries of a key chunk */
-  g_autofree float *ck = g_new (float, REF_CHUNK * hkv * d); /* [chunk][hkv][d] */
-  g_autofree float *cv = g_new (float, REF_CHUNK * hkv * d);
-  g_autofree float *part = g_new (float, hq * rows * d);     /* [hq][rows][d] */
-  g_autofree float *part_lse = g_new (float, hq * rows);
-  g_autofree float *lse = g_new (float, hq * rows);
-  SiftAttnOpts opts = { .scale = s->scale, .causal = FALSE };
-
-  for (gint32 l = 0; l < s->n_layers; l++)
-    {
-      float *acc = ref + (gsize) l * hq * rows * d;
-      SiftView o = sift_view_htd (acc, SIFT_DTYPE_F32, (gint32) hq, n_rows, (gint32) d);
-      SiftView p = sift_view_htd (part, SIFT_DTYPE_F32, (gint32) hq, n_rows, (gint32) d);
-      SiftView qv_ = sift_view_thd (q, SIFT_DTYPE_F32, n_rows, (gint32) hq, (gint32) d);
-      /* Nothing attended yet: output 0, LSE -inf (the identity of merge). */
-      memset (acc, 0, hq * rows * d * sizeof (float));
-      for (gsize i = 0; i < hq * rows; i++)
-        lse[i] = -INFINITY;
-      if (!sift_model_source_qkv (src, l, row0, n_rows, q, qk, qv, error))
-        return FALSE;
-      /* Keys before the first row: every row sees all of them. */
-      for (gint64 c0 = 0; c0 < row0; c0 += REF_CHUNK)
-        {
-          gint64 m = MIN (REF_CHUNK, row0 - c0);
-          if (!sift_model_source_qkv (src, l, c0, m, cq, ck, cv, error))
-            return FALSE;
-          SiftView k = sift_view_thd (ck, SIFT_DTYPE_F32, m, (gint32) hkv, (gint32) d);
-          SiftView v = sift_view_thd (cv, SIFT_DTYPE_F32, m, (gint32) hkv, (gint32) d);
-          if (!sift_attn_dense (&qv_, &k, &v, &opts, &p, part_lse, error)
-              || !sift_attn_merge (&o, lse, &p, part_lse, error))
-            return FALSE;
-        }
-      /* The rows' own keys, causally. */
-      SiftView k = sift_view_thd (qk, SIFT_DTYPE_F32, n_rows, (gint32) hkv, (gint32) d);
-      SiftView v = sift_view_thd (qv, SIFT_DTYPE_F32, n_rows, (gint32) hkv, (gint32) d);
-      SiftAttnOpts causal = { .scale = s->scale, .causal = TRUE, .q_offset = 0 };
-      if (!sift_attn_dense (&qv_, &k, &v, &causal, &p, part_lse, error)
-          || !sift_attn_merge (&o, lse, &p, part_lse, error))
-        return FALSE;
-    }
+  g_autoptr (SiftStore) store = reference_store (cfg, error);
+  if (store == NULL)
+    return FALSE;
+  SiftEngineConfig ec = {
+    .shape = cfg->shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = cfg->ring_slots, .pipeline = SIFT_PIPELINE_RING,
+  };
+  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
+  if (engine == NULL)
+    return FALSE;
+  /* NULL policies: dense attention over every block in both phases. */
+  g_autoptr (SiftRunner) runner = sift_runner_new (engine, model, NULL, NULL, error);
+  if (runner == NULL)
+    return FALSE;
+  Capture c = { .shape = &cfg->shape, .row0 = row0, .n_rows = n_rows, .ref = ref };
+  SiftRunnerObserver obs = { .attention = on_attention };
+  sift_runner_set_observer (runner, &obs, &c);
+  if (!sift_runner_prefill (runner, length, NULL, NULL, error))
+    return FALSE;
+  for (gint64 s = 0; s < steps; s++)
+    if (!sift_runner_decode (runner, 1, NULL, NULL, error))
+      return FALSE;
   return TRUE;
 }

@@ -141,7 +141,7 @@ nearest_hits (const Probe *pr, const Codes *c, gsize d)
 }
 
 static void
-codes_fill (SiftModelSource *src, gint32 layer, gint32 kv_head, gint64 n, Codes *c)
+codes_fill (SiftModel *src, gint32 layer, gint32 kv_head, gint64 n, Codes *c)
 {
   gsize d = (gsize) src->shape.head_dim;
   c->n = n;
@@ -160,7 +160,7 @@ codes_fill (SiftModelSource *src, gint32 layer, gint32 kv_head, gint64 n, Codes 
 }
 
 gsize
-harness_score_retrieval (SiftModelSource *src, const SiftNeedlePlan *plan, const float *out, gint64 row0,
+harness_score_retrieval (SiftModel *src, const SiftNeedlePlan *plan, const float *out, gint64 row0,
                          gint64 n_rows, gsize *hits, double *chance)
 {
   const SiftModelShape *s = &src->shape;

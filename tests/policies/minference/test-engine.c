@@ -62,7 +62,7 @@ run_prefill (const char *policy, const char *const *params, gint64 n, gint32 chu
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 3, SIFT_PIPELINE_RING, 0 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_assert_no_error (error);
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 9);
   SiftPolicy *per_layer[LAYERS] = { pol, pol }, *dense[LAYERS] = { NULL, NULL };
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, per_layer, dense, &error);
   g_assert_no_error (error);
@@ -70,7 +70,7 @@ run_prefill (const char *policy, const char *const *params, gint64 n, gint32 chu
   cap->out = g_new0 (float, (gsize) LAYERS * QH * n * D);
   cap->lse = g_new0 (float, (gsize) LAYERS * QH * n);
   sift_runner_set_observer (runner, &capture_observer, cap);
-  if (!sift_runner_prefill (runner, n, &error))
+  if (!sift_runner_prefill (runner, n, NULL, NULL, &error))
     fail_msg ("%s", error->message);
   sift_engine_counters (engine, -1, SIFT_PHASE_PREFILL, &cap->prefill);
 }
@@ -92,12 +92,12 @@ static void
 layer_get (Layer *L, gint32 layer, gint64 n, gint32 chunk)
 {
   SiftModelShape shape = { LAYERS, QH, KVH, D, BLOCK, chunk, 0.0f };
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 9);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 9);
   L->q = g_new (float, (gsize) n * QH * D);
   L->k = g_new (float, (gsize) n * KVH * D);
   L->v = g_new (float, (gsize) n * KVH * D);
   g_autoptr (GError) error = NULL;
-  assert_true (sift_model_source_qkv (src, layer, 0, n, L->q, L->k, L->v, &error));
+  assert_true (sift_model_qkv_at (src, layer, 0, n, L->q, L->k, L->v, &error));
   L->qv = sift_view_thd (L->q, SIFT_DTYPE_F32, n, QH, D);
   L->kv = sift_view_thd (L->k, SIFT_DTYPE_F32, n, KVH, D);
   L->vv = sift_view_thd (L->v, SIFT_DTYPE_F32, n, KVH, D);

@@ -82,7 +82,7 @@ run (gboolean hooks_see_prompt, Capture *c, SiftCounters *decode_counters)
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   assert_non_null (engine);
-  g_autoptr (SiftModelSource) source = sift_model_random_new (&shape, 7);
+  g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);
   g_autoptr (SiftPolicy) quest = quest_new (registry);
   SiftPolicy *per_layer[NL] = { quest, quest };
   /* Quest in prefill with prefill=false attends every block: dense, but its hooks see the prompt. */
@@ -91,7 +91,7 @@ run (gboolean hooks_see_prompt, Capture *c, SiftCounters *decode_counters)
   assert_non_null (runner);
   SiftRunnerObserver obs = { on_attention, on_selection };
   sift_runner_set_observer (runner, &obs, c);
-  if (!sift_runner_prefill (runner, PROMPT, &error) || !sift_runner_decode (runner, 1, &error))
+  if (!sift_runner_prefill (runner, PROMPT, NULL, NULL, &error) || !sift_runner_decode (runner, 1, NULL, NULL, &error))
     fail_msg ("%s", error->message);
   assert_true (c->seen_sel[0] && c->seen_sel[1] && c->seen_out[0] && c->seen_out[1]);
   sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, decode_counters);
@@ -136,7 +136,7 @@ test_per_head_selection_saves_compute (void **state)
   SiftCounters counters;
   run (TRUE, &c, &counters);
   const gint64 n_tok = PROMPT + 1;
-  g_autoptr (SiftModelSource) source = sift_model_random_new (&shape, 7);
+  g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);
   g_autofree float *q = g_new (float, (gsize) n_tok * NQ * D);
   g_autofree float *k = g_new (float, (gsize) n_tok * NKV * D);
   g_autofree float *v = g_new (float, (gsize) n_tok * NKV * D);
@@ -144,7 +144,7 @@ test_per_head_selection_saves_compute (void **state)
   guint64 attended = 0, union_blocks = 0;
   for (gint32 l = 0; l < NL; l++)
     {
-      assert_true (sift_model_source_qkv (source, l, 0, n_tok, q, k, v, NULL));
+      assert_true (sift_model_qkv_at (source, l, 0, n_tok, q, k, v, NULL));
       assert_int_equal (c.n_blocks, (PROMPT + BS - 1) / BS); /* the partial last block is stored */
       for (gint64 b = 0; b < c.n_blocks; b++)
         {

@@ -81,7 +81,7 @@ run_case (const Case *c)
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, c->slots, SIFT_PIPELINE_RING, 0 };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_assert_no_error (error);
-  g_autoptr (SiftModelSource) src = sift_model_random_new (&shape, 7);
+  g_autoptr (SiftModel) src = sift_model_random_new (&shape, 7);
 
   /* The reference: the whole sequence of each layer at once. */
   Check k = { .c = c, .seq = c->prompt + c->steps };
@@ -105,7 +105,7 @@ run_case (const Case *c)
   cfg.n_globals = n_globals;
   for (gint32 l = 0; l < c->layers; l++)
     {
-      assert_true (sift_model_source_qkv (src, l, 0, seq, q, kk, vv, &error));
+      assert_true (sift_model_qkv_at (src, l, 0, seq, q, kk, vv, &error));
       SiftView vq = sift_view_thd (q, SIFT_DTYPE_F32, seq, c->qh, c->d);
       SiftView vk = sift_view_thd (kk, SIFT_DTYPE_F32, seq, c->kvh, c->d);
       SiftView vv_ = sift_view_thd (vv, SIFT_DTYPE_F32, seq, c->kvh, c->d);
@@ -126,11 +126,11 @@ run_case (const Case *c)
   g_assert_no_error (error);
   SiftRunnerObserver obs = { .attention = observe };
   sift_runner_set_observer (runner, &obs, &k);
-  assert_true (sift_runner_prefill (runner, c->prompt, &error));
+  assert_true (sift_runner_prefill (runner, c->prompt, NULL, NULL, &error));
   g_assert_no_error (error);
   for (gint64 s = 0; s < c->steps; s++)
     {
-      assert_true (sift_runner_decode (runner, 1, &error));
+      assert_true (sift_runner_decode (runner, 1, NULL, NULL, &error));
       g_assert_no_error (error);
     }
   assert_int_equal (k.rows_seen, seq * c->layers);

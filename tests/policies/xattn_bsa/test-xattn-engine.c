@@ -32,7 +32,7 @@ static const SiftModelShape shape = {
 #define N_TOKENS 360
 
 typedef struct {
-  SiftModelSource *src;
+  SiftModel *src;
   SiftPolicy *policy[2];     /* per layer; NULL: dense */
   GArray *outputs;           /* every output float, in call order */
   double max_err;            /* against the plan's reference */
@@ -51,7 +51,7 @@ check_call (Run *run, const SiftPolicyContext *ctx, const SiftView *out)
   g_autofree float *q = g_new (float, (gsize) end * (gsize) H * (gsize) d);
   g_autofree float *k = g_new (float, (gsize) end * (gsize) KV * (gsize) d);
   g_autofree float *v = g_new (float, (gsize) end * (gsize) KV * (gsize) d);
-  assert_true (sift_model_source_qkv (run->src, ctx->layer, 0, end, q, k, v, NULL));
+  assert_true (sift_model_qkv_at (run->src, ctx->layer, 0, end, q, k, v, NULL));
   SiftView qv = sift_view_thd (q, SIFT_DTYPE_F32, end, H, d);
   SiftView kv = sift_view_thd (k, SIFT_DTYPE_F32, end, KV, d);
   SiftView vv = sift_view_thd (v, SIFT_DTYPE_F32, end, KV, d);
@@ -135,7 +135,7 @@ run_prefill (const XattnBsaConfig *cfg)
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, run->src, run->policy, decode, &error);
   assert_non_null (runner);
   sift_runner_set_observer (runner, &observer, run);
-  if (!sift_runner_prefill (runner, N_TOKENS, &error))
+  if (!sift_runner_prefill (runner, N_TOKENS, NULL, NULL, &error))
     fail_msg ("prefill: %s", error->message);
   return run;
 }
@@ -146,7 +146,7 @@ run_free (Run *run)
   for (gint32 l = 0; l < 2; l++)
     if (run->policy[l] != NULL)
       sift_policy_free (run->policy[l]);
-  sift_model_source_free (run->src);
+  sift_model_free (run->src);
   g_array_unref (run->outputs);
   g_free (run);
 }
