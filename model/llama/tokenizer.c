@@ -147,8 +147,8 @@ check_ids (SiftTokenizer *self, const SiftTokenizerSpec *spec, const char *sourc
   gboolean llama3 = self->kind == TOKENIZER_GPT2 && g_strcmp0 (self->pre, "llama3") == 0;
   self->add_bos = spec->add_bos >= 0 ? spec->add_bos != 0 : (self->kind == TOKENIZER_LLAMA || llama3);
   self->add_eos = spec->add_eos > 0;
-  self->add_space_prefix = spec->add_space_prefix >= 0 ? spec->add_space_prefix != 0
-                                                       : self->kind == TOKENIZER_LLAMA;
+  /* byte-level BPE has no "▁" to put first, whatever the file says */
+  self->add_space_prefix = self->kind == TOKENIZER_LLAMA && spec->add_space_prefix != 0;
   if (self->add_bos && self->bos < 0)
     {
       g_set_error (error, SIFT_MODEL_ERROR, SIFT_MODEL_ERROR_INVALID,
@@ -297,13 +297,12 @@ is_special_type (guint8 type)
          || type == SIFT_TOKEN_TYPE_UNKNOWN;
 }
 
-static const SiftTokenizer *sort_owner;
-
-static int
-longer_first (gconstpointer a, gconstpointer b)
+static gint
+longer_first (gconstpointer a, gconstpointer b, gpointer data)
 {
+  const SiftTokenizer *self = data;
   gint32 x = *(const gint32 *) a, y = *(const gint32 *) b;
-  guint32 lx = sort_owner->text_len[x], ly = sort_owner->text_len[y];
+  guint32 lx = self->text_len[x], ly = self->text_len[y];
   if (lx != ly)
     return lx > ly ? -1 : 1;
   return x < y ? -1 : x > y;
@@ -316,9 +315,7 @@ collect_special (SiftTokenizer *self)
   for (gint32 i = 0; i < self->n_tokens; i++)
     if (is_special_type (self->types[i]) && self->text_len[i] > 0)
       g_array_append_val (ids, i);
-  sort_owner = self;
-  g_array_sort (ids, longer_first);
-  sort_owner = NULL;
+  g_array_sort_with_data (ids, longer_first, self);
   self->n_special = (gint32) ids->len;
   self->special = (gint32 *) (void *) g_array_free (ids, FALSE);
 }

@@ -43,7 +43,7 @@ typedef struct {
   /* tokenizer.ggml.add_{bos,eos}_token: 1 or 0; -1 when absent (the kind's default,
    * as llama.cpp's: llama and gpt2 with pre "llama3" add BOS, others do not; none adds EOS) */
   gint8 add_bos, add_eos;
-  /* tokenizer.ggml.add_space_prefix: 1 or 0; -1 when absent (llama: 1; gpt2: 0) */
+  /* tokenizer.ggml.add_space_prefix: 1 or 0; -1 when absent (1); the gpt2 kind ignores it */
   gint8 add_space_prefix;
   const char *source;         /* names the file in error messages; may be NULL */
 } SiftTokenizerSpec;
@@ -76,6 +76,8 @@ gboolean sift_tokenizer_encode (const SiftTokenizer *self, const char *text, gss
 /* The text of ids[0..n): byte tokens joined, the space that encoding put before
  * the text removed (llama kind), control tokens left out unless special.
  * Always valid UTF-8 (an incomplete sequence at the end becomes U+FFFD).
+ * decode (encode (s)) == s, except that the llama kind reads a "▁" (U+2581) in
+ * s as a space, as SentencePiece does.
  * An id out of range is an error naming it. */
 char *sift_tokenizer_decode (const SiftTokenizer *self, const gint32 *ids, gsize n,
                              gboolean special, GError **error);
