@@ -5,100 +5,29 @@
  * vocabularies. docs/model.md ("Tokenizers") says how tokenizer-ref.txt was
  * made from them. Not run by the test suite. */
 #include <stdio.h>
-#include <string.h>
 
+#include "gguf-writer.h"
 #include "vocab.h"
-
-/* GGUF metadata value types */
-enum { T_UINT32 = 4, T_INT32 = 5, T_FLOAT32 = 6, T_STRING = 8, T_ARRAY = 9 };
-
-typedef struct {
-  GByteArray *kv;
-  guint64 n_kv;
-} Meta;
-
-static void
-put (Meta *m, const void *p, gsize n)
-{
-  g_byte_array_append (m->kv, p, (guint) n);
-}
-
-static void
-put_u32 (Meta *m, guint32 v)
-{
-  put (m, &v, 4);
-}
-
-static void
-put_str (Meta *m, const char *s)
-{
-  guint64 n = strlen (s);
-  put (m, &n, 8);
-  put (m, s, n);
-}
-
-static void
-key (Meta *m, const char *k, guint32 type)
-{
-  put_str (m, k);
-  put_u32 (m, type);
-  m->n_kv++;
-}
-
-static void
-kv_u32 (Meta *m, const char *k, guint32 v)
-{
-  key (m, k, T_UINT32);
-  put_u32 (m, v);
-}
-
-static void
-kv_f32 (Meta *m, const char *k, float v)
-{
-  key (m, k, T_FLOAT32);
-  put (m, &v, 4);
-}
-
-static void
-kv_str (Meta *m, const char *k, const char *v)
-{
-  key (m, k, T_STRING);
-  put_str (m, v);
-}
-
-static void
-kv_array (Meta *m, const char *k, guint32 type, guint64 n, const void *items)
-{
-  key (m, k, T_ARRAY);
-  put_u32 (m, type);
-  put (m, &n, 8);
-  if (type == T_STRING)
-    for (guint64 i = 0; i < n; i++)
-      put_str (m, ((const char *const *) items)[i]);
-  else
-    put (m, items, n * 4);
-}
 
 static gboolean
 write_gguf (const char *path, const SiftTokenizerSpec *s, GError **error)
 {
-  Meta m = { g_byte_array_new (), 0 };
-  kv_str (&m, "general.architecture", "llama");
-  kv_u32 (&m, "general.alignment", 32);
-  kv_u32 (&m, "llama.context_length", 512);
-  kv_u32 (&m, "llama.embedding_length", 64);
-  kv_u32 (&m, "llama.block_count", 1);
-  kv_u32 (&m, "llama.feed_forward_length", 128);
-  kv_u32 (&m, "llama.attention.head_count", 2);
-  kv_f32 (&m, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  kv_str (&m, "tokenizer.ggml.model", s->model);
+  g_autoptr (GgufWriter) w = gguf_writer_new (3, 32);
+  gguf_writer_add_string (w, "general.architecture", "llama");
+  gguf_writer_add_u32 (w, "llama.context_length", 512);
+  gguf_writer_add_u32 (w, "llama.embedding_length", 64);
+  gguf_writer_add_u32 (w, "llama.block_count", 1);
+  gguf_writer_add_u32 (w, "llama.feed_forward_length", 128);
+  gguf_writer_add_u32 (w, "llama.attention.head_count", 2);
+  gguf_writer_add_f32 (w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  gguf_writer_add_string (w, "tokenizer.ggml.model", s->model);
   if (s->pre != NULL)
-    kv_str (&m, "tokenizer.ggml.pre", s->pre);
-  kv_array (&m, "tokenizer.ggml.tokens", T_STRING, (guint64) s->n_tokens, s->tokens);
-  kv_array (&m, "tokenizer.ggml.scores", T_FLOAT32, (guint64) s->n_tokens, s->scores);
-  kv_array (&m, "tokenizer.ggml.token_type", T_INT32, (guint64) s->n_tokens, s->token_types);
+    gguf_writer_add_string (w, "tokenizer.ggml.pre", s->pre);
+  gguf_writer_add_string_array (w, "tokenizer.ggml.tokens", (guint64) s->n_tokens, s->tokens);
+  gguf_writer_add_array (w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, (guint64) s->n_tokens, s->scores);
+  gguf_writer_add_array (w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, (guint64) s->n_tokens, s->token_types);
   if (s->n_merges > 0)
-    kv_array (&m, "tokenizer.ggml.merges", T_STRING, (guint64) s->n_merges, s->merges);
+    gguf_writer_add_string_array (w, "tokenizer.ggml.merges", (guint64) s->n_merges, s->merges);
   const struct {
     const char *key;
     gint32 id;
@@ -109,22 +38,8 @@ write_gguf (const char *path, const SiftTokenizerSpec *s, GError **error)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (ids); i++)
     if (ids[i].id >= 0)
-      kv_u32 (&m, ids[i].key, (guint32) ids[i].id);
-
-  GByteArray *file = g_byte_array_new ();
-  guint32 version = 3;
-  guint64 n_tensors = 0;
-  g_byte_array_append (file, (const guint8 *) "GGUF", 4);
-  g_byte_array_append (file, (const guint8 *) &version, 4);
-  g_byte_array_append (file, (const guint8 *) &n_tensors, 8);
-  g_byte_array_append (file, (const guint8 *) &m.n_kv, 8);
-  g_byte_array_append (file, m.kv->data, m.kv->len);
-  while (file->len % 32 != 0) /* the (empty) data section starts aligned */
-    g_byte_array_append (file, (const guint8 *) "", 1);
-  gboolean ok = g_file_set_contents (path, (const char *) file->data, file->len, error);
-  g_byte_array_unref (file);
-  g_byte_array_unref (m.kv);
-  return ok;
+      gguf_writer_add_u32 (w, ids[i].key, (guint32) ids[i].id);
+  return gguf_writer_write (w, path, error);
 }
 
 int
