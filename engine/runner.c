@@ -2,7 +2,7 @@
  * driving the model through protocol v2 (begin, then per layer qkv and
  * attended, then end). For each layer and call: q, k, v from the model; k, v
  * into the engine's local buffer; the policy's select_blocks (validated);
- * its compute or the engine's default pipeline; the output back to the
+ * its compute or the engine's default attention; the output back to the
  * model; the observer; then the offload of full blocks (the policy's
  * offload hook first). After any error the run stops until
  * sift_runner_reset. */
