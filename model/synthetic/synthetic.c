@@ -112,11 +112,10 @@ invalid (GError **error, const char *fmt, ...)
 void
 sift_synthetic_config_defaults (SiftSyntheticConfig *k)
 {
-  *k = (SiftSyntheticConfig) {
-    .sink_tokens = 4, .sink_strength = 11.5, .locality = 2.0, .locality_scale = 64.0,
-    .heavy_hitters = 8, .heavy_hitter_strength = 9.5, .rope_dims = 32, .rope_base = 10000.0,
-    .retrieval_heads = 0.25, .needle_strength = 16.0, .noise = 0.8, .drift = 6.0, .drift_scale = 64.0,
-  };
+  /* The config's defaults (core/config-tables.c) are the one place. */
+  g_autoptr (SiftConfig) defaults = sift_config_new_default (NULL, NULL);
+  g_assert (defaults != NULL);
+  *k = defaults->synthetic;
 }
 
 static gboolean

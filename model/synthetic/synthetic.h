@@ -59,7 +59,7 @@ gsize sift_needle_plan_targets (const SiftNeedlePlan *plan, gint32 key, gint64 *
 SiftModel *sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed,
                                            const SiftSyntheticConfig *knobs,
                                            const SiftNeedlePlan *plan, GError **error);
-/* The knobs' defaults (the values config.h documents). */
+/* The knobs' defaults: those of sift_config_new_default (core/config-tables.c). */
 void sift_synthetic_config_defaults (SiftSyntheticConfig *knobs);
 /* TRUE when q head `q_head` of `layer` is a retrieval head. */
 gboolean sift_model_synthetic_is_retrieval_head (SiftModel *src, gint32 layer, gint32 q_head);
