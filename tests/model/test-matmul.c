@@ -10,6 +10,8 @@
 #include <cmocka.h>
 #include <sift/sift.h>
 
+#include "helpers.h"
+
 #include "gguf-writer.h"
 #include "matmul.h"
 #include "quant.h"
@@ -90,29 +92,6 @@ element (GgufTensorType type, const guint8 *row, gint64 e)
     default:
       g_assert_not_reached ();
     }
-}
-
-static void
-randn (GRand *r, float *x, gsize n, double scale)
-{
-  for (gsize i = 0; i < n; i++)
-    {
-      /* Box-Muller */
-      double u = g_rand_double_range (r, 1e-12, 1), v = g_rand_double (r);
-      x[i] = (float) (scale * sqrt (-2 * log (u)) * cos (2 * G_PI * v));
-    }
-}
-
-static double
-nmse (const float *y, const double *ref, gsize n)
-{
-  double num = 0, den = 0;
-  for (gsize i = 0; i < n; i++)
-    {
-      num += (y[i] - ref[i]) * (y[i] - ref[i]);
-      den += ref[i] * ref[i];
-    }
-  return num / MAX (den, 1e-300);
 }
 
 static guint8 *
