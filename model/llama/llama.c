@@ -392,8 +392,8 @@ gboolean
 llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, GError **error)
 {
   const LlamaConfig *c = &m->cfg;
-  if (m->in_step)
-    return out_of_order (m, "begin", -1, error);
+  /* A step left unfinished by an error is abandoned: begin starts afresh. */
+  m->in_step = FALSE;
   if (n < 1 || pos0 < 0 || tokens == NULL)
     {
       g_set_error (error, SIFT_MODEL_ERROR, SIFT_MODEL_ERROR_INVALID,

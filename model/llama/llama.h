@@ -53,7 +53,7 @@ GgufFile *llama_model_gguf (const LlamaModel *m);
 /* Bytes of the weight tensors. */
 guint64 llama_model_weight_bytes (const LlamaModel *m);
 
-/* One step: tokens [n] at positions pos0..pos0+n-1. */
+/* One step: tokens [n] at positions pos0..pos0+n-1 (abandons a step an error left unfinished). */
 gboolean llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, GError **error);
 /* q [n][n_heads][head_dim], k and v [n][n_kv_heads][head_dim] of `layer`,
  * after RoPE; layers in order, each after the previous one's attended(). */
