@@ -16,4 +16,3 @@
 #include <sift/runner.h>
 #include <sift/config.h>
 #include <sift/registry.h>
-#include <sift/synth.h>
