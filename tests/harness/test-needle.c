@@ -64,7 +64,7 @@ test_full_passes_every_cell (void **state)
       assert_true (isnan (c.prefill_recall) && isnan (c.decode_recall));
       assert_true (c.prefill_density == 1.0 && c.decode_density == 1.0);
       /* A random selection of every block is the full selection. */
-      assert_int_equal (c.baseline.n_seeds, HARNESS_BASELINE_SEEDS);
+      assert_int_equal (c.baseline.n_seeds, cfg->harness.baseline_seeds);
       for (gsize s = 0; s < c.baseline.n_seeds; s++)
         assert_true (c.baseline.pass[s] && c.baseline.prefill_retrieval[s] == c.prefill_retrieval
                      && c.baseline.decode_retrieval[s] == c.decode_retrieval);
@@ -209,7 +209,7 @@ test_shipped_configs (void **state)
       for (gsize l = 0; l < g.n_lengths; l++)
         {
           g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g.lengths[l], 1.0,
-                                                                  cfg->synthetic.sink_tokens, cfg->harness.seed, &error);
+                                                                  cfg->synthetic.sink_tokens, cfg->shape.block_size, cfg->harness.seed, &error);
           assert_non_null (plan);
           g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
                                                                       &error);

@@ -252,7 +252,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
     }
   SiftModelShape shape = cfg->shape;
   const SiftHarnessConfig *h = &cfg->harness;
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens,
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens, cfg->shape.block_size,
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
@@ -365,7 +365,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &cell->decode_counters);
       cell->prefill_density = ratio (cell->prefill_counters.tokens_attended, cell->prefill_counters.tokens_available);
       cell->decode_density = ratio (cell->decode_counters.tokens_attended, cell->decode_counters.tokens_available);
-      ok = harness_baseline_compute (src, plan, c.calls, HARNESS_BASELINE_SEEDS, h->seed, cell->prefill_density,
+      ok = harness_baseline_compute (src, plan, c.calls, (gsize) h->baseline_seeds, h->seed, cell->prefill_density,
                                      cell->decode_density, c.row0, c.n_rows, &cell->baseline, error);
     }
   sift_runner_free (runner);

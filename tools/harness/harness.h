@@ -33,7 +33,6 @@ void harness_spacing (SiftSpacing spacing, gsize n, double *out);
 /* ---- One cell (cell.c, score.c, reference.c, baseline.c) ----------------- */
 
 #define HARNESS_BASELINE_MAX_SEEDS 32
-#define HARNESS_BASELINE_SEEDS 5     /* seeds per cell */
 
 /* The random baseline of a cell: the same question rows answered from a
  * random selection of as many stored blocks as the policy attended, call

@@ -57,7 +57,9 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
                           " %" G_GINT64_FORMAT " %" G_GINT64_FORMAT " %" G_GUINT64_FORMAT "\n",
                           needle_kinds[h->needle], h->n_distractors, h->n_values, h->n_queries,
                           h->question_tokens, h->decode_steps, h->seed);
-  g_string_append_printf (s, "baseline %d\n", HARNESS_BASELINE_SEEDS);
+  g_string_append_printf (s, "baseline %" G_GINT64_FORMAT "\ndepths %d\nplanted %d %.17g %.17g %" G_GINT64_FORMAT "\n",
+                          h->baseline_seeds, (int) h->depth_span, k->planted_exact, k->drift, k->drift_scale,
+                          k->logn_length);
   g_string_append_printf (s, "cell %" G_GINT64_FORMAT " %.17g\n", length, depth);
   char *sum = g_compute_checksum_for_string (G_CHECKSUM_SHA256, s->str, (gssize) s->len);
   g_string_free (s, TRUE);
@@ -180,6 +182,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "block_size", m->block_size);
   json_int (&w, "chunk_size", m->chunk_size);
   json_uint (&w, "seed", c->seed);
+  json_string (&w, "planted_keys", c->synthetic.planted_exact ? "exact" : "matched");
   json_end_object (&w);
   json_begin_object (&w, "kv");
   json_int (&w, "capacity_tokens", c->capacity_tokens);
@@ -198,6 +201,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "question_tokens", h->question_tokens);
   json_int (&w, "decode_steps", cell->decode_steps);
   json_uint (&w, "seed", h->seed);
+  json_string (&w, "depth_span", h->depth_span == SIFT_DEPTH_FULL ? "full" : "interior");
   json_end_object (&w);
   json_begin_object (&w, "scores");
   json_bool (&w, "pass", cell->pass);
