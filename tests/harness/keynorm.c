@@ -1,8 +1,7 @@
 /* Test plugin "keynorm": keeps, per kv head, the stored blocks whose
  * largest key norm is highest, within a token budget, and never looks at
  * the query. A harness whose planted keys stand out by norm would let it
- * find needles for free; with planted keys matched to ordinary ones it must
- * fail interior cells (tests/harness/test-needle.c). */
+ * find needles for free (tests/harness/keynorm.yaml runs it). */
 #include <math.h>
 #include <string.h>
 

@@ -14,18 +14,24 @@
 #include "harness.h"
 
 static SiftConfig *
-load (const char *const *sets)
+load_file (const char *file, const char *const *sets)
 {
   const char *dirs[] = { SINKWINDOW_DIR, NULL };
   g_autoptr (SiftRegistry) registry = sift_registry_new (dirs);
   g_autoptr (GError) error = NULL;
-  SiftConfig *cfg = sift_config_load (SOURCE_DIR "/sanity.yaml", registry, &error);
+  SiftConfig *cfg = sift_config_load (file, registry, &error);
   if (cfg == NULL)
     fail_msg ("%s", error->message);
   for (; sets != NULL && *sets != NULL; sets++)
     if (!sift_config_set (cfg, *sets, registry, &error))
       fail_msg ("%s", error->message);
   return cfg;
+}
+
+static SiftConfig *
+load (const char *const *sets)
+{
+  return load_file (SOURCE_DIR "/sanity.yaml", sets);
 }
 
 static const SiftPolicySetup *
