@@ -1,7 +1,7 @@
 /* Test plugin "keynorm": keeps, per kv head, the stored blocks whose
  * largest key norm is highest, within a token budget, and never looks at
  * the query. A harness whose planted keys stand out by norm would let it
- * find needles for free (tests/harness/keynorm.yaml runs it). */
+ * find needles for free (tests/harness/test-keynorm.c). */
 #include <math.h>
 #include <string.h>
 

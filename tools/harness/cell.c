@@ -332,10 +332,12 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       cell->chance = chance[q - 1];
       cell->prefill_rel_error = rel_error (&shape, c.out, ref, c.n_rows, 0, q);
       cell->decode_rel_error = steps > 0 ? rel_error (&shape, c.out, ref, c.n_rows, q, c.n_rows) : NAN;
-      /* A phase without any selection has no recall to speak of (dense
-       * layers alone would read 100%). */
-      cell->prefill_recall = c.selection_calls[0] > 0 ? ratio (c.covered[0], c.asked[0]) : NAN;
-      cell->decode_recall = c.selection_calls[1] > 0 ? ratio (c.covered[1], c.asked[1]) : NAN;
+      /* A phase without any selection over an unbounded cache has no
+       * recall to speak of (dense layers alone would read 100%); under a
+       * bounded cache recall still tells what eviction kept. */
+      gboolean bounded = cfg->capacity_tokens > 0;
+      cell->prefill_recall = c.selection_calls[0] > 0 || bounded ? ratio (c.covered[0], c.asked[0]) : NAN;
+      cell->decode_recall = c.selection_calls[1] > 0 || bounded ? ratio (c.covered[1], c.asked[1]) : NAN;
       cell->n_layers = L;
       cell->n_q_heads = shape.n_q_heads;
       cell->recall_by_layer = g_new (double, 2 * (gsize) L);
