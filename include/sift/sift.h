@@ -17,3 +17,4 @@
 #include <sift/config.h>
 #include <sift/registry.h>
 #include <sift/synth.h>
+#include <sift/cuda.h>
