@@ -35,7 +35,7 @@ typedef struct {
 
 /* Work (q heads x query rows x keys x head_dim) below which a kernel call
  * runs on the calling thread: waking the pool costs more. The engine's
- * ring sizes its groups by it (engine/pipeline.c). */
+ * ring sizes its groups by it (engine/ring.c, engine/attend.c). */
 #define SIFT_ATTN_SERIAL_WORK (1 << 20)
 
 /* The checks of sift_attn_dense / decode / gather (every view, then their

@@ -1,5 +1,8 @@
-/* The OffloadEngine's internals shared by engine.c (buffers, block table,
- * copy worker), pipeline.c (the default pipelines) and runner.c. */
+/* The OffloadEngine's internals, shared by its files and the runner. The
+ * files call each other one way only (docs/engine.md, "Files"): engine.c
+ * (construction, reset) calls every part; attend.c (the default attention)
+ * and evict.c call block-table.c and ring.c; those and cross-layer.c call
+ * worker.c (the copy worker); everything calls counters.c. */
 #pragma once
 
 #include <pthread.h>
@@ -7,7 +10,14 @@
 #include <sift/engine.h>
 #include <sift/store.h>
 
+#include <sift/error.h>
+
 #include "store-private.h"
+
+/* Sets a SIFT_ENGINE_ERROR_INVALID error "engine: <message>" and is FALSE.
+ * fmt must be a string literal. */
+#define sift_engine_invalid(error, ...) \
+  (g_set_error ((error), SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID, "engine: " __VA_ARGS__), FALSE)
 
 typedef enum {
   SLOT_FREE = 0,   /* never loaded, or marked done */
@@ -30,7 +40,7 @@ typedef struct {
 } Slot;
 
 /* Spinning before a wait, with back-off after a spin that timed out
- * (engine.c). Guarded by the engine lock. */
+ * (worker.c). Guarded by the engine lock. */
 typedef struct {
   gint32 backoff;  /* waits to sleep through after the next timeout */
   gint32 skip;     /* waits left that sleep at once */
@@ -47,6 +57,23 @@ typedef struct {
   GError *error;       /* first failed load */
   GArray *ids;         /* gint64 logical ids, in load order (ascending) */
 } XlHalf;
+
+typedef enum { JOB_LOAD, JOB_STORE } JobKind;
+
+/* One transfer for the copy worker. Loads write `dst_*`, stores read
+ * `src_*`; both address blocks of [n_kv_heads][cap][head_dim] compute
+ * elements (cap: tokens from one head to the next in that buffer). */
+typedef struct {
+  JobKind kind;
+  gint32 layer;
+  SiftPhase phase;
+  gint64 store_id;
+  SiftLoadWhat what;
+  guint8 *k, *v;
+  gint64 cap;
+  gint32 slot;    /* load into a ring slot, or -1 */
+  gint32 half;    /* load into a cross-layer half, or -1 */
+} Job;
 
 typedef struct _SiftBatch SiftBatch;
 
@@ -65,10 +92,11 @@ struct _SiftEngine {
   GArray **store_ids;         /* [n_layers] -> gint64 [stored blocks of that layer] */
   gint64 *stored_tokens;      /* [n_layers] position after that layer's stored blocks (evicted ones included) */
 
-  /* Eviction and H2O accumulated attention (evict.c, docs/eviction.md). */
   GArray **rows_pos;          /* [n_layers] -> gint64 [stored blocks][block_size]: each stored row's position (-1: none) */
-  SiftEvictConfig evict;
   gint64 *kept_tokens;        /* [n_layers] valid tokens in stored blocks */
+
+  /* Eviction and H2O accumulated attention (evict.c, docs/eviction.md). */
+  SiftEvictConfig evict;
   gboolean *track;            /* [n_layers] keep accumulated attention */
   GArray **acc;               /* [n_layers] -> float [stored blocks][block_size][n_kv_heads] */
   float **acc_local;          /* [n_layers] -> [acc_local_cap][n_kv_heads], tokens from stored_tokens on */
@@ -115,7 +143,7 @@ struct _SiftEngine {
   SiftPhase phase;            /* loads are counted under it */
   const char *policy_name;    /* named in selection errors */
 
-  SiftBatch *batch;           /* pipeline.c: the blocks of one kernel call, reused */
+  SiftBatch *batch;           /* attend.c: the blocks of one kernel call, reused */
 
   /* Scratch for partial attention results. */
   float *part_out;            /* [n_q_heads][max_q][head_dim] */
@@ -123,13 +151,59 @@ struct _SiftEngine {
   gint64 max_q;
 };
 
+static inline gboolean
+sift_engine_check_layer (SiftEngine *e, gint32 layer, GError **error)
+{
+  if (layer >= 0 && layer < e->config.shape.n_layers)
+    return TRUE;
+  return sift_engine_invalid (error, "layer %d is outside the model's %d layers", layer, e->config.shape.n_layers);
+}
+
+/* ---- Counters (counters.c) ------------------------------------------------ */
+
 SiftCounters *sift_engine_counters_at (SiftEngine *engine, gint32 layer, SiftPhase phase);
 /* Adds to a counter under the engine lock. */
 void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const SiftCounters *add);
+/* Counts a call: blocks available/selected and tokens available. */
+void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
+                             gsize n_selected);
+
+/* ---- The copy worker (worker.c) ----------------------------------------- */
+
+/* Starts the worker thread (the engine lock exists); stops it and frees
+ * what it owns. */
+void sift_engine_worker_start (SiftEngine *engine);
+void sift_engine_worker_stop (SiftEngine *engine);
+/* Zeroed, 4096-byte aligned memory (huge pages from 2 MiB); free () it. */
+void *sift_engine_buffer_new0 (gsize n);
+/* Queues a job (g_new'd; the worker frees it) and wakes the worker. */
+void sift_engine_queue_job (SiftEngine *engine, Job *job);
+/* Lock held: queues a job and marks what it fills as pending, without a
+ * wake-up; wake_worker_locked after a batch of them. */
+void sift_engine_push_job_locked (SiftEngine *engine, Job *job);
+void sift_engine_wake_worker_locked (SiftEngine *engine);
+/* Lock held: runs the next queued job on the calling thread if it may
+ * (FALSE: nothing to take); waits for any job to finish. A waiter loops
+ * `while (pending) if (!help_locked) wait_done_locked`. */
+gboolean sift_engine_help_locked (SiftEngine *engine);
+void sift_engine_wait_done_locked (SiftEngine *engine);
+/* Lock held: waits for the stores reading `layer`'s buffers (stalled time
+ * of the current phase); for every job. */
+void sift_engine_wait_stores_locked (SiftEngine *engine, gint32 layer);
+void sift_engine_wait_idle_locked (SiftEngine *engine);
+/* Lock held: FALSE with a copy of the first failed store's error. */
+gboolean sift_engine_store_error_locked (SiftEngine *engine, GError **error);
 
 /* Batches loads: while held, queued jobs do not wake the worker; the last
  * release wakes it once. Waiting on a slot wakes it too. */
 void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
+
+/* ---- The ring (ring.c) --------------------------------------------------- */
+
+void sift_engine_ring_init (SiftEngine *engine);
+/* Every slot free, unmapped and zeroed (the worker idle). */
+void sift_engine_ring_clear (SiftEngine *engine);
+void sift_engine_ring_free (SiftEngine *engine);
 
 /* Before this engine writes or releases store block `store_id`: a slot
  * mapped onto it gets a copy of the bytes, so it stays valid until
@@ -160,6 +234,21 @@ void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
 /* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
+
+/* ---- The cross-layer pipeline (cross-layer.c) ------------------------------ */
+
+void sift_engine_xl_init (SiftEngine *engine);
+void sift_engine_xl_clear (SiftEngine *engine);
+void sift_engine_xl_free (SiftEngine *engine);
+
+/* ---- The block table (block-table.c) -------------------------------------- */
+
+void sift_engine_blocks_init (SiftEngine *engine);
+/* Every block released to the store, every layer empty. */
+void sift_engine_blocks_clear (SiftEngine *engine);
+void sift_engine_blocks_free (SiftEngine *engine);
+/* The stored block and row holding `pos`; FALSE when it is not stored. */
+gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
 
 /* ---- Calls for the runner ---------------------------------------------- */
 
@@ -199,9 +288,6 @@ gboolean sift_engine_call_offload_hook (SiftPolicy *policy, SiftPhase phase, con
 gboolean sift_engine_sync (SiftEngine *engine, GError **error);
 /* Fills the block table part of a context for `layer`. */
 void sift_engine_fill_context (SiftEngine *engine, SiftPolicyContext *ctx, gint32 layer);
-/* Counts a call: blocks available/selected and tokens available. */
-void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
-                             gsize n_selected);
 /* sift_engine_attend_default for a selection the runner has just validated
  * against the layer's blocks (not validated again). */
 gboolean sift_engine_attend_validated (SiftEngine *engine, const SiftPolicyContext *ctx,
@@ -213,8 +299,8 @@ gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext 
                                     const SiftSelection *sel, const SiftView *k, const SiftView *v,
                                     gsize n_blocks, SiftView *out, float *lse, GError **error);
 
-/* Frees the pipelines' reused scratch (pipeline.c). */
-void sift_engine_batch_free (SiftEngine *engine);
+/* Frees the default attention's reused scratch (attend.c). */
+void sift_engine_attend_free (SiftEngine *engine);
 
 /* ---- Eviction (evict.c) -------------------------------------------------- */
 
@@ -222,11 +308,6 @@ void sift_engine_batch_free (SiftEngine *engine);
 void sift_engine_evict_init (SiftEngine *engine);
 void sift_engine_evict_clear (SiftEngine *engine);
 void sift_engine_evict_free (SiftEngine *engine);
-/* A block of `layer` was appended (before stored_tokens moves on): its row
- * positions and accumulated attention join the stored rows. */
-void sift_engine_evict_note_offload (SiftEngine *engine, gint32 layer, gint64 first_token, gint32 n_valid);
-/* The stored block and row holding `pos`; FALSE when it is not stored. */
-gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
 /* After a layer's attention: adds the call's softmax probabilities to the
  * accumulated attention of every stored and local token (if tracked). */
 gboolean sift_engine_accumulate (SiftEngine *engine, const SiftPolicyContext *ctx, const float *lse,

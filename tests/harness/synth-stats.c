@@ -20,6 +20,9 @@
 #include <string.h>
 
 #include <sift/sift.h>
+#include <synthetic/synthetic.h>
+
+#include "needle-plan.h"
 
 #define WINDOW 256
 #define QBLOCK 64

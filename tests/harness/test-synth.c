@@ -10,7 +10,9 @@
 #include <cmocka.h>
 #include <sift/sift.h>
 
-#include "synth-private.h"
+#include <synthetic/synthetic-private.h>
+
+#include "needle-plan.h"
 
 
 #define N 1024

@@ -10,6 +10,8 @@
 #include <glib.h>
 #include <sift/sift.h>
 
+#include "needle-plan.h"
+
 G_BEGIN_DECLS
 
 /* ---- Grid (grid.c) -------------------------------------------------------- */

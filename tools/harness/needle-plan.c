@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include <sift/error.h>
-#include <sift/synth.h>
+#include <sift/config.h>
+
+#include "needle-plan.h"
 
 /* Cosine between a distractor's key and the needle key it imitates. */
 #define DISTRACTOR_SIMILARITY 0.8
@@ -97,36 +99,4 @@ sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth,
   g_rand_free (rand);
   qsort (plan->needles, plan->n_needles, sizeof (SiftNeedle), cmp_needle);
   return plan;
-}
-
-void
-sift_needle_plan_free (SiftNeedlePlan *plan)
-{
-  if (plan == NULL)
-    return;
-  g_free (plan->needles);
-  g_free (plan);
-}
-
-gboolean
-sift_needle_plan_is_question (const SiftNeedlePlan *plan, gint64 p)
-{
-  return plan != NULL && p >= plan->question_start;
-}
-
-gint32
-sift_needle_plan_key_at (const SiftNeedlePlan *plan, gint64 p)
-{
-  g_return_val_if_fail (plan != NULL && p >= plan->question_start, 0);
-  return (gint32) ((p - plan->question_start) % plan->n_keys);
-}
-
-gsize
-sift_needle_plan_targets (const SiftNeedlePlan *plan, gint32 key, gint64 *out, gsize max_out)
-{
-  gsize n = 0;
-  for (gsize i = 0; i < plan->n_needles; i++)
-    if (plan->needles[i].distractor < 0 && plan->needles[i].key == key && n < max_out)
-      out[n++] = plan->needles[i].position;
-  return n;
 }

@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include <sift/error.h>
-#include <sift/synth.h>
+#include "synthetic.h"
 
-#include "synth-private.h"
+#include "synthetic-private.h"
 
 enum { TAG_Q = 1, TAG_K = 2, TAG_V = 3, TAG_BASIS = 4, TAG_PHASE = 5, TAG_DRIFT = 6 };
 

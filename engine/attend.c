@@ -53,7 +53,7 @@ batch_clear (SiftBatch *b)
 }
 
 void
-sift_engine_batch_free (SiftEngine *e)
+sift_engine_attend_free (SiftEngine *e)
 {
   SiftBatch *b = e->batch;
   if (b == NULL)
@@ -433,7 +433,7 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   return ok;
 }
 
-/* The default pipeline over a validated selection (NULL: every block). */
+/* The default attention over a validated selection (NULL: every block). */
 static gboolean
 attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, SiftView *out, float *lse,
         GError **error)
