@@ -16,3 +16,4 @@
 #include <sift/runner.h>
 #include <sift/config.h>
 #include <sift/registry.h>
+#include <sift/cuda.h>
