@@ -584,6 +584,31 @@ test_bad_models (void **state)
   assert_false (llama_model_end (m, NULL, &error));
 }
 
+/* The random models' tokenizer (a gpt2 BPE) read from the file's metadata. */
+static void
+test_tokenizer_from_gguf (void **state)
+{
+  (void) state;
+  GgufRandomModel spec;
+  gguf_random_model_init (&spec, "llama", GGUF_TENSOR_F32, 3);
+  g_autofree char *path = write_model (&spec);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (GgufFile) f = gguf_open (path, &error);
+  g_autoptr (SiftTokenizer) tok = llama_tokenizer_from_gguf (f, &error);
+  if (tok == NULL)
+    fail_msg ("%s", error->message);
+  assert_int_equal (sift_tokenizer_n_tokens (tok), spec.n_vocab);
+  assert_string_equal (sift_tokenizer_model (tok), "gpt2");
+  const char *text = "The quick brown fox: Café 東京 🎉";
+  g_autoptr (GArray) ids = g_array_new (FALSE, FALSE, sizeof (gint32));
+  assert_true (sift_tokenizer_encode (tok, text, -1, SIFT_TOKENIZE_ADD_SPECIAL, ids, &error));
+  assert_int_equal (g_array_index (ids, gint32, 0), sift_tokenizer_bos (tok));
+  /* The trained merges shorten the text: fewer tokens than bytes. */
+  assert_true (ids->len < strlen (text));
+  g_autofree char *back = sift_tokenizer_decode (tok, (const gint32 *) ids->data, ids->len, FALSE, &error);
+  assert_string_equal (back, text);
+}
+
 int
 main (void)
 {
@@ -595,6 +620,7 @@ main (void)
     cmocka_unit_test (test_forward_f32),
     cmocka_unit_test (test_forward_types),
     cmocka_unit_test (test_bad_models),
+    cmocka_unit_test (test_tokenizer_from_gguf),
   };
   return cmocka_run_group_tests (tests, setup, teardown);
 }
