@@ -225,8 +225,8 @@ prepare_checked (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const Si
 }
 
 /* prepare_checked after checking each view. */
-static gboolean
-prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+gboolean
+sift_attn_prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
          const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
   if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
@@ -240,7 +240,7 @@ sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v, const 
                  SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   kernels ()->dense (&a);
   return TRUE;
@@ -251,7 +251,7 @@ sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v, const
                   SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (q->n_tokens < 1 || q->n_tokens > SIFT_ATTN_DECODE_MAX_ROWS)
     return shape_error (error, "decode takes 1..%d query rows, not %" G_GINT64_FORMAT,
@@ -265,7 +265,7 @@ sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v, const
                   gsize n_rows, const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (rows == NULL && n_rows > 0)
     {
@@ -346,25 +346,37 @@ paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks
 }
 
 gboolean
+sift_attn_prepare_paged (SiftAttnArgs *a, SiftView *k_all, SiftView *v_all, gint64 *block_start,
+                         const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                         gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                         GError **error)
+{
+  if (!sift_view_check (q, "q", error) || !sift_view_check (out, "out", error))
+    return FALSE;
+  if (!paged_blocks (k_blocks, v_blocks, n_blocks, q->n_heads, k_all, v_all, block_start, error))
+    return FALSE;
+  if (n_blocks == 0)
+    k_all->head_dim = v_all->head_dim = q->head_dim;
+  if (!prepare_checked (a, q, k_all, v_all, opts, out, lse, error))
+    return FALSE;
+  a->k_blocks = k_blocks;
+  a->v_blocks = v_blocks;
+  a->n_blocks = n_blocks;
+  a->block_start = block_start;
+  return TRUE;
+}
+
+gboolean
 sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
                  gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                  GError **error)
 {
-  if (!sift_view_check (q, "q", error) || !sift_view_check (out, "out", error))
-    return FALSE;
   SiftView k_all, v_all;
   g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
-  if (!paged_blocks (k_blocks, v_blocks, n_blocks, q->n_heads, &k_all, &v_all, block_start, error))
-    return FALSE;
-  if (n_blocks == 0)
-    k_all.head_dim = v_all.head_dim = q->head_dim;
   SiftAttnArgs a;
-  if (!prepare_checked (&a, q, &k_all, &v_all, opts, out, lse, error))
+  if (!sift_attn_prepare_paged (&a, &k_all, &v_all, block_start, q, k_blocks, v_blocks, n_blocks,
+                                opts, out, lse, error))
     return FALSE;
-  a.k_blocks = k_blocks;
-  a.v_blocks = v_blocks;
-  a.n_blocks = n_blocks;
-  a.block_start = block_start;
   if (q->n_tokens <= SIFT_ATTN_DECODE_MAX_ROWS)
     kernels ()->decode (&a);
   else

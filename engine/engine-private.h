@@ -1,5 +1,9 @@
-/* The OffloadEngine's internals shared by engine.c (buffers, block table,
- * copy worker), pipeline.c (the default pipelines) and runner.c. */
+/* The OffloadEngine's internals, shared by its files and the runner. The
+ * files call each other one way only (docs/engine.md, "Files"): engine.c
+ * (construction, reset) calls every part; attend.c (the default attention)
+ * and evict.c call block-table.c and ring.c; everything calls counters.c.
+ * Transfers, events, compute memory and kernels go through the backend's
+ * method table (backend.h); only engine.c names a backend (the CPU one). */
 #pragma once
 
 #include <pthread.h>
@@ -7,21 +11,26 @@
 #include <sift/engine.h>
 #include <sift/store.h>
 
+#include <sift/error.h>
+
+#include "backend.h"
 #include "store-private.h"
 
-typedef enum {
-  SLOT_FREE = 0,   /* never loaded, or marked done */
-  SLOT_LOADING,    /* a load is queued or running */
-  SLOT_READY,      /* loaded; compute may read it */
-  SLOT_FAILED,     /* the load failed; wait_slot reports it */
-} SlotState;
+/* Sets a SIFT_ENGINE_ERROR_INVALID error "engine: <message>" and is FALSE.
+ * fmt must be a string literal. */
+#define sift_engine_invalid(error, ...) \
+  (g_set_error ((error), SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID, "engine: " __VA_ARGS__), FALSE)
 
+/* A ring slot: free, or given a block (busy) that is loading, ready or
+ * failed as its event says (a mapped slot is ready at once, or failed with
+ * `error`). Compute thread only. */
 typedef struct {
-  SlotState state;
+  gboolean busy;
+  SiftEvent *event;    /* the slot's loads */
   gint32 n_valid;
   gint32 layer;
-  GError *error;
-  /* A zero-copy slot (READY without a copy): K and V in the store's own
+  GError *error;       /* a mapping that failed (the store failed before) */
+  /* A zero-copy slot (ready without a copy): K and V in the store's own
    * memory, each [n_kv_heads][block_size][head_dim] compute dtype, and the
    * store id they belong to; NULL / -1 when the slot's memory holds the data.
    * Compute thread only. */
@@ -29,22 +38,14 @@ typedef struct {
   gint64 map_id;
 } Slot;
 
-/* Spinning before a wait, with back-off after a spin that timed out
- * (engine.c). Guarded by the engine lock. */
-typedef struct {
-  gint32 backoff;  /* waits to sleep through after the next timeout */
-  gint32 skip;     /* waits left that sleep at once */
-} SpinState;
-
 /* One half of the cross-layer double buffer: a layer's selected blocks
  * side by side on the token axis. */
 typedef struct {
-  guint8 *k, *v;       /* [n_kv_heads][cap_blocks * block_size][head_dim], compute dtype */
+  SiftBuffer k, v;     /* [n_kv_heads][cap_blocks * block_size][head_dim], compute dtype */
   gint64 cap_blocks;
   gint64 n_blocks;     /* loaded or loading */
   gint32 layer;        /* -1: unused */
-  gint32 pending;      /* loads not finished */
-  GError *error;       /* first failed load */
+  SiftEvent *event;    /* the half's loads */
   GArray *ids;         /* gint64 logical ids, in load order (ascending) */
 } XlHalf;
 
@@ -65,16 +66,18 @@ struct _SiftEngine {
   GArray **store_ids;         /* [n_layers] -> gint64 [stored blocks of that layer] */
   gint64 *stored_tokens;      /* [n_layers] position after that layer's stored blocks (evicted ones included) */
 
-  /* Eviction and H2O accumulated attention (evict.c, docs/eviction.md). */
   GArray **rows_pos;          /* [n_layers] -> gint64 [stored blocks][block_size]: each stored row's position (-1: none) */
-  SiftEvictConfig evict;
   gint64 *kept_tokens;        /* [n_layers] valid tokens in stored blocks */
+
+  /* Eviction and H2O accumulated attention (evict.c, docs/eviction.md). */
+  SiftEvictConfig evict;
   gboolean *track;            /* [n_layers] keep accumulated attention */
   GArray **acc;               /* [n_layers] -> float [stored blocks][block_size][n_kv_heads] */
   float **acc_local;          /* [n_layers] -> [acc_local_cap][n_kv_heads], tokens from stored_tokens on */
   gint64 acc_local_cap;
 
-  /* Compute-side buffers, compute dtype. */
+  /* Compute-side buffers, compute dtype, from the backend (host-visible:
+   * the engine writes rows into them and hands policies views of them). */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
   guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim] */
@@ -86,27 +89,13 @@ struct _SiftEngine {
   XlHalf xl[2];
   gboolean xl_active;
 
-  /* Copy worker. */
-  GThread *worker;
-  pthread_mutex_t lock;                /* guards everything the worker touches below, slots and xl states */
-  pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
-  pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
-  gboolean worker_idle;
-  gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
-  gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
-  gint32 done_waiters;
-  guint64 queue_seq;          /* atomic: bumped by every queued job (the worker spins on it) */
-  guint64 done_seq;           /* atomic: bumped by every finished job (waiters spin on it) */
-  SpinState worker_spin;      /* the worker's spins for a job */
-  SpinState waiter_spin;      /* the compute side's spins for a finished job */
-  GQueue jobs;                /* Job * */
-  gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
-  gint32 running_stores;      /* of those, stores */
-  gboolean quit;
-  gint32 *stores_pending;     /* [n_layers] store jobs reading that layer's buffers */
+  /* The compute side (backend.h): transfers, events, memory, kernels. */
+  SiftBackend *backend;
+  GArray *buffers;            /* SiftBuffer: every buffer above, freed with the engine */
+  SiftEvent **store_events;   /* [n_layers] the stores reading that layer's buffers */
+
+  pthread_mutex_t lock;       /* guards the counters and store_error (the backend's sink runs on its threads) */
   GError *store_error;        /* first failed store: sticky until reset */
-  guint8 *staging;            /* worker only: one stored block, 4 KiB aligned */
-  guint8 *help_staging;       /* the compute thread's, when it runs a load itself */
 
   /* Counters [n_layers][2 phases], guarded by lock. */
   SiftCounters *counters;
@@ -115,7 +104,7 @@ struct _SiftEngine {
   SiftPhase phase;            /* loads are counted under it */
   const char *policy_name;    /* named in selection errors */
 
-  SiftBatch *batch;           /* pipeline.c: the blocks of one kernel call, reused */
+  SiftBatch *batch;           /* attend.c: the blocks of one kernel call, reused */
 
   /* Scratch for partial attention results. */
   float *part_out;            /* [n_q_heads][max_q][head_dim] */
@@ -123,13 +112,35 @@ struct _SiftEngine {
   gint64 max_q;
 };
 
+static inline gboolean
+sift_engine_check_layer (SiftEngine *e, gint32 layer, GError **error)
+{
+  if (layer >= 0 && layer < e->config.shape.n_layers)
+    return TRUE;
+  return sift_engine_invalid (error, "layer %d is outside the model's %d layers", layer, e->config.shape.n_layers);
+}
+
+/* ---- Counters (counters.c) ------------------------------------------------ */
+
 SiftCounters *sift_engine_counters_at (SiftEngine *engine, gint32 layer, SiftPhase phase);
 /* Adds to a counter under the engine lock. */
 void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const SiftCounters *add);
+/* Counts a call: blocks available/selected and tokens available. */
+void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
+                             gsize n_selected);
 
-/* Batches loads: while held, queued jobs do not wake the worker; the last
- * release wakes it once. Waiting on a slot wakes it too. */
-void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
+/* The backend's sink: a finished transfer's bytes and seconds, a failed
+ * store's error (store_error). Any thread. */
+void sift_engine_transfer_done (gpointer engine, const SiftTransfer *t, gboolean ok, guint64 bytes,
+                                gdouble seconds, const GError *error);
+
+/* ---- The ring (ring.c) --------------------------------------------------- */
+
+/* The slots' events (their memory, slots_mem, is engine.c's). */
+void sift_engine_ring_init (SiftEngine *engine);
+/* Every slot free, unmapped and zeroed (no transfer running). */
+void sift_engine_ring_clear (SiftEngine *engine);
+void sift_engine_ring_free (SiftEngine *engine);
 
 /* Before this engine writes or releases store block `store_id`: a slot
  * mapped onto it gets a copy of the bytes, so it stays valid until
@@ -147,7 +158,7 @@ gint32 sift_engine_ring_group (const SiftEngine *e, gint32 n_q);
 void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);
 
 /* The default ring's group calls: load_block, wait_slot and slot_done for
- * n slots under one lock each (copies only). ring_wait stops at the first
+ * n slots in one backend call each (copies only). ring_wait stops at the first
  * failed load: *n_ready slots before it are ready, that one is free again
  * and the error is its load's. */
 gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gint32 *slots,
@@ -160,6 +171,26 @@ void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
 /* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
+
+/* ---- The cross-layer pipeline (cross-layer.c) ------------------------------ */
+
+void sift_engine_xl_init (SiftEngine *engine);
+void sift_engine_xl_clear (SiftEngine *engine);
+void sift_engine_xl_free (SiftEngine *engine);
+
+/* ---- The block table (block-table.c) -------------------------------------- */
+
+void sift_engine_blocks_init (SiftEngine *engine);
+/* Every block released to the store, every layer empty. */
+void sift_engine_blocks_clear (SiftEngine *engine);
+void sift_engine_blocks_free (SiftEngine *engine);
+/* Waits for the stores reading `layer`'s buffers (stalled time of the
+ * current phase); a failed store is not reported (store_ok does). */
+void sift_engine_wait_stores (SiftEngine *engine, gint32 layer);
+/* FALSE with a copy of the first failed store's error. */
+gboolean sift_engine_store_ok (SiftEngine *engine, GError **error);
+/* The stored block and row holding `pos`; FALSE when it is not stored. */
+gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
 
 /* ---- Calls for the runner ---------------------------------------------- */
 
@@ -199,9 +230,6 @@ gboolean sift_engine_call_offload_hook (SiftPolicy *policy, SiftPhase phase, con
 gboolean sift_engine_sync (SiftEngine *engine, GError **error);
 /* Fills the block table part of a context for `layer`. */
 void sift_engine_fill_context (SiftEngine *engine, SiftPolicyContext *ctx, gint32 layer);
-/* Counts a call: blocks available/selected and tokens available. */
-void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
-                             gsize n_selected);
 /* sift_engine_attend_default for a selection the runner has just validated
  * against the layer's blocks (not validated again). */
 gboolean sift_engine_attend_validated (SiftEngine *engine, const SiftPolicyContext *ctx,
@@ -213,8 +241,8 @@ gboolean sift_engine_attend_loaded (SiftEngine *engine, const SiftPolicyContext 
                                     const SiftSelection *sel, const SiftView *k, const SiftView *v,
                                     gsize n_blocks, SiftView *out, float *lse, GError **error);
 
-/* Frees the pipelines' reused scratch (pipeline.c). */
-void sift_engine_batch_free (SiftEngine *engine);
+/* Frees the default attention's reused scratch (attend.c). */
+void sift_engine_attend_free (SiftEngine *engine);
 
 /* ---- Eviction (evict.c) -------------------------------------------------- */
 
@@ -222,11 +250,6 @@ void sift_engine_batch_free (SiftEngine *engine);
 void sift_engine_evict_init (SiftEngine *engine);
 void sift_engine_evict_clear (SiftEngine *engine);
 void sift_engine_evict_free (SiftEngine *engine);
-/* A block of `layer` was appended (before stored_tokens moves on): its row
- * positions and accumulated attention join the stored rows. */
-void sift_engine_evict_note_offload (SiftEngine *engine, gint32 layer, gint64 first_token, gint32 n_valid);
-/* The stored block and row holding `pos`; FALSE when it is not stored. */
-gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
 /* After a layer's attention: adds the call's softmax probabilities to the
  * accumulated attention of every stored and local token (if tracked). */
 gboolean sift_engine_accumulate (SiftEngine *engine, const SiftPolicyContext *ctx, const float *lse,

@@ -16,15 +16,12 @@ sift_engine_evict_init (SiftEngine *e)
 {
   const SiftModelShape *s = &e->config.shape;
   const gint32 L = s->n_layers;
-  e->rows_pos = g_new0 (GArray *, L);
   e->acc = g_new0 (GArray *, L);
   e->acc_local = g_new0 (float *, L);
-  e->kept_tokens = g_new0 (gint64, L);
   e->track = g_new0 (gboolean, L);
   e->acc_local_cap = MAX (s->chunk_size, e->decode_cap);
   for (gint32 l = 0; l < L; l++)
     {
-      e->rows_pos[l] = g_array_new (FALSE, FALSE, sizeof (gint64));
       e->acc[l] = g_array_new (FALSE, TRUE, sizeof (float));
       e->acc_local[l] = g_new0 (float, (gsize) e->acc_local_cap * (gsize) s->n_kv_heads);
     }
@@ -36,10 +33,8 @@ sift_engine_evict_clear (SiftEngine *e)
   const SiftModelShape *s = &e->config.shape;
   for (gint32 l = 0; l < s->n_layers; l++)
     {
-      g_array_set_size (e->rows_pos[l], 0);
       g_array_set_size (e->acc[l], 0);
       memset (e->acc_local[l], 0, sizeof (float) * (gsize) e->acc_local_cap * (gsize) s->n_kv_heads);
-      e->kept_tokens[l] = 0;
     }
 }
 
@@ -48,14 +43,11 @@ sift_engine_evict_free (SiftEngine *e)
 {
   for (gint32 l = 0; l < e->config.shape.n_layers; l++)
     {
-      g_array_unref (e->rows_pos[l]);
       g_array_unref (e->acc[l]);
       g_free (e->acc_local[l]);
     }
-  g_free (e->rows_pos);
   g_free (e->acc);
   g_free (e->acc_local);
-  g_free (e->kept_tokens);
   g_free (e->track);
 }
 
@@ -110,90 +102,6 @@ sift_engine_track_attention (SiftEngine *e, gint32 layer, gboolean on)
   g_return_if_fail (e != NULL && layer >= 0 && layer < e->config.shape.n_layers);
   g_return_if_fail (e->store_ids[layer]->len == 0); /* before the sequence starts */
   e->track[layer] = on;
-}
-
-void
-sift_engine_evict_note_offload (SiftEngine *e, gint32 layer, gint64 first_token, gint32 n_valid)
-{
-  const gint32 bs = e->config.shape.block_size, kvh = e->config.shape.n_kv_heads;
-  for (gint32 t = 0; t < bs; t++)
-    {
-      gint64 p = t < n_valid ? first_token + t : -1;
-      g_array_append_val (e->rows_pos[layer], p);
-    }
-  e->kept_tokens[layer] += n_valid;
-  if (!e->track[layer])
-    return;
-  /* The local accumulator starts at stored_tokens: its first n_valid rows
-   * become the block's, the rest move to the front. */
-  float *loc = e->acc_local[layer];
-  GArray *acc = e->acc[layer];
-  guint at = acc->len;
-  g_array_set_size (acc, at + (guint) bs * (guint) kvh);
-  memcpy (&g_array_index (acc, float, at), loc, sizeof (float) * (gsize) n_valid * (gsize) kvh);
-  gsize rest = (gsize) (e->acc_local_cap - n_valid) * (gsize) kvh;
-  memmove (loc, loc + (gsize) n_valid * (gsize) kvh, sizeof (float) * rest);
-  memset (loc + rest, 0, sizeof (float) * (gsize) n_valid * (gsize) kvh);
-}
-
-gboolean
-sift_engine_find_row (SiftEngine *e, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out)
-{
-  const SiftBlockMeta *m = (const SiftBlockMeta *) (const void *) e->meta[layer]->data;
-  const gint64 *rp = (const gint64 *) (const void *) e->rows_pos[layer]->data;
-  const gint32 bs = e->config.shape.block_size;
-  gint64 lo = 0, hi = e->store_ids[layer]->len;
-  if (hi == 0)
-    return FALSE;
-  /* Blocks hold ascending positions, blocks after blocks. */
-  while (hi - lo > 1)
-    {
-      gint64 mid = lo + (hi - lo) / 2;
-      if (m[mid].first_token <= pos)
-        lo = mid;
-      else
-        hi = mid;
-    }
-  const gint64 *row = rp + lo * bs;
-  gint32 a = 0, b = m[lo].n_valid;
-  while (a < b)
-    {
-      gint32 mid = a + (b - a) / 2;
-      if (row[mid] < pos)
-        a = mid + 1;
-      else
-        b = mid;
-    }
-  if (a >= m[lo].n_valid || row[a] != pos)
-    return FALSE;
-  *block_out = lo;
-  *row_out = a;
-  return TRUE;
-}
-
-const gint64 *
-sift_engine_block_positions (SiftEngine *e, gint32 layer, gint64 block_id)
-{
-  g_return_val_if_fail (e != NULL && layer >= 0 && layer < e->config.shape.n_layers, NULL);
-  if (block_id < 0 || block_id >= (gint64) e->store_ids[layer]->len)
-    return NULL;
-  return &g_array_index (e->rows_pos[layer], gint64, block_id * e->config.shape.block_size);
-}
-
-gsize
-sift_engine_stored_positions (SiftEngine *e, gint32 layer, gint64 *out)
-{
-  g_return_val_if_fail (e != NULL && layer >= 0 && layer < e->config.shape.n_layers, 0);
-  const gint32 bs = e->config.shape.block_size;
-  gsize n = 0;
-  for (guint b = 0; b < e->store_ids[layer]->len; b++)
-    {
-      const SiftBlockMeta *m = &g_array_index (e->meta[layer], SiftBlockMeta, b);
-      for (gint32 t = 0; t < m->n_valid; t++, n++)
-        if (out != NULL)
-          out[n] = g_array_index (e->rows_pos[layer], gint64, (gsize) b * bs + t);
-    }
-  return n;
 }
 
 double

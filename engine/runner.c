@@ -1,7 +1,7 @@
 /* The layerwise runner: chunked prefill and decode over every layer. For
  * each layer and call: q, k, v from the model source; k, v into the engine's
  * local buffer; the policy's select_blocks (validated); its compute or the
- * engine's default pipeline; the observer; then the offload of full blocks
+ * engine's default attention; the observer; then the offload of full blocks
  * (the policy's offload hook first). After any error the run stops until
  * sift_runner_reset. */
 #include <math.h>

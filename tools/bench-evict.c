@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <sift/sift.h>
+#include <synthetic/synthetic.h>
 
 #include "cli.h"
 #include "commands.h"

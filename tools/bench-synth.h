@@ -4,6 +4,7 @@
 
 #include <glib.h>
 #include <sift/sift.h>
+#include <synthetic/synthetic.h>
 
 /* Query heads 0..q_heads-1 and the kv heads they read, 0..ceil(q_heads /
  * group)-1, of layer 0 for positions 0..n-1, generated 4096 tokens at a

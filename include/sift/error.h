@@ -74,8 +74,12 @@ typedef enum {
 
 /* Model sources. */
 typedef enum {
-  SIFT_MODEL_ERROR_INVALID, /* impossible shape or range */
+  SIFT_MODEL_ERROR_INVALID,     /* impossible shape or range */
   SIFT_MODEL_ERROR_FAILED,
+  SIFT_MODEL_ERROR_IO,          /* a model file cannot be opened or mapped */
+  SIFT_MODEL_ERROR_FORMAT,      /* a model file is malformed (truncated, bad offsets, bad types) */
+  SIFT_MODEL_ERROR_UNSUPPORTED, /* well-formed but not supported (version, architecture, tensor type) */
+  SIFT_MODEL_ERROR_MISSING,     /* a required metadata key or tensor is absent */
 } SiftModelError;
 
 /* The needle harness. */

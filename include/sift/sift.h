@@ -16,4 +16,4 @@
 #include <sift/runner.h>
 #include <sift/config.h>
 #include <sift/registry.h>
-#include <sift/synth.h>
+#include <sift/cuda.h>

@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include <sift/error.h>
-#include <sift/synth.h>
+#include <sift/config.h>
+
+#include "needle-plan.h"
 
 /* Cosine between a distractor's key and the needle key it imitates. */
 #define DISTRACTOR_SIMILARITY 0.8
@@ -18,7 +20,7 @@ cmp_needle (gconstpointer a, gconstpointer b)
 
 SiftNeedlePlan *
 sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth, gint64 sink_tokens,
-                      guint64 seed, GError **error)
+                      gint64 block_size, guint64 seed, GError **error)
 {
   g_return_val_if_fail (h != NULL, NULL);
   gint64 group = 1, n_distractors = 0;
@@ -69,8 +71,19 @@ sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth,
   plan->n_needles = (gsize) (group + n_distractors);
   plan->needles = g_new0 (SiftNeedle, plan->n_needles);
 
-  /* The group is contiguous; depth places its first token. */
-  gint64 first = lo + (gint64) llround (depth * (double) (hi - lo - group));
+  /* The group is contiguous; depth places its first token, over the
+   * interior blocks when they can hold it (docs/needle.md, "Depths"). */
+  gint64 span_lo = lo, span_hi = hi;
+  if (block_size > 0 && h->depth_span == SIFT_DEPTH_INTERIOR)
+    {
+      gint64 in_lo = MAX (lo, block_size), in_hi = (hi - 1) / block_size * block_size;
+      if (in_hi - in_lo >= group)
+        {
+          span_lo = in_lo;
+          span_hi = in_hi;
+        }
+    }
+  gint64 first = span_lo + (gint64) llround (depth * (double) (span_hi - span_lo - group));
   for (gint64 i = 0; i < group; i++)
     plan->needles[i] = (SiftNeedle) {
       .position = first + i,
@@ -97,36 +110,4 @@ sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth,
   g_rand_free (rand);
   qsort (plan->needles, plan->n_needles, sizeof (SiftNeedle), cmp_needle);
   return plan;
-}
-
-void
-sift_needle_plan_free (SiftNeedlePlan *plan)
-{
-  if (plan == NULL)
-    return;
-  g_free (plan->needles);
-  g_free (plan);
-}
-
-gboolean
-sift_needle_plan_is_question (const SiftNeedlePlan *plan, gint64 p)
-{
-  return plan != NULL && p >= plan->question_start;
-}
-
-gint32
-sift_needle_plan_key_at (const SiftNeedlePlan *plan, gint64 p)
-{
-  g_return_val_if_fail (plan != NULL && p >= plan->question_start, 0);
-  return (gint32) ((p - plan->question_start) % plan->n_keys);
-}
-
-gsize
-sift_needle_plan_targets (const SiftNeedlePlan *plan, gint32 key, gint64 *out, gsize max_out)
-{
-  gsize n = 0;
-  for (gsize i = 0; i < plan->n_needles; i++)
-    if (plan->needles[i].distractor < 0 && plan->needles[i].key == key && n < max_out)
-      out[n++] = plan->needles[i].position;
-  return n;
 }

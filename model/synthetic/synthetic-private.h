@@ -1,7 +1,7 @@
 /* The synthetic source: hooks for tests only. */
 #pragma once
 
-#include <sift/synth.h>
+#include "synthetic.h"
 
 /* Rotary positions become position + offset (content stays keyed by the
  * position): shifting every position by one offset must leave q . k

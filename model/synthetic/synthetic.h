@@ -1,4 +1,4 @@
-/* sift — the synthetic model source and its needle plan.
+/* sift — the synthetic model source (model/synthetic/; not installed).
  *
  * A seeded, deterministic SiftModelSource whose attention looks like a real
  * model's where sparse policies care: attention sinks, locality (a rotary
@@ -13,6 +13,7 @@
 
 #include <glib.h>
 #include <sift/config.h>
+#include <sift/error.h>
 #include <sift/model.h>
 
 G_BEGIN_DECLS
@@ -40,12 +41,6 @@ typedef struct {
   gsize n_needles;
 } SiftNeedlePlan;
 
-/* Plans a prompt of n_tokens with the needle group at `depth` (0: just
- * after the sink tokens, 1: just before the question). Distractors
- * (multikey) fall at seeded positions elsewhere in the haystack.
- * SIFT_HARNESS_ERROR_INVALID when the prompt cannot hold them. */
-SiftNeedlePlan *sift_needle_plan_new (const SiftHarnessConfig *harness, gint64 n_tokens, double depth,
-                                      gint64 sink_tokens, guint64 seed, GError **error);
 void sift_needle_plan_free (SiftNeedlePlan *plan);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftNeedlePlan, sift_needle_plan_free)
 
