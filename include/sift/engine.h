@@ -69,6 +69,9 @@ gboolean sift_engine_attend_default (SiftEngine *engine, const SiftPolicyContext
  * attended (summed over query rows and query heads) for the density
  * counters; sift_engine_attend_default counts its own. */
 void sift_engine_count_attended (SiftEngine *engine, const SiftPolicyContext *ctx, guint64 tokens);
+/* Such a policy that also attends summaries of many tokens (landmarks,
+ * block means) reports those rows here, apart from the density. */
+void sift_engine_count_summaries (SiftEngine *engine, const SiftPolicyContext *ctx, guint64 rows);
 
 /* Cross-layer decode pipeline: start loads layer 0's selected blocks into
  * one half of the double buffer; get returns layer `layer`'s blocks (waiting
@@ -148,6 +151,8 @@ typedef struct {
   guint64 tokens_evicted;     /* stored tokens removed to stay within capacity_tokens */
   guint64 bytes_compacted;    /* bytes read and rewritten by compaction and re-offload hooks (also in loaded/stored) */
   guint64 bytes_mapped;       /* of bytes_loaded, those read in place through zero-copy slots (not copied) */
+  guint64 summaries_attended; /* summary rows attended (landmarks, block means), summed over rows and heads;
+                               * not KV tokens of the sequence, so not in tokens_attended */
 } SiftCounters;
 
 /* Per layer and phase (layer = -1: totals over layers). */

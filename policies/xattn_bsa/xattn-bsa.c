@@ -26,7 +26,7 @@ static const SiftParamSpec xattn_params[] = {
     "score a reshaped column by its antidiagonal's mean logit (the reference code) or by the sum of its exp(logit)s" },
   { "norm", SIFT_PARAM_FLOAT, "1.0", 1e-6, 1e6, NULL,
     "the reference's norm: antidiagonal logits are divided by it (1: unchanged)" },
-  { "exact_rows", SIFT_PARAM_INT, "64", 0, 1 << 20, NULL,
+  { "exact_rows", SIFT_PARAM_INT, "0", 0, 1 << 20, NULL,
     "the chunk's last N queries are also scored exactly; each keeps the blocks holding threshold of its own mass" },
   { "min_query_len", SIFT_PARAM_INT, "1024", 0, 1e15, NULL,
     "below this query position + 1, every block is selected (no estimation)" },
