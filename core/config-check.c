@@ -104,6 +104,9 @@ sift_config_validate (Config *cfg, SiftRegistry *registry, GError **error)
     return INVALID (LATEST (pub.store_dtype, pub.shape.head_dim),
                     "kv.store_dtype q8_0 packs rows in blocks of %d, but model.head_dim = %d is not a multiple of it",
                     SIFT_Q8_0_BLOCK, shape->head_dim);
+  if (g_strcmp0 (p->source, "gguf") == 0 && (p->model_path == NULL || p->model_path[0] == 0))
+    return (sift_config_fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_MISSING, AT (pub.source), file,
+                                 "model.source is gguf but model.path (the GGUF file) is not given"), FALSE);
   if (g_strcmp0 (p->source, "synthetic") == 0)
     {
       gint64 rope = p->synthetic.rope_dims;

@@ -47,6 +47,7 @@ sift_config_free (SiftConfig *config)
   Config *cfg = (Config *) config;
   g_free (config->file);
   g_free (config->source);
+  g_free (config->model_path);
   g_free (config->store);
   g_free (config->store_path);
   g_free (cfg->store_path);
