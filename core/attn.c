@@ -155,6 +155,21 @@ sift_attn_scratch (int slot, gsize n_floats)
   return s->data[slot];
 }
 
+/* sift_view_check, and the memory is the CPU's: these kernels dereference it. */
+static gboolean
+host_view_check (const SiftView *v, const char *what, GError **error)
+{
+  if (!sift_view_check (v, what, error))
+    return FALSE;
+  if (v->space != SIFT_MEMORY_HOST)
+    {
+      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+                   "%s: view is in device memory; the CPU kernels read host memory only", what);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 shape_error (GError **error, const char *fmt, ...) G_GNUC_PRINTF (2, 3);
 
@@ -229,8 +244,8 @@ static gboolean
 prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
          const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
-  if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
-      || !sift_view_check (v, "v", error) || !sift_view_check (out, "out", error))
+  if (!host_view_check (q, "q", error) || !host_view_check (k, "k", error)
+      || !host_view_check (v, "v", error) || !host_view_check (out, "out", error))
     return FALSE;
   return prepare_checked (a, q, k, v, opts, out, lse, error);
 }
@@ -297,19 +312,19 @@ paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks
       return FALSE;
     }
   /* No block: a kv head per query head, no key (every row o = 0, lse = -inf). */
-  *k_all = (SiftView) { NULL, SIFT_DTYPE_F32, q_heads, 0, 0, 0, 0 };
+  *k_all = sift_view_strided (NULL, SIFT_DTYPE_F32, q_heads, 0, 0, 0, 0);
   block_start[0] = 0;
   for (gsize b = 0; b < n_blocks; b++)
     {
       const SiftView *kb = &k_blocks[b], *vb = &v_blocks[b];
       /* The names are formatted only for the error: per block they cost
        * more than the check (a decode step at 32K passes 256 blocks). */
-      if (!sift_view_check (kb, "k", NULL) || !sift_view_check (vb, "v", NULL))
+      if (!host_view_check (kb, "k", NULL) || !host_view_check (vb, "v", NULL))
         {
           char kname[48], vname[48];
           g_snprintf (kname, sizeof kname, "k_blocks[%" G_GSIZE_FORMAT "]", b);
           g_snprintf (vname, sizeof vname, "v_blocks[%" G_GSIZE_FORMAT "]", b);
-          return sift_view_check (kb, kname, error) && sift_view_check (vb, vname, error);
+          return host_view_check (kb, kname, error) && host_view_check (vb, vname, error);
         }
       if (kb->n_tokens < 0 || kb->n_tokens != vb->n_tokens)
         return shape_error (error, "paged: block %" G_GSIZE_FORMAT " has %" G_GINT64_FORMAT
@@ -350,7 +365,7 @@ sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_
                  gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                  GError **error)
 {
-  if (!sift_view_check (q, "q", error) || !sift_view_check (out, "out", error))
+  if (!host_view_check (q, "q", error) || !host_view_check (out, "out", error))
     return FALSE;
   SiftView k_all, v_all;
   g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
@@ -375,7 +390,7 @@ sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_
 gboolean
 sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
 {
-  if (!sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error))
+  if (!host_view_check (o1, "o1", error) || !host_view_check (o2, "o2", error))
     return FALSE;
   if (o1->dtype != SIFT_DTYPE_F32 || o2->dtype != SIFT_DTYPE_F32)
     {
