@@ -38,6 +38,18 @@ typedef struct {
  * ring sizes its groups by it (engine/ring.c, engine/attend.c). */
 #define SIFT_ATTN_SERIAL_WORK (1 << 20)
 
+/* The checks of sift_attn_dense / decode / gather (every view, then their
+ * agreement): fills `a` for a contiguous call. The GPU backend checks its
+ * calls with these too. */
+gboolean sift_attn_prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+                            const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error);
+/* The checks of sift_attn_paged: fills `a`, the shape of the concatenation
+ * (k_all, v_all, whose data are NULL) and block_start[n_blocks + 1]. */
+gboolean sift_attn_prepare_paged (SiftAttnArgs *a, SiftView *k_all, SiftView *v_all,
+                                  gint64 *block_start, const SiftView *q, const SiftView *k_blocks,
+                                  const SiftView *v_blocks, gsize n_blocks, const SiftAttnOpts *opts,
+                                  SiftView *out, float *lse, GError **error);
+
 /* The kernels of one ISA (NULL if not built or not supported by this CPU). */
 const SiftAttnKernels *sift_attn_kernels_get (SiftIsa isa);
 

@@ -155,19 +155,24 @@ sift_attn_scratch (int slot, gsize n_floats)
   return s->data[slot];
 }
 
-/* sift_view_check, and the memory is the CPU's: these kernels dereference it. */
+/* The CPU kernels dereference every view: each must be host memory (NULL
+ * views are left to the argument checks). The checks shared with other
+ * backends (sift_attn_prepare*) leave the memory space alone. */
 static gboolean
-host_view_check (const SiftView *v, const char *what, GError **error)
+on_host (const SiftView *v, const char *what, GError **error)
 {
-  if (!sift_view_check (v, what, error))
-    return FALSE;
-  if (v->space != SIFT_MEMORY_HOST)
-    {
-      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
-                   "%s: view is in device memory; the CPU kernels read host memory only", what);
-      return FALSE;
-    }
-  return TRUE;
+  if (v == NULL || v->space == SIFT_MEMORY_HOST)
+    return TRUE;
+  g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+               "%s: view is in device memory; the CPU kernels read host memory only", what);
+  return FALSE;
+}
+
+static gboolean
+all_on_host (const SiftView *q, const SiftView *k, const SiftView *v, const SiftView *out, GError **error)
+{
+  return on_host (q, "q", error) && on_host (k, "k", error) && on_host (v, "v", error)
+         && on_host (out, "out", error);
 }
 
 static gboolean
@@ -240,12 +245,12 @@ prepare_checked (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const Si
 }
 
 /* prepare_checked after checking each view. */
-static gboolean
-prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
+gboolean
+sift_attn_prepare (SiftAttnArgs *a, const SiftView *q, const SiftView *k, const SiftView *v,
          const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
-  if (!host_view_check (q, "q", error) || !host_view_check (k, "k", error)
-      || !host_view_check (v, "v", error) || !host_view_check (out, "out", error))
+  if (!sift_view_check (q, "q", error) || !sift_view_check (k, "k", error)
+      || !sift_view_check (v, "v", error) || !sift_view_check (out, "out", error))
     return FALSE;
   return prepare_checked (a, q, k, v, opts, out, lse, error);
 }
@@ -255,7 +260,7 @@ sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v, const 
                  SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   kernels ()->dense (&a);
   return TRUE;
@@ -266,7 +271,7 @@ sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v, const
                   SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (q->n_tokens < 1 || q->n_tokens > SIFT_ATTN_DECODE_MAX_ROWS)
     return shape_error (error, "decode takes 1..%d query rows, not %" G_GINT64_FORMAT,
@@ -280,7 +285,7 @@ sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v, const
                   gsize n_rows, const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (rows == NULL && n_rows > 0)
     {
@@ -319,12 +324,12 @@ paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks
       const SiftView *kb = &k_blocks[b], *vb = &v_blocks[b];
       /* The names are formatted only for the error: per block they cost
        * more than the check (a decode step at 32K passes 256 blocks). */
-      if (!host_view_check (kb, "k", NULL) || !host_view_check (vb, "v", NULL))
+      if (!sift_view_check (kb, "k", NULL) || !sift_view_check (vb, "v", NULL))
         {
           char kname[48], vname[48];
           g_snprintf (kname, sizeof kname, "k_blocks[%" G_GSIZE_FORMAT "]", b);
           g_snprintf (vname, sizeof vname, "v_blocks[%" G_GSIZE_FORMAT "]", b);
-          return host_view_check (kb, kname, error) && host_view_check (vb, vname, error);
+          return sift_view_check (kb, kname, error) && sift_view_check (vb, vname, error);
         }
       if (kb->n_tokens < 0 || kb->n_tokens != vb->n_tokens)
         return shape_error (error, "paged: block %" G_GSIZE_FORMAT " has %" G_GINT64_FORMAT
@@ -361,25 +366,47 @@ paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks
 }
 
 gboolean
+sift_attn_prepare_paged (SiftAttnArgs *a, SiftView *k_all, SiftView *v_all, gint64 *block_start,
+                         const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                         gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                         GError **error)
+{
+  if (!sift_view_check (q, "q", error) || !sift_view_check (out, "out", error))
+    return FALSE;
+  if (!paged_blocks (k_blocks, v_blocks, n_blocks, q->n_heads, k_all, v_all, block_start, error))
+    return FALSE;
+  if (n_blocks == 0)
+    k_all->head_dim = v_all->head_dim = q->head_dim;
+  if (!prepare_checked (a, q, k_all, v_all, opts, out, lse, error))
+    return FALSE;
+  a->k_blocks = k_blocks;
+  a->v_blocks = v_blocks;
+  a->n_blocks = n_blocks;
+  a->block_start = block_start;
+  return TRUE;
+}
+
+gboolean
 sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
                  gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                  GError **error)
 {
-  if (!host_view_check (q, "q", error) || !host_view_check (out, "out", error))
+  if (!on_host (q, "q", error) || !on_host (out, "out", error))
     return FALSE;
+  for (gsize b = 0; b < n_blocks && k_blocks != NULL && v_blocks != NULL; b++)
+    if (k_blocks[b].space != SIFT_MEMORY_HOST || v_blocks[b].space != SIFT_MEMORY_HOST)
+      {
+        char name[48];
+        g_snprintf (name, sizeof name, "%s_blocks[%" G_GSIZE_FORMAT "]",
+                    k_blocks[b].space != SIFT_MEMORY_HOST ? "k" : "v", b);
+        return on_host (k_blocks[b].space != SIFT_MEMORY_HOST ? &k_blocks[b] : &v_blocks[b], name, error);
+      }
   SiftView k_all, v_all;
   g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
-  if (!paged_blocks (k_blocks, v_blocks, n_blocks, q->n_heads, &k_all, &v_all, block_start, error))
-    return FALSE;
-  if (n_blocks == 0)
-    k_all.head_dim = v_all.head_dim = q->head_dim;
   SiftAttnArgs a;
-  if (!prepare_checked (&a, q, &k_all, &v_all, opts, out, lse, error))
+  if (!sift_attn_prepare_paged (&a, &k_all, &v_all, block_start, q, k_blocks, v_blocks, n_blocks,
+                                opts, out, lse, error))
     return FALSE;
-  a.k_blocks = k_blocks;
-  a.v_blocks = v_blocks;
-  a.n_blocks = n_blocks;
-  a.block_start = block_start;
   if (q->n_tokens <= SIFT_ATTN_DECODE_MAX_ROWS)
     kernels ()->decode (&a);
   else
@@ -390,7 +417,8 @@ sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_
 gboolean
 sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
 {
-  if (!host_view_check (o1, "o1", error) || !host_view_check (o2, "o2", error))
+  if (!sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error)
+      || !on_host (o1, "o1", error) || !on_host (o2, "o2", error))
     return FALSE;
   if (o1->dtype != SIFT_DTYPE_F32 || o2->dtype != SIFT_DTYPE_F32)
     {

@@ -1,8 +1,9 @@
-/* The default attention pipelines: selected stored blocks are read in
- * place (resident in the host store in the compute dtype), stream through
- * the ring slots, or arrive from the cross-layer double buffer; a run of
- * them and the local tokens (causal, last) go to one sift_attn_paged call,
- * and runs are merged into the output by LSE. A block is attended only by
+/* The default attention: selected stored blocks are read in place
+ * (resident in the store, when the backend can map it), stream through the
+ * ring slots, or arrive from the cross-layer double buffer; a run of them
+ * and the local tokens (causal, last) go to one backend attend call
+ * (sift_attn_paged on the CPU), and runs are merged into the output by LSE
+ * (the backend's merge). A block is attended only by
  * the query heads that selected it: kernels run on head sub-views. */
 #include <math.h>
 #include <string.h>
@@ -165,6 +166,7 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const Sif
     keys += (guint64) (stored + (local ? CLAMP (past + i + 1, 0, lk->n_tokens) : 0));
   *attended += keys * (guint64) nqh;
 
+  SiftBackend *be = e->backend;
   SiftView qs = sift_view_heads (&ctx->q, q0, nqh), os = sift_view_heads (out, q0, nqh);
   float *ls = lse + (gsize) q0 * (gsize) nq;
   const SiftView *kb = (const SiftView *) (const void *) ka->data, *vb = (const SiftView *) (const void *) va->data;
@@ -172,12 +174,13 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const Sif
     {
       for (gint32 h = q0; h < q0 + nqh; h++)
         written[h] = TRUE;
-      return sift_attn_paged (&qs, kb, vb, ka->len, &opts, &os, ls, error);
+      return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &os, ls, error);
     }
   SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
   SiftView ps = sift_view_heads (&part, q0, nqh);
   float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
-  return sift_attn_paged (&qs, kb, vb, ka->len, &opts, &ps, pl, error) && sift_attn_merge (&os, ls, &ps, pl, error);
+  return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &ps, pl, error)
+         && be->ops->merge (be, &os, ls, &ps, pl, error);
 }
 
 /* Attends a batch (and the local tokens when lk != NULL) into out / lse:

@@ -1,8 +1,8 @@
 /* The block table: per layer, each stored block's meta, store id and row
  * positions (the row index); the prefill and decode buffers filled and
  * offloaded as blocks (policies' offload hooks first, then a store job);
- * the local tokens and row gathering over all of it. Eviction (evict.c)
- * edits the table; this file never calls it. */
+ * the local tokens and row gathering over all of it; waiting for a layer's
+ * stores. Eviction (evict.c) edits the table; this file never calls it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +28,9 @@ sift_engine_blocks_init (SiftEngine *e)
     }
   e->stored_tokens = g_new0 (gint64, L);
   e->kept_tokens = g_new0 (gint64, L);
+  e->store_events = g_new0 (SiftEvent *, L);
+  for (gint32 l = 0; l < L; l++)
+    e->store_events[l] = e->backend->ops->event_new (e->backend);
 }
 
 /* Gives every stored block back to the store. */
@@ -52,6 +55,8 @@ sift_engine_blocks_clear (SiftEngine *e)
       g_array_set_size (e->meta[l], 0);
       g_array_set_size (e->rows_pos[l], 0);
       e->stored_tokens[l] = e->kept_tokens[l] = 0;
+      /* The stores are drained: a failed one's error is all that is left. */
+      e->backend->ops->event_wait (e->backend, &e->store_events[l], 1, NULL, NULL);
     }
 }
 
@@ -64,12 +69,55 @@ sift_engine_blocks_free (SiftEngine *e)
       g_array_unref (e->store_ids[l]);
       g_array_unref (e->meta[l]);
       g_array_unref (e->rows_pos[l]);
+      e->backend->ops->event_wait (e->backend, &e->store_events[l], 1, NULL, NULL);
+      e->backend->ops->event_free (e->backend, e->store_events[l]);
     }
+  g_free (e->store_events);
   g_free (e->meta);
   g_free (e->store_ids);
   g_free (e->rows_pos);
   g_free (e->stored_tokens);
   g_free (e->kept_tokens);
+}
+
+/* ---- Stores -------------------------------------------------------------- */
+
+void
+sift_engine_wait_stores (SiftEngine *e, gint32 layer)
+{
+  SiftBackend *b = e->backend;
+  if (b->ops->event_query (b, e->store_events[layer]) != SIFT_EVENT_PENDING)
+    return;
+  gint64 t0 = g_get_monotonic_time ();
+  b->ops->event_wait (b, &e->store_events[layer], 1, NULL, NULL);
+  SiftCounters add = { .seconds_stalled = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
+  sift_engine_count (e, layer, e->phase, &add);
+}
+
+gboolean
+sift_engine_store_ok (SiftEngine *e, GError **error)
+{
+  pthread_mutex_lock (&e->lock);
+  gboolean ok = e->store_error == NULL;
+  if (!ok)
+    g_set_error (error, e->store_error->domain, e->store_error->code, "%s", e->store_error->message);
+  pthread_mutex_unlock (&e->lock);
+  return ok;
+}
+
+gboolean
+sift_engine_wait_layer (SiftEngine *e, gint32 layer, GError **error)
+{
+  sift_engine_wait_stores (e, layer);
+  return sift_engine_store_ok (e, error);
+}
+
+gboolean
+sift_engine_sync (SiftEngine *e, GError **error)
+{
+  for (gint32 l = 0; l < e->config.shape.n_layers; l++)
+    sift_engine_wait_stores (e, l);
+  return sift_engine_store_ok (e, error);
 }
 
 /* ---- Offload ------------------------------------------------------------ */
@@ -164,12 +212,8 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
     }
   SiftBlockMeta m = { first_token, n_valid, phase };
   g_array_append_val (e->meta[layer], m);
-  gboolean ok = TRUE;
   gint64 id = -1;
-  pthread_mutex_lock (&e->lock);
-  ok = sift_engine_store_error_locked (e, error);
-  pthread_mutex_unlock (&e->lock);
-  if (!ok || !sift_store_alloc (e->store, &id, error))
+  if (!sift_engine_store_ok (e, error) || !sift_store_alloc (e->store, &id, error))
     {
       g_array_set_size (e->meta[layer], (guint) logical);
       return FALSE;
@@ -199,10 +243,9 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
   g_array_append_val (ids, id);
   note_rows (e, layer, first_token, n_valid);
   e->stored_tokens[layer] = first_token + n_valid;
-  Job *j = g_new0 (Job, 1);
-  *j = (Job) { .kind = JOB_STORE, .layer = layer, .phase = phase, .store_id = id, .k = k, .v = v,
-               .cap = cap, .slot = -1, .half = -1 };
-  sift_engine_queue_job (e, j);
+  SiftTransfer t = { .kind = SIFT_TRANSFER_STORE, .store_id = id, .what = SIFT_LOAD_KV, .k = k, .v = v,
+                     .cap = cap, .event = e->store_events[layer], .layer = layer, .phase = phase };
+  e->backend->ops->submit (e->backend, &t, 1);
   return TRUE;
 }
 
@@ -244,11 +287,8 @@ sift_engine_put_prefill (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, con
                    e->decode_len[layer] > 0 ? " and decoding started" : "");
       return FALSE;
     }
-  pthread_mutex_lock (&e->lock);
-  sift_engine_wait_stores_locked (e, layer);
-  gboolean ok = sift_engine_store_error_locked (e, error);
-  pthread_mutex_unlock (&e->lock);
-  if (!ok)
+  sift_engine_wait_stores (e, layer);
+  if (!sift_engine_store_ok (e, error))
     return FALSE;
   put_rows (e, k, n, e->prefill_k[layer], s->chunk_size, 0);
   put_rows (e, v, n, e->prefill_v[layer], s->chunk_size, 0);
@@ -293,12 +333,9 @@ sift_engine_put_decode (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, cons
                    layer, pos0, e->stored_tokens[layer] + e->decode_len[layer]);
       return FALSE;
     }
-  pthread_mutex_lock (&e->lock);
   if (e->decode_start[layer] > 0)
-    sift_engine_wait_stores_locked (e, layer);
-  gboolean ok = sift_engine_store_error_locked (e, error);
-  pthread_mutex_unlock (&e->lock);
-  if (!ok)
+    sift_engine_wait_stores (e, layer);
+  if (!sift_engine_store_ok (e, error))
     return FALSE;
   if (e->decode_start[layer] > 0)
     {
@@ -308,10 +345,12 @@ sift_engine_put_decode (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, cons
       for (gint32 h = 0; h < s->n_kv_heads; h++)
         {
           gsize base = (gsize) h * (gsize) e->decode_cap * row;
-          memmove (e->decode_k[layer] + base, e->decode_k[layer] + base + (gsize) e->decode_start[layer] * row,
-                   (gsize) e->decode_len[layer] * row);
-          memmove (e->decode_v[layer] + base, e->decode_v[layer] + base + (gsize) e->decode_start[layer] * row,
-                   (gsize) e->decode_len[layer] * row);
+          e->backend->ops->buffer_move (e->backend, e->decode_k[layer] + base,
+                                        e->decode_k[layer] + base + (gsize) e->decode_start[layer] * row,
+                                        (gsize) e->decode_len[layer] * row);
+          e->backend->ops->buffer_move (e->backend, e->decode_v[layer] + base,
+                                        e->decode_v[layer] + base + (gsize) e->decode_start[layer] * row,
+                                        (gsize) e->decode_len[layer] * row);
         }
       e->decode_start[layer] = 0;
     }
@@ -458,11 +497,8 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
         return sift_engine_invalid (error, "gather_rows: %s_out must be f32 [%d kv heads][>= %" G_GSIZE_FORMAT " tokens][%d dim]",
                         i == 0 ? "k" : "v", s->n_kv_heads, n, s->head_dim);
     }
-  pthread_mutex_lock (&e->lock);
-  sift_engine_wait_stores_locked (e, layer);
-  gboolean ok = sift_engine_store_error_locked (e, error);
-  pthread_mutex_unlock (&e->lock);
-  if (!ok)
+  sift_engine_wait_stores (e, layer);
+  if (!sift_engine_store_ok (e, error))
     return FALSE;
   const gsize rb = sift_store_row_bytes (e->store);
   g_autofree guint8 *rows = g_malloc (rb * (gsize) s->block_size);

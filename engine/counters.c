@@ -1,6 +1,7 @@
 /* The engine's counters: bytes per tier, blocks and tokens per call, time
- * stalled, computing and loading, per layer and phase. Every other engine
- * file counts here; this file calls none of them. */
+ * stalled, computing and loading, per layer and phase; and the backend's
+ * sink, which counts finished transfers and keeps the first failed store's
+ * error. Every other engine file counts here; this file calls none of them. */
 #include <string.h>
 
 #include "engine-private.h"
@@ -77,4 +78,28 @@ sift_engine_count_attended (SiftEngine *e, const SiftPolicyContext *ctx, guint64
   g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
   SiftCounters add = { .tokens_attended = tokens };
   sift_engine_count (e, ctx->layer, ctx->phase, &add);
+}
+
+void
+sift_engine_transfer_done (gpointer engine, const SiftTransfer *t, gboolean ok, guint64 bytes, gdouble seconds,
+                           const GError *error)
+{
+  SiftEngine *e = engine;
+  pthread_mutex_lock (&e->lock);
+  SiftCounters *c = sift_engine_counters_at (e, t->layer, t->phase);
+  if (t->kind == SIFT_TRANSFER_LOAD)
+    {
+      if (ok)
+        {
+          c->bytes_loaded += bytes;
+          c->seconds_load += seconds;
+        }
+    }
+  else
+    {
+      c->bytes_stored += bytes;
+      if (error != NULL && e->store_error == NULL)
+        e->store_error = g_error_copy (error);
+    }
+  pthread_mutex_unlock (&e->lock);
 }

@@ -1,5 +1,5 @@
 /* The cross-layer pipeline: a double buffer whose halves hold two layers'
- * selected blocks side by side, so the copy worker loads layer l+1's blocks
+ * selected blocks side by side, so the backend loads layer l+1's blocks
  * while layer l is attended (sift_engine_pipeline_start / get / end). */
 #include <stdlib.h>
 #include <string.h>
@@ -30,42 +30,49 @@ xl_queue (SiftEngine *e, int hi, gint32 layer, const SiftSelection *sel, GError 
         }
       g_array_append_val (x->ids, b);
     }
+  SiftBackend *be = e->backend;
   if (n > x->cap_blocks)
     {
       gint64 cap = MAX (n, x->cap_blocks * 2);
       gsize bytes = (gsize) s->n_kv_heads * (gsize) cap * (gsize) s->block_size * (gsize) s->head_dim * e->es;
-      free (x->k);
-      free (x->v);
-      x->k = sift_engine_buffer_new0 (bytes);
-      x->v = sift_engine_buffer_new0 (bytes);
+      if (x->k.data != NULL)
+        {
+          be->ops->buffer_free (be, &x->k);
+          be->ops->buffer_free (be, &x->v);
+          x->cap_blocks = 0;
+        }
+      if (!be->ops->buffer_alloc (be, bytes, &x->k, error))
+        return FALSE;
+      if (!be->ops->buffer_alloc (be, bytes, &x->v, error))
+        {
+          be->ops->buffer_free (be, &x->k);
+          return FALSE;
+        }
       x->cap_blocks = cap;
     }
   x->layer = layer;
   x->n_blocks = n;
-  g_clear_error (&x->error);
   const gint64 cap_tokens = x->cap_blocks * s->block_size;
-  sift_engine_hold_wake (e, TRUE);
+  g_autofree SiftTransfer *t = g_new (SiftTransfer, MAX (n, 1));
   for (gint64 i = 0; i < n; i++)
     {
       gint64 b = g_array_index (x->ids, gint64, i);
       gsize off = (gsize) (i * s->block_size * s->head_dim) * e->es;
-      Job *j = g_new0 (Job, 1);
-      *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = SIFT_PHASE_DECODE,
-                   .store_id = g_array_index (ids, gint64, b), .what = SIFT_LOAD_KV, .k = x->k + off,
-                   .v = x->v + off, .cap = cap_tokens, .slot = -1, .half = hi };
-      sift_engine_queue_job (e, j);
+      t[i] = (SiftTransfer) { .kind = SIFT_TRANSFER_LOAD, .store_id = g_array_index (ids, gint64, b),
+                              .what = SIFT_LOAD_KV, .k = x->k.data + off, .v = x->v.data + off, .cap = cap_tokens,
+                              .event = x->event, .layer = layer, .phase = SIFT_PHASE_DECODE };
     }
-  sift_engine_hold_wake (e, FALSE);
+  be->ops->submit (be, t, (gsize) n);
   return TRUE;
 }
 
+/* Waits for both halves' loads; a failed one's error is dropped. */
 static void
 xl_drain (SiftEngine *e)
 {
-  pthread_mutex_lock (&e->lock);
-  while (e->xl[0].pending > 0 || e->xl[1].pending > 0)
-    sift_engine_wait_done_locked (e);
-  pthread_mutex_unlock (&e->lock);
+  SiftEvent *both[2] = { e->xl[0].event, e->xl[1].event };
+  for (int i = 0; i < 2; i++)
+    e->backend->ops->event_wait (e->backend, &both[i], 1, NULL, NULL);
 }
 
 gboolean
@@ -74,10 +81,7 @@ sift_engine_pipeline_start (SiftEngine *e, const SiftSelection *layer0_selection
   g_return_val_if_fail (e != NULL, FALSE);
   xl_drain (e);
   for (int i = 0; i < 2; i++)
-    {
-      e->xl[i].layer = -1;
-      g_clear_error (&e->xl[i].error);
-    }
+    e->xl[i].layer = -1;
   e->xl_active = TRUE;
   if (!xl_queue (e, 0, 0, layer0_selection, error))
     {
@@ -102,13 +106,8 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
       return FALSE;
     }
   gint64 t0 = g_get_monotonic_time ();
-  pthread_mutex_lock (&e->lock);
-  while (x->pending > 0)
-    if (!sift_engine_help_locked (e))
-      sift_engine_wait_done_locked (e);
-  GError *failed = x->error;
-  x->error = NULL;
-  pthread_mutex_unlock (&e->lock);
+  GError *failed = NULL;
+  e->backend->ops->event_wait (e->backend, &x->event, 1, NULL, &failed);
   SiftCounters add = { .seconds_stalled = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
   sift_engine_count (e, layer, SIFT_PHASE_DECODE, &add);
   if (failed != NULL)
@@ -118,11 +117,12 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
     }
   if (layer + 1 < s->n_layers && !xl_queue (e, (layer + 1) & 1, layer + 1, next_selection, error))
     return FALSE;
-  SiftView kv = sift_view_strided (x->k, e->config.compute_dtype, s->n_kv_heads, x->n_blocks * s->block_size, s->head_dim,
-                                   x->cap_blocks * s->block_size * s->head_dim, s->head_dim);
+  SiftView kv = sift_view_strided (x->k.data, e->config.compute_dtype, s->n_kv_heads, x->n_blocks * s->block_size,
+                                   s->head_dim, x->cap_blocks * s->block_size * s->head_dim, s->head_dim);
+  kv.space = x->k.space;
   *k = kv;
   *v = kv;
-  v->data = x->v;
+  v->data = x->v.data;
   if (n_blocks_out != NULL)
     *n_blocks_out = (gsize) x->n_blocks;
   return TRUE;
@@ -134,10 +134,7 @@ sift_engine_pipeline_end (SiftEngine *e)
   g_return_if_fail (e != NULL);
   xl_drain (e);
   for (int i = 0; i < 2; i++)
-    {
-      e->xl[i].layer = -1;
-      g_clear_error (&e->xl[i].error);
-    }
+    e->xl[i].layer = -1;
   e->xl_active = FALSE;
 }
 
@@ -149,26 +146,25 @@ sift_engine_xl_init (SiftEngine *e)
     {
       e->xl[i].layer = -1;
       e->xl[i].ids = g_array_new (FALSE, FALSE, sizeof (gint64));
+      e->xl[i].event = e->backend->ops->event_new (e->backend);
     }
 }
 
 void
 sift_engine_xl_clear (SiftEngine *e)
 {
-  const SiftModelShape *s = &e->config.shape;
   for (int i = 0; i < 2; i++)
     {
       XlHalf *x = &e->xl[i];
-      if (x->k != NULL)
+      if (x->k.data != NULL)
         {
-          gsize half = (gsize) s->n_kv_heads * (gsize) x->cap_blocks * (gsize) s->block_size
-                       * (gsize) s->head_dim * e->es;
-          memset (x->k, 0, half);
-          memset (x->v, 0, half);
+          e->backend->ops->buffer_clear (e->backend, x->k.data, x->k.size);
+          e->backend->ops->buffer_clear (e->backend, x->v.data, x->v.size);
         }
+      /* The transfers are drained: a failed load's error is all that is left. */
+      e->backend->ops->event_wait (e->backend, &x->event, 1, NULL, NULL);
       x->layer = -1;
       x->n_blocks = 0;
-      g_clear_error (&x->error);
       g_array_set_size (x->ids, 0);
     }
   e->xl_active = FALSE;
@@ -177,11 +173,17 @@ sift_engine_xl_clear (SiftEngine *e)
 void
 sift_engine_xl_free (SiftEngine *e)
 {
+  SiftBackend *be = e->backend;
   for (int i = 0; i < 2; i++)
     {
-      free (e->xl[i].k);
-      free (e->xl[i].v);
-      g_clear_error (&e->xl[i].error);
-      g_array_unref (e->xl[i].ids);
+      XlHalf *x = &e->xl[i];
+      if (x->k.data != NULL)
+        {
+          be->ops->buffer_free (be, &x->k);
+          be->ops->buffer_free (be, &x->v);
+        }
+      be->ops->event_wait (be, &x->event, 1, NULL, NULL);
+      be->ops->event_free (be, x->event);
+      g_array_unref (x->ids);
     }
 }

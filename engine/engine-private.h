@@ -1,8 +1,9 @@
 /* The OffloadEngine's internals, shared by its files and the runner. The
  * files call each other one way only (docs/engine.md, "Files"): engine.c
  * (construction, reset) calls every part; attend.c (the default attention)
- * and evict.c call block-table.c and ring.c; those and cross-layer.c call
- * worker.c (the copy worker); everything calls counters.c. */
+ * and evict.c call block-table.c and ring.c; everything calls counters.c.
+ * Transfers, events, compute memory and kernels go through the backend's
+ * method table (backend.h); only engine.c names a backend (the CPU one). */
 #pragma once
 
 #include <pthread.h>
@@ -12,6 +13,7 @@
 
 #include <sift/error.h>
 
+#include "backend.h"
 #include "store-private.h"
 
 /* Sets a SIFT_ENGINE_ERROR_INVALID error "engine: <message>" and is FALSE.
@@ -19,19 +21,16 @@
 #define sift_engine_invalid(error, ...) \
   (g_set_error ((error), SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID, "engine: " __VA_ARGS__), FALSE)
 
-typedef enum {
-  SLOT_FREE = 0,   /* never loaded, or marked done */
-  SLOT_LOADING,    /* a load is queued or running */
-  SLOT_READY,      /* loaded; compute may read it */
-  SLOT_FAILED,     /* the load failed; wait_slot reports it */
-} SlotState;
-
+/* A ring slot: free, or given a block (busy) that is loading, ready or
+ * failed as its event says (a mapped slot is ready at once, or failed with
+ * `error`). Compute thread only. */
 typedef struct {
-  SlotState state;
+  gboolean busy;
+  SiftEvent *event;    /* the slot's loads */
   gint32 n_valid;
   gint32 layer;
-  GError *error;
-  /* A zero-copy slot (READY without a copy): K and V in the store's own
+  GError *error;       /* a mapping that failed (the store failed before) */
+  /* A zero-copy slot (ready without a copy): K and V in the store's own
    * memory, each [n_kv_heads][block_size][head_dim] compute dtype, and the
    * store id they belong to; NULL / -1 when the slot's memory holds the data.
    * Compute thread only. */
@@ -39,41 +38,16 @@ typedef struct {
   gint64 map_id;
 } Slot;
 
-/* Spinning before a wait, with back-off after a spin that timed out
- * (worker.c). Guarded by the engine lock. */
-typedef struct {
-  gint32 backoff;  /* waits to sleep through after the next timeout */
-  gint32 skip;     /* waits left that sleep at once */
-} SpinState;
-
 /* One half of the cross-layer double buffer: a layer's selected blocks
  * side by side on the token axis. */
 typedef struct {
-  guint8 *k, *v;       /* [n_kv_heads][cap_blocks * block_size][head_dim], compute dtype */
+  SiftBuffer k, v;     /* [n_kv_heads][cap_blocks * block_size][head_dim], compute dtype */
   gint64 cap_blocks;
   gint64 n_blocks;     /* loaded or loading */
   gint32 layer;        /* -1: unused */
-  gint32 pending;      /* loads not finished */
-  GError *error;       /* first failed load */
+  SiftEvent *event;    /* the half's loads */
   GArray *ids;         /* gint64 logical ids, in load order (ascending) */
 } XlHalf;
-
-typedef enum { JOB_LOAD, JOB_STORE } JobKind;
-
-/* One transfer for the copy worker. Loads write `dst_*`, stores read
- * `src_*`; both address blocks of [n_kv_heads][cap][head_dim] compute
- * elements (cap: tokens from one head to the next in that buffer). */
-typedef struct {
-  JobKind kind;
-  gint32 layer;
-  SiftPhase phase;
-  gint64 store_id;
-  SiftLoadWhat what;
-  guint8 *k, *v;
-  gint64 cap;
-  gint32 slot;    /* load into a ring slot, or -1 */
-  gint32 half;    /* load into a cross-layer half, or -1 */
-} Job;
 
 typedef struct _SiftBatch SiftBatch;
 
@@ -102,7 +76,8 @@ struct _SiftEngine {
   float **acc_local;          /* [n_layers] -> [acc_local_cap][n_kv_heads], tokens from stored_tokens on */
   gint64 acc_local_cap;
 
-  /* Compute-side buffers, compute dtype. */
+  /* Compute-side buffers, compute dtype, from the backend (host-visible:
+   * the engine writes rows into them and hands policies views of them). */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
   guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim] */
@@ -114,27 +89,13 @@ struct _SiftEngine {
   XlHalf xl[2];
   gboolean xl_active;
 
-  /* Copy worker. */
-  GThread *worker;
-  pthread_mutex_t lock;                /* guards everything the worker touches below, slots and xl states */
-  pthread_cond_t work_cond;   /* the worker waits here for jobs (signalled only when it is idle) */
-  pthread_cond_t done_cond;   /* the compute side waits here for finished jobs */
-  gboolean worker_idle;
-  gboolean helping_store;     /* the compute thread runs a store: the worker pops nothing meanwhile */
-  gint32 hold_wake;           /* > 0: queue without waking the worker (a batch follows) */
-  gint32 done_waiters;
-  guint64 queue_seq;          /* atomic: bumped by every queued job (the worker spins on it) */
-  guint64 done_seq;           /* atomic: bumped by every finished job (waiters spin on it) */
-  SpinState worker_spin;      /* the worker's spins for a job */
-  SpinState waiter_spin;      /* the compute side's spins for a finished job */
-  GQueue jobs;                /* Job * */
-  gint32 running;             /* jobs popped and not finished (worker and helping compute thread) */
-  gint32 running_stores;      /* of those, stores */
-  gboolean quit;
-  gint32 *stores_pending;     /* [n_layers] store jobs reading that layer's buffers */
+  /* The compute side (backend.h): transfers, events, memory, kernels. */
+  SiftBackend *backend;
+  GArray *buffers;            /* SiftBuffer: every buffer above, freed with the engine */
+  SiftEvent **store_events;   /* [n_layers] the stores reading that layer's buffers */
+
+  pthread_mutex_t lock;       /* guards the counters and store_error (the backend's sink runs on its threads) */
   GError *store_error;        /* first failed store: sticky until reset */
-  guint8 *staging;            /* worker only: one stored block, 4 KiB aligned */
-  guint8 *help_staging;       /* the compute thread's, when it runs a load itself */
 
   /* Counters [n_layers][2 phases], guarded by lock. */
   SiftCounters *counters;
@@ -168,40 +129,16 @@ void sift_engine_count (SiftEngine *engine, gint32 layer, SiftPhase phase, const
 void sift_engine_count_call (SiftEngine *engine, const SiftPolicyContext *ctx, gsize n_available,
                              gsize n_selected);
 
-/* ---- The copy worker (worker.c) ----------------------------------------- */
-
-/* Starts the worker thread (the engine lock exists); stops it and frees
- * what it owns. */
-void sift_engine_worker_start (SiftEngine *engine);
-void sift_engine_worker_stop (SiftEngine *engine);
-/* Zeroed, 4096-byte aligned memory (huge pages from 2 MiB); free () it. */
-void *sift_engine_buffer_new0 (gsize n);
-/* Queues a job (g_new'd; the worker frees it) and wakes the worker. */
-void sift_engine_queue_job (SiftEngine *engine, Job *job);
-/* Lock held: queues a job and marks what it fills as pending, without a
- * wake-up; wake_worker_locked after a batch of them. */
-void sift_engine_push_job_locked (SiftEngine *engine, Job *job);
-void sift_engine_wake_worker_locked (SiftEngine *engine);
-/* Lock held: runs the next queued job on the calling thread if it may
- * (FALSE: nothing to take); waits for any job to finish. A waiter loops
- * `while (pending) if (!help_locked) wait_done_locked`. */
-gboolean sift_engine_help_locked (SiftEngine *engine);
-void sift_engine_wait_done_locked (SiftEngine *engine);
-/* Lock held: waits for the stores reading `layer`'s buffers (stalled time
- * of the current phase); for every job. */
-void sift_engine_wait_stores_locked (SiftEngine *engine, gint32 layer);
-void sift_engine_wait_idle_locked (SiftEngine *engine);
-/* Lock held: FALSE with a copy of the first failed store's error. */
-gboolean sift_engine_store_error_locked (SiftEngine *engine, GError **error);
-
-/* Batches loads: while held, queued jobs do not wake the worker; the last
- * release wakes it once. Waiting on a slot wakes it too. */
-void sift_engine_hold_wake (SiftEngine *engine, gboolean hold);
+/* The backend's sink: a finished transfer's bytes and seconds, a failed
+ * store's error (store_error). Any thread. */
+void sift_engine_transfer_done (gpointer engine, const SiftTransfer *t, gboolean ok, guint64 bytes,
+                                gdouble seconds, const GError *error);
 
 /* ---- The ring (ring.c) --------------------------------------------------- */
 
+/* The slots' events (their memory, slots_mem, is engine.c's). */
 void sift_engine_ring_init (SiftEngine *engine);
-/* Every slot free, unmapped and zeroed (the worker idle). */
+/* Every slot free, unmapped and zeroed (no transfer running). */
 void sift_engine_ring_clear (SiftEngine *engine);
 void sift_engine_ring_free (SiftEngine *engine);
 
@@ -221,7 +158,7 @@ gint32 sift_engine_ring_group (const SiftEngine *e, gint32 n_q);
 void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);
 
 /* The default ring's group calls: load_block, wait_slot and slot_done for
- * n slots under one lock each (copies only). ring_wait stops at the first
+ * n slots in one backend call each (copies only). ring_wait stops at the first
  * failed load: *n_ready slots before it are ready, that one is free again
  * and the error is its load's. */
 gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gint32 *slots,
@@ -247,6 +184,11 @@ void sift_engine_blocks_init (SiftEngine *engine);
 /* Every block released to the store, every layer empty. */
 void sift_engine_blocks_clear (SiftEngine *engine);
 void sift_engine_blocks_free (SiftEngine *engine);
+/* Waits for the stores reading `layer`'s buffers (stalled time of the
+ * current phase); a failed store is not reported (store_ok does). */
+void sift_engine_wait_stores (SiftEngine *engine, gint32 layer);
+/* FALSE with a copy of the first failed store's error. */
+gboolean sift_engine_store_ok (SiftEngine *engine, GError **error);
 /* The stored block and row holding `pos`; FALSE when it is not stored. */
 gboolean sift_engine_find_row (SiftEngine *engine, gint32 layer, gint64 pos, gint64 *block_out, gint32 *row_out);
 

@@ -1,8 +1,9 @@
 /* The OffloadEngine's construction, reset and teardown: it checks the
- * configuration, allocates the compute-side buffers and hands each part
- * (block table, ring, cross-layer buffer, copy worker, eviction) its own
- * setup. The parts live in their own files (docs/engine.md, "Files"); this
- * file calls them and none of them calls back. */
+ * configuration, makes the backend (backend.h; the CPU one), allocates the
+ * compute-side buffers from it and hands each part (block table, ring,
+ * cross-layer buffer, eviction) its own setup. The parts live in their own
+ * files (docs/engine.md, "Files"); this file calls them and none of them
+ * calls back. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,42 @@ check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
   return TRUE;
 }
 
+/* A compute-side buffer of the backend, freed with the engine; NULL when
+ * the backend has no memory for it (*error set, the first time). */
+static guint8 *
+buffer_new (SiftEngine *e, gsize size, GError **error)
+{
+  SiftBuffer buf = { 0 };
+  GError *local = NULL;
+  if (!e->backend->ops->buffer_alloc (e->backend, size, &buf, &local))
+    {
+      if (*error == NULL)
+        g_propagate_prefixed_error (error, local, "engine: backend '%s': ", e->backend->ops->name);
+      else
+        g_clear_error (&local);
+      return NULL;
+    }
+  g_array_append_val (e->buffers, buf);
+  return buf.data;
+}
+
+/* The host may touch every buffer: the engine writes rows into the prefill
+ * and decode buffers and hands policies views of them and of the slots
+ * (docs/engine.md, "The backend seam"). */
+static gboolean
+buffers_on_host (SiftEngine *e, GError **error)
+{
+  for (guint i = 0; i < e->buffers->len; i++)
+    if (g_array_index (e->buffers, SiftBuffer, i).space != SIFT_MEMORY_HOST)
+      {
+        g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID,
+                     "engine: backend '%s' keeps compute buffers in device memory, which this engine cannot yet "
+                     "fill or hand to policies", e->backend->ops->name);
+        return FALSE;
+      }
+  return TRUE;
+}
+
 SiftEngine *
 sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **error)
 {
@@ -74,36 +111,8 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   const SiftModelShape *s = &e->config.shape;
   const gint32 L = s->n_layers;
   e->es = sift_dtype_size (config->compute_dtype);
-  sift_engine_set_force_copy (e, FALSE);
   e->block_elems = (gint64) s->n_kv_heads * s->block_size * s->head_dim;
   e->decode_cap = s->block_size + SIFT_ATTN_DECODE_MAX_ROWS;
-
-  sift_engine_blocks_init (e);
-  sift_engine_ring_init (e);
-  const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
-  const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
-  e->prefill_k = g_new0 (guint8 *, L);
-  e->prefill_v = g_new0 (guint8 *, L);
-  e->decode_k = g_new0 (guint8 *, L);
-  e->decode_v = g_new0 (guint8 *, L);
-  for (gint32 l = 0; l < L; l++)
-    {
-      e->prefill_k[l] = sift_engine_buffer_new0 (pf_bytes);
-      e->prefill_v[l] = sift_engine_buffer_new0 (pf_bytes);
-      e->decode_k[l] = sift_engine_buffer_new0 (dc_bytes);
-      e->decode_v[l] = sift_engine_buffer_new0 (dc_bytes);
-    }
-  e->prefill_pos = g_new0 (gint64, L);
-  e->prefill_len = g_new0 (gint32, L);
-  e->decode_start = g_new0 (gint32, L);
-  e->decode_len = g_new0 (gint32, L);
-  sift_engine_xl_init (e);
-  e->counters = g_new0 (SiftCounters, (gsize) L * 2);
-  e->max_q = MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS);
-  e->part_out = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q * (gsize) s->head_dim);
-  e->part_lse = g_new0 (float, (gsize) s->n_q_heads * (gsize) e->max_q);
-  sift_engine_evict_init (e);
-
   /* Adaptive: the lock is held for a few instructions at a time, and a
    * thread that sleeps on it would stall the pipeline for a wake-up. */
   pthread_mutexattr_t attr;
@@ -112,7 +121,47 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   pthread_mutex_init (&e->lock, &attr);
   pthread_mutexattr_destroy (&attr);
   e->phase = SIFT_PHASE_PREFILL;
-  sift_engine_worker_start (e);
+  e->counters = g_new0 (SiftCounters, (gsize) L * 2);
+  const SiftBackendSetup setup = { *s, config->compute_dtype, store, { sift_engine_transfer_done, e } };
+  e->backend = sift_backend_cpu_new (&setup);
+  g_assert (e->backend->ops->version == SIFT_BACKEND_VERSION
+            && e->backend->ops->struct_size >= sizeof (SiftBackendOps));
+  e->buffers = g_array_new (FALSE, FALSE, sizeof (SiftBuffer));
+  sift_engine_set_force_copy (e, FALSE);
+  GError *local = NULL;
+
+  sift_engine_blocks_init (e);
+  e->slots_mem = buffer_new (e, (gsize) config->n_slots * 2 * (gsize) e->block_elems * e->es, &local);
+  const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
+  const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
+  e->prefill_k = g_new0 (guint8 *, L);
+  e->prefill_v = g_new0 (guint8 *, L);
+  e->decode_k = g_new0 (guint8 *, L);
+  e->decode_v = g_new0 (guint8 *, L);
+  for (gint32 l = 0; l < L; l++)
+    {
+      e->prefill_k[l] = buffer_new (e, pf_bytes, &local);
+      e->prefill_v[l] = buffer_new (e, pf_bytes, &local);
+      e->decode_k[l] = buffer_new (e, dc_bytes, &local);
+      e->decode_v[l] = buffer_new (e, dc_bytes, &local);
+    }
+  e->prefill_pos = g_new0 (gint64, L);
+  e->prefill_len = g_new0 (gint32, L);
+  e->decode_start = g_new0 (gint32, L);
+  e->decode_len = g_new0 (gint32, L);
+  e->max_q = MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS);
+  e->part_out = (float *) (void *) buffer_new (e, sizeof (float) * (gsize) s->n_q_heads * (gsize) e->max_q
+                                                  * (gsize) s->head_dim, &local);
+  e->part_lse = (float *) (void *) buffer_new (e, sizeof (float) * (gsize) s->n_q_heads * (gsize) e->max_q, &local);
+  sift_engine_ring_init (e);
+  sift_engine_xl_init (e);
+  sift_engine_evict_init (e);
+  if (local != NULL || !buffers_on_host (e, &local))
+    {
+      g_propagate_error (error, local);
+      sift_engine_free (e);
+      return NULL;
+    }
   return e;
 }
 
@@ -121,15 +170,8 @@ sift_engine_free (SiftEngine *e)
 {
   if (e == NULL)
     return;
-  sift_engine_worker_stop (e);
-  const gint32 L = e->config.shape.n_layers;
-  for (gint32 l = 0; l < L; l++)
-    {
-      free (e->prefill_k[l]);
-      free (e->prefill_v[l]);
-      free (e->decode_k[l]);
-      free (e->decode_v[l]);
-    }
+  SiftBackend *b = e->backend;
+  b->ops->drain (b, FALSE);
   sift_engine_ring_free (e);
   sift_engine_xl_free (e);
   g_clear_error (&e->store_error);
@@ -144,9 +186,11 @@ sift_engine_free (SiftEngine *e)
   g_free (e->decode_start);
   g_free (e->decode_len);
   g_free (e->counters);
-  g_free (e->part_out);
-  g_free (e->part_lse);
   sift_engine_attend_free (e);
+  for (guint i = 0; i < e->buffers->len; i++)
+    b->ops->buffer_free (b, &g_array_index (e->buffers, SiftBuffer, i));
+  g_array_unref (e->buffers);
+  b->ops->free (b);
   pthread_mutex_destroy (&e->lock);
   g_free (e);
 }
@@ -156,9 +200,8 @@ sift_engine_reset (SiftEngine *e)
 {
   g_return_if_fail (e != NULL);
   const SiftModelShape *s = &e->config.shape;
-  pthread_mutex_lock (&e->lock);
-  sift_engine_wait_idle_locked (e);
-  pthread_mutex_unlock (&e->lock);
+  /* Every transfer finished, and stores run again after a failed one. */
+  e->backend->ops->drain (e->backend, TRUE);
   sift_engine_ring_clear (e);
   sift_engine_blocks_clear (e);
   sift_engine_evict_clear (e);
@@ -167,10 +210,10 @@ sift_engine_reset (SiftEngine *e)
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
   for (gint32 l = 0; l < L; l++)
     {
-      memset (e->prefill_k[l], 0, pf_bytes);
-      memset (e->prefill_v[l], 0, pf_bytes);
-      memset (e->decode_k[l], 0, dc_bytes);
-      memset (e->decode_v[l], 0, dc_bytes);
+      e->backend->ops->buffer_clear (e->backend, e->prefill_k[l], pf_bytes);
+      e->backend->ops->buffer_clear (e->backend, e->prefill_v[l], pf_bytes);
+      e->backend->ops->buffer_clear (e->backend, e->decode_k[l], dc_bytes);
+      e->backend->ops->buffer_clear (e->backend, e->decode_v[l], dc_bytes);
       e->prefill_pos[l] = 0;
       e->prefill_len[l] = e->decode_start[l] = e->decode_len[l] = 0;
     }

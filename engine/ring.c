@@ -1,8 +1,8 @@
 /* The ring: n_slots compute-side slots of one block each, loaded by the
- * copy worker (or mapped onto a resident stored block: zero-copy), waited
- * for and released by the compute side: load_block / wait_slot / slot_kv /
- * slot_done for policies, and the same protocol for a group of slots under
- * one lock for the default attention (attend.c). */
+ * backend's transfers (or mapped onto a resident stored block: zero-copy),
+ * waited for on their events and released by the compute side: load_block /
+ * wait_slot / slot_kv / slot_done for policies, and the same protocol for a
+ * group of slots in one backend call for the default attention (attend.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,8 +40,8 @@ sift_engine_unmap_id (SiftEngine *e, gint64 store_id)
       if (s->map_k == NULL || s->map_id != store_id)
         continue;
       /* The slot's own memory has the stored layout: the bytes move as they are. */
-      memcpy (slot_data (e, i, 0), s->map_k, kb);
-      memcpy (slot_data (e, i, 1), s->map_v, kb);
+      e->backend->ops->buffer_write (e->backend, slot_data (e, i, 0), s->map_k, kb);
+      e->backend->ops->buffer_write (e->backend, slot_data (e, i, 1), s->map_v, kb);
       unmap_slot (s);
     }
 }
@@ -50,7 +50,8 @@ void
 sift_engine_set_force_copy (SiftEngine *e, gboolean force_copy)
 {
   g_return_if_fail (e != NULL);
-  e->maps = !force_copy && e->store->config.dtype == e->config.compute_dtype && sift_store_can_map (e->store);
+  /* Whether blocks are read in place is the backend's call. */
+  e->maps = !force_copy && e->backend->ops->can_map (e->backend, e->store, e->config.compute_dtype);
 }
 
 /* Work (as SIFT_ATTN_SERIAL_WORK counts it) below which one kernel call's
@@ -89,38 +90,27 @@ sift_engine_maps (const SiftEngine *e)
 }
 
 /* A zero-copy load: the slot points at the stored block, ready at once.
- * The block's store job must have run first (the queue keeps that order
- * for copies; a mapping does not go through the queue). FALSE when the
- * store cannot map it (then the load is copied). */
+ * The block's store must have run first (submission order keeps that for
+ * copies; a mapping is no transfer). FALSE when the store cannot map it
+ * (then the load is copied). */
 static gboolean
 map_block (SiftEngine *e, gint32 layer, gint64 store_id, gint32 slot, SiftLoadWhat what)
 {
   Slot *s = &e->slots[slot];
-  pthread_mutex_lock (&e->lock);
-  sift_engine_wait_stores_locked (e, layer);
+  sift_engine_wait_stores (e, layer);
   const guint8 *p = sift_store_map (e->store, store_id);
   if (p == NULL)
-    {
-      pthread_mutex_unlock (&e->lock);
-      return FALSE;
-    }
-  if (e->store_error != NULL) /* the block may never have been written */
-    {
-      s->state = SLOT_FAILED;
-      s->error = g_error_copy (e->store_error);
-      pthread_mutex_unlock (&e->lock);
-      return TRUE;
-    }
+    return FALSE;
+  s->busy = TRUE;
+  if (!sift_engine_store_ok (e, &s->error)) /* the block may never have been written */
+    return TRUE;
   const gsize kb = e->store->k_bytes;
   s->map_k = p;
   s->map_v = p + kb;
   s->map_id = store_id;
-  s->state = SLOT_READY;
   const guint64 n = what == SIFT_LOAD_KV ? 2 * kb : kb;
-  SiftCounters *c = sift_engine_counters_at (e, layer, e->phase);
-  c->bytes_loaded += n;
-  c->bytes_mapped += n;
-  pthread_mutex_unlock (&e->lock);
+  SiftCounters add = { .bytes_loaded = n, .bytes_mapped = n };
+  sift_engine_count (e, layer, e->phase, &add);
   return TRUE;
 }
 
@@ -128,55 +118,67 @@ map_block (SiftEngine *e, gint32 layer, gint64 store_id, gint32 slot, SiftLoadWh
 static void
 slot_take (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot)
 {
+  e->slots[slot].busy = TRUE;
   e->slots[slot].n_valid = g_array_index (e->meta[layer], SiftBlockMeta, block_id).n_valid;
   e->slots[slot].layer = layer;
 }
 
-/* The job that loads logical block block_id of layer into slot (claimed
- * for it by slot_take). Counted under the current call's phase, not the
- * block's. */
-static Job *
-slot_load_job (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what)
+/* The transfer that loads logical block block_id of layer into slot
+ * (claimed for it by slot_take). Counted under the current call's phase,
+ * not the block's. */
+static SiftTransfer
+slot_load (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what)
 {
-  Job *j = g_new0 (Job, 1);
-  *j = (Job) { .kind = JOB_LOAD, .layer = layer, .phase = e->phase,
-               .store_id = g_array_index (e->store_ids[layer], gint64, block_id), .what = what,
-               .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1), .cap = e->config.shape.block_size,
-               .slot = slot, .half = -1 };
-  return j;
+  return (SiftTransfer) { .kind = SIFT_TRANSFER_LOAD, .store_id = g_array_index (e->store_ids[layer], gint64, block_id),
+                          .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
+                          .cap = e->config.shape.block_size, .event = e->slots[slot].event, .layer = layer,
+                          .phase = e->phase };
 }
 
-/* Waits (the lock held) for slot s's load, helping the worker meanwhile;
- * a failed load frees the slot and hands over its error. */
+/* Waits for slot s's load (the backend helps or spins meanwhile); a failed
+ * load frees the slot and hands over its error. */
 static gboolean
-wait_slot_locked (SiftEngine *e, Slot *s, gint32 slot, GError **error)
+wait_slot (SiftEngine *e, Slot *s, gint32 slot, GError **error)
 {
-  while (s->state == SLOT_LOADING)
-    if (!sift_engine_help_locked (e))
-      sift_engine_wait_done_locked (e);
-  if (s->state == SLOT_FAILED)
-    {
-      g_propagate_error (error, s->error);
-      s->error = NULL;
-      s->state = SLOT_FREE;
-      return FALSE;
-    }
-  if (s->state == SLOT_FREE)
+  if (!s->busy)
     {
       g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
                    "engine: wait on slot %d, which has no load", slot);
       return FALSE;
     }
-  return TRUE;
+  if (s->error != NULL)
+    {
+      g_propagate_error (error, s->error);
+      s->error = NULL;
+      s->busy = FALSE;
+      return FALSE;
+    }
+  if (s->map_k != NULL)
+    return TRUE;
+  if (e->backend->ops->event_wait (e->backend, &s->event, 1, NULL, error))
+    return TRUE;
+  s->busy = FALSE;
+  return FALSE;
 }
 
-/* Frees a slot that is not loading (the lock held). */
+/* Frees a slot whose load finished. A failed load's error, never waited
+ * for, goes with it (clear: the event may hold one). */
 static void
-slot_free_locked (Slot *s)
+slot_free (SiftEngine *e, Slot *s, gboolean clear)
 {
-  s->state = SLOT_FREE;
+  if (clear && s->busy && s->map_k == NULL && s->error == NULL)
+    e->backend->ops->event_wait (e->backend, &s->event, 1, NULL, NULL);
+  s->busy = FALSE;
   g_clear_error (&s->error);
   unmap_slot (s);
+}
+
+/* Whether a busy slot's load is still running. */
+static gboolean
+slot_loading (SiftEngine *e, Slot *s)
+{
+  return s->busy && s->map_k == NULL && s->error == NULL
+         && e->backend->ops->event_query (e->backend, s->event) == SIFT_EVENT_PENDING;
 }
 
 gboolean
@@ -194,10 +196,7 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   if (block_id < 0 || block_id >= (gint64) ids->len)
     return sift_engine_invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
                     ids->len, block_id);
-  pthread_mutex_lock (&e->lock);
-  SlotState st = e->slots[slot].state;
-  pthread_mutex_unlock (&e->lock);
-  if (st != SLOT_FREE)
+  if (e->slots[slot].busy)
     {
       g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
                    "engine: slot %d is still in use (load it again only after sift_engine_slot_done)", slot);
@@ -206,7 +205,8 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   slot_take (e, layer, block_id, slot);
   if (e->maps && map_block (e, layer, g_array_index (ids, gint64, block_id), slot, what))
     return TRUE;
-  sift_engine_queue_job (e, slot_load_job (e, layer, block_id, slot, what));
+  SiftTransfer t = slot_load (e, layer, block_id, slot, what);
+  e->backend->ops->submit (e->backend, &t, 1);
   return TRUE;
 }
 
@@ -217,21 +217,19 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
   if (slot < 0 || slot >= e->config.n_slots)
     return sift_engine_invalid (error, "slot %d is outside the %d ring slots", slot, e->config.n_slots);
   gint64 t0 = g_get_monotonic_time ();
-  pthread_mutex_lock (&e->lock);
   Slot *s = &e->slots[slot];
-  gboolean ok = wait_slot_locked (e, s, slot, error);
+  gboolean ok = wait_slot (e, s, slot, error);
   /* Stall time is charged to the layer whose block the slot holds. */
-  sift_engine_counters_at (e, s->layer, e->phase)->seconds_stalled
-    += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
-  pthread_mutex_unlock (&e->lock);
+  SiftCounters add = { .seconds_stalled = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
+  sift_engine_count (e, s->layer, e->phase, &add);
   return ok;
 }
 
 /* ---- Group calls for the default attention (attend.c) ---------------------
- * The same protocol as load_block / wait_slot / slot_done, n slots under
- * one lock each: a group of blocks per call instead of one lock round trip
- * (with the worker's cache line bouncing between cores) per block. Copies
- * only: the ring runs when blocks are not read in place. */
+ * The same protocol as load_block / wait_slot / slot_done, n slots in one
+ * backend call each: a group of blocks per call instead of one lock round
+ * trip (with the worker's cache line bouncing between cores) per block.
+ * Copies only: the ring runs when blocks are not read in place. */
 
 gboolean
 sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, const gint32 *slots, gint32 n,
@@ -242,21 +240,19 @@ sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, con
     if (block_ids[i] < 0 || block_ids[i] >= (gint64) ids->len)
       return sift_engine_invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
                       ids->len, block_ids[i]);
-  pthread_mutex_lock (&e->lock);
   for (gint32 i = 0; i < n; i++)
-    if (e->slots[slots[i]].state != SLOT_FREE)
+    if (e->slots[slots[i]].busy)
       {
-        pthread_mutex_unlock (&e->lock);
         g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE, "engine: slot %d is still in use", slots[i]);
         return FALSE;
       }
+  SiftTransfer *t = g_newa (SiftTransfer, MAX (n, 1));
   for (gint32 i = 0; i < n; i++)
     {
       slot_take (e, layer, block_ids[i], slots[i]);
-      sift_engine_push_job_locked (e, slot_load_job (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV));
+      t[i] = slot_load (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV);
     }
-  sift_engine_wake_worker_locked (e);
-  pthread_mutex_unlock (&e->lock);
+  e->backend->ops->submit (e->backend, t, (gsize) n);
   return TRUE;
 }
 
@@ -265,34 +261,31 @@ sift_engine_ring_wait (SiftEngine *e, const gint32 *slots, gint32 n, gint32 *n_v
                        GError **error)
 {
   gint64 t0 = g_get_monotonic_time ();
-  gboolean ok = TRUE;
-  gint32 i = 0;
-  pthread_mutex_lock (&e->lock);
-  for (; i < n; i++)
+  SiftEvent **events = g_newa (SiftEvent *, MAX (n, 1));
+  for (gint32 i = 0; i < n; i++)
     {
-      Slot *s = &e->slots[slots[i]];
-      n_valid[i] = s->n_valid;
-      if (!(ok = wait_slot_locked (e, s, slots[i], error)))
-        break;
+      n_valid[i] = e->slots[slots[i]].n_valid;
+      events[i] = e->slots[slots[i]].event;
     }
-  *n_ready = i;
+  gsize n_ok = 0;
+  gboolean ok = e->backend->ops->event_wait (e->backend, events, (gsize) n, &n_ok, error);
+  *n_ready = (gint32) n_ok;
+  if (!ok)
+    e->slots[slots[n_ok]].busy = FALSE;
   if (n > 0)
-    sift_engine_counters_at (e, e->slots[slots[0]].layer, e->phase)->seconds_stalled
-      += (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
-  pthread_mutex_unlock (&e->lock);
+    {
+      SiftCounters add = { .seconds_stalled = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
+      sift_engine_count (e, e->slots[slots[0]].layer, e->phase, &add);
+    }
   return ok;
 }
 
+/* The slots were waited for: no error is left on their events. */
 void
 sift_engine_ring_done (SiftEngine *e, const gint32 *slots, gint32 n)
 {
-  pthread_mutex_lock (&e->lock);
   for (gint32 i = 0; i < n; i++)
-    {
-      g_assert (e->slots[slots[i]].state != SLOT_LOADING);
-      slot_free_locked (&e->slots[slots[i]]);
-    }
-  pthread_mutex_unlock (&e->lock);
+    slot_free (e, &e->slots[slots[i]], FALSE);
 }
 
 void
@@ -314,11 +307,11 @@ sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, 
 gboolean
 sift_engine_slot_ready (SiftEngine *e, gint32 slot, gint32 *n_valid_out)
 {
-  pthread_mutex_lock (&e->lock);
-  gboolean ready = e->slots[slot].state == SLOT_READY;
-  pthread_mutex_unlock (&e->lock);
+  Slot *s = &e->slots[slot];
+  gboolean ready = s->busy && s->error == NULL
+                   && (s->map_k != NULL || e->backend->ops->event_query (e->backend, s->event) == SIFT_EVENT_DONE);
   if (n_valid_out != NULL)
-    *n_valid_out = e->slots[slot].n_valid;
+    *n_valid_out = s->n_valid;
   return ready;
 }
 
@@ -337,37 +330,40 @@ void
 sift_engine_slot_done (SiftEngine *e, gint32 slot)
 {
   g_return_if_fail (e != NULL && slot >= 0 && slot < e->config.n_slots);
-  pthread_mutex_lock (&e->lock);
-  if (e->slots[slot].state != SLOT_LOADING)
-    slot_free_locked (&e->slots[slot]);
+  Slot *s = &e->slots[slot];
+  if (!slot_loading (e, s))
+    slot_free (e, s, TRUE);
   else
     g_critical ("sift_engine_slot_done: slot %d is still loading (wait for it first)", slot);
-  pthread_mutex_unlock (&e->lock);
 }
-
 
 void
 sift_engine_ring_init (SiftEngine *e)
 {
-  e->slots_mem = sift_engine_buffer_new0 ((gsize) e->config.n_slots * 2 * (gsize) e->block_elems * e->es);
   e->slots = g_new0 (Slot, e->config.n_slots);
   for (gint32 i = 0; i < e->config.n_slots; i++)
-    e->slots[i].map_id = -1;
+    {
+      e->slots[i].map_id = -1;
+      e->slots[i].event = e->backend->ops->event_new (e->backend);
+    }
 }
 
 void
 sift_engine_ring_clear (SiftEngine *e)
 {
-  memset (e->slots_mem, 0, (gsize) e->config.n_slots * 2 * (gsize) e->block_elems * e->es);
+  e->backend->ops->buffer_clear (e->backend, e->slots_mem,
+                                 (gsize) e->config.n_slots * 2 * (gsize) e->block_elems * e->es);
   for (gint32 i = 0; i < e->config.n_slots; i++)
-    slot_free_locked (&e->slots[i]);
+    slot_free (e, &e->slots[i], TRUE);
 }
 
 void
 sift_engine_ring_free (SiftEngine *e)
 {
   for (gint32 i = 0; i < e->config.n_slots; i++)
-    g_clear_error (&e->slots[i].error);
-  free (e->slots_mem);
+    {
+      g_clear_error (&e->slots[i].error);
+      e->backend->ops->event_free (e->backend, e->slots[i].event);
+    }
   g_free (e->slots);
 }

@@ -20,7 +20,9 @@
 
 #include <sift/sift.h>
 
+#include "bench-attention-cuda.h"
 #include "bench-peak.h"
+#include "sift-paths.h"
 #include "commands.h"
 
 #define Q_HEADS 32
@@ -225,6 +227,7 @@ sift_bench_attention (int argc, char **argv)
   gint64 page = 128;
   gboolean full = FALSE;
   g_autofree char *lengths = NULL, *decode_lengths = NULL, *blocks = NULL;
+  g_autofree char *device = NULL, *sdpa = NULL;
   GOptionEntry entries[] = {
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Threads (default 2)", "N" },
     { "repeats", 'r', 0, G_OPTION_ARG_INT, &repeats, "Runs per figure; the median is printed (default 3)", "N" },
@@ -238,6 +241,10 @@ sift_bench_attention (int argc, char **argv)
     { "small-pages", 0, 0, G_OPTION_ARG_NONE, &small_pages,
       "K/V and the read-bandwidth buffer on 4 KiB pages (default: huge pages where the kernel allows)", NULL },
     { "non-causal", 0, 0, G_OPTION_ARG_NONE, &full, "Prefill without the causal mask (all L x L scores)", NULL },
+    { "device", 0, 0, G_OPTION_ARG_STRING, &device,
+      "cpu (default) or cuda: the GPU kernels beside PyTorch SDPA (lengths default 16k..128k)", "DEV" },
+    { "sdpa-script", 0, 0, G_OPTION_ARG_FILENAME, &sdpa,
+      "With --device cuda: the PyTorch script (default bench/sdpa.py of the source tree)", "FILE" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("- prefill and decode attention against the measured peak");
@@ -246,9 +253,20 @@ sift_bench_attention (int argc, char **argv)
   g_autoptr (GArray) pre = g_array_new (FALSE, FALSE, sizeof (gint64));
   g_autoptr (GArray) dec = g_array_new (FALSE, FALSE, sizeof (gint64));
   g_autoptr (GArray) blk = g_array_new (FALSE, FALSE, sizeof (gint64));
-  if (!g_option_context_parse (ctx, &argc, &argv, &error)
-      || !parse_lengths (lengths ? lengths : "4096,16384", pre, &error)
-      || !parse_lengths (decode_lengths ? decode_lengths : "16k,128k", dec, &error)
+  gboolean cuda = FALSE;
+  if (!g_option_context_parse (ctx, &argc, &argv, &error))
+    {
+      fprintf (stderr, "sift bench attention: %s\n", error->message);
+      return 2;
+    }
+  if (device != NULL && !(cuda = g_str_equal (device, "cuda")) && !g_str_equal (device, "cpu"))
+    {
+      fprintf (stderr, "sift bench attention: --device %s: expected cpu or cuda\n", device);
+      return 2;
+    }
+  const char *gpu_lengths = "16k,32k,64k,128k";
+  if (!parse_lengths (lengths ? lengths : cuda ? gpu_lengths : "4096,16384", pre, &error)
+      || !parse_lengths (decode_lengths ? decode_lengths : cuda ? gpu_lengths : "16k,128k", dec, &error)
       || !parse_lengths (blocks ? blocks : "64,256,1024", blk, &error))
     {
       fprintf (stderr, "sift bench attention: %s\n", error->message);
@@ -261,6 +279,9 @@ sift_bench_attention (int argc, char **argv)
                " --page 1..16M\n");
       return 2;
     }
+
+  if (cuda)
+    return sift_bench_attention_cuda (pre, dec, repeats, sdpa ? sdpa : SIFT_SOURCE_BENCH_DIR "/sdpa.py");
 
   setvbuf (stdout, NULL, _IOLBF, 0); /* each figure as soon as it is measured */
   SiftPeak peak;

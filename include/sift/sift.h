@@ -12,3 +12,4 @@
 #include <sift/runner.h>
 #include <sift/config.h>
 #include <sift/registry.h>
+#include <sift/cuda.h>

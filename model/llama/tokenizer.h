@@ -37,17 +37,21 @@ typedef struct {
   const gint32 *token_types;  /* [n_tokens] tokenizer.ggml.token_type (SiftTokenType), or NULL */
   const char *const *merges;  /* [n_merges] tokenizer.ggml.merges, "left right"; gpt2 only */
   gint32 n_merges;
-  /* tokenizer.ggml.{bos,eos,unknown,padding}_token_id; -1 when absent */
+  /* tokenizer.ggml.{bos,eos,unknown,padding}_token_id; -1 when absent (the llama
+   * kind then takes llama.cpp's defaults: unk 0, bos 1, eos 2) */
   gint32 bos_id, eos_id, unk_id, pad_id;
-  /* tokenizer.ggml.add_{bos,eos}_token: 1 or 0; -1 when absent (the kind's default:
-   * llama adds BOS, gpt2 does not; neither adds EOS) */
+  /* tokenizer.ggml.add_{bos,eos}_token: 1 or 0; -1 when absent (the kind's default,
+   * as llama.cpp's: llama and gpt2 with pre "llama3" add BOS, others do not; none adds EOS) */
   gint8 add_bos, add_eos;
+  /* tokenizer.ggml.add_space_prefix: 1 or 0; -1 when absent (1); the gpt2 kind ignores it */
+  gint8 add_space_prefix;
   const char *source;         /* names the file in error messages; may be NULL */
 } SiftTokenizerSpec;
 
 /* A spec with every id -1 and every optional field NULL. */
 #define SIFT_TOKENIZER_SPEC_INIT \
-  { .bos_id = -1, .eos_id = -1, .unk_id = -1, .pad_id = -1, .add_bos = -1, .add_eos = -1 }
+  { .bos_id = -1, .eos_id = -1, .unk_id = -1, .pad_id = -1, .add_bos = -1, .add_eos = -1, \
+    .add_space_prefix = -1 }
 
 typedef enum {
   SIFT_TOKENIZE_NONE = 0,
@@ -72,6 +76,8 @@ gboolean sift_tokenizer_encode (const SiftTokenizer *self, const char *text, gss
 /* The text of ids[0..n): byte tokens joined, the space that encoding put before
  * the text removed (llama kind), control tokens left out unless special.
  * Always valid UTF-8 (an incomplete sequence at the end becomes U+FFFD).
+ * decode (encode (s)) == s, except that the llama kind reads a "▁" (U+2581) in
+ * s as a space, as SentencePiece does.
  * An id out of range is an error naming it. */
 char *sift_tokenizer_decode (const SiftTokenizer *self, const gint32 *ids, gsize n,
                              gboolean special, GError **error);

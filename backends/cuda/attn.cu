@@ -1,0 +1,523 @@
+/* GPU attention: tiled online softmax on tensor cores (mma.sync m16n8k16,
+ * f16 or bf16 operands, f32 accumulators), one kernel for prefill and
+ * decode, split over the key axis and merged by LSE (flash-decoding).
+ * docs/kernels.md ("GPU kernels") describes the tiling; cuda.c checks the
+ * arguments before anything here runs. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int TILE = 64; /* keys per shared-memory tile */
+constexpr int PAD = 8;   /* halves added to each smem row: 16 bytes, no bank conflicts */
+
+template <int D> __host__ __device__ constexpr int ld () { return D + PAD; }
+template <int D> __host__ __device__ constexpr int stage_halves () { return 2 * TILE * ld<D> (); } /* K and V */
+template <int D> __host__ __device__ constexpr size_t smem_bytes () { return 2 * stage_halves<D> () * sizeof (uint16_t); }
+
+/* Two floats as one register of two 16-bit operands, the lower index in the low half. */
+template <bool BF16> __device__ __forceinline__ uint32_t pack2 (float lo, float hi);
+template <> __device__ __forceinline__ uint32_t
+pack2<true> (float lo, float hi)
+{
+  __nv_bfloat162 h = __floats2bfloat162_rn (lo, hi);
+  return *reinterpret_cast<uint32_t *> (&h);
+}
+template <> __device__ __forceinline__ uint32_t
+pack2<false> (float lo, float hi)
+{
+  __half2 h = __floats2half2_rn (lo, hi);
+  return *reinterpret_cast<uint32_t *> (&h);
+}
+
+/* c += a b: a 16x16 (rows x k, 4 registers), b 16x8 (k x cols, 2 registers),
+ * c 16x8 f32. Thread (g = lane / 4, t = lane % 4) holds c rows g and g + 8,
+ * columns 2t and 2t + 1. */
+template <bool BF16> __device__ __forceinline__ void mma (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void
+mma<true> (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+  asm volatile ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void
+mma<false> (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+  asm volatile ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 matrices of 16-bit values, transposed: the B operands of P V for
+ * two groups of 8 columns of V (rows = keys in smem). */
+__device__ __forceinline__ void
+ldmatrix_x4_trans (uint32_t r[4], const uint16_t *p)
+{
+  uint32_t a = (uint32_t) __cvta_generic_to_shared (p);
+  asm volatile ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                : "r"(a));
+}
+
+/* 16 bytes global -> shared without registers; src_bytes 0 writes zeros
+ * (keys past the range: a zero V row keeps 0 * garbage from making NaN). */
+__device__ __forceinline__ void
+cp_async16 (uint16_t *dst, const void *src, int src_bytes)
+{
+  uint32_t a = (uint32_t) __cvta_generic_to_shared (dst);
+  asm volatile ("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit () { asm volatile ("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait1 () { asm volatile ("cp.async.wait_group 1;"); }
+
+/* 2^x by the special-function unit (relative error ~2^-22, 2^-inf = 0):
+ * the softmax's exponentials, the kernel's costliest non-matrix work. */
+__device__ __forceinline__ float
+fast_exp2 (float x)
+{
+  float y;
+  asm ("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float
+quad_max (float x)
+{
+  x = fmaxf (x, __shfl_xor_sync (0xffffffffu, x, 1));
+  return fmaxf (x, __shfl_xor_sync (0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float
+quad_sum (float x)
+{
+  x += __shfl_xor_sync (0xffffffffu, x, 1);
+  return x + __shfl_xor_sync (0xffffffffu, x, 2);
+}
+
+/* Walks the key blocks in increasing key order: one compare per row, the
+ * next block's descriptor read only when a key passes the current block. */
+struct Cursor {
+  SiftCudaKvBlock cur;
+  int idx;
+
+  __device__ void
+  seek (const SiftCudaAttnCall &c, int key)
+  {
+    if (c.n_blocks == 1)
+      {
+        cur = c.one;
+        idx = 0;
+        return;
+      }
+    int lo = 0, hi = c.n_blocks - 1; /* last block whose start <= key */
+    while (lo < hi)
+      {
+        int mid = (lo + hi + 1) / 2;
+        if (c.blocks[mid].start <= key)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+    idx = lo;
+    cur = c.blocks[idx];
+  }
+
+  __device__ void
+  advance (const SiftCudaAttnCall &c, int key)
+  {
+    while (key >= cur.start + cur.n && idx + 1 < c.n_blocks)
+      cur = c.blocks[++idx];
+  }
+};
+
+/* Issues the copies of keys [k0, k0 + TILE) into one stage: K rows then V
+ * rows, [TILE][ld] halves each; keys at or past `hi` become zeros. */
+template <int D>
+__device__ __forceinline__ void
+load_tile (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint16_t *stage)
+{
+  constexpr int CPR = D / 8; /* 16-byte chunks per row */
+  for (int u = 0; u < TILE * CPR / THREADS; u++)
+    {
+      int chunk = threadIdx.x + u * THREADS;
+      int row = chunk / CPR, col = chunk % CPR;
+      int key = k0 + row;
+      const char *ks = (const char *) cur.cur.k, *vs = (const char *) cur.cur.v; /* read 0 bytes */
+      int n = 0;
+      if (key < hi)
+        {
+          cur.advance (c, key);
+          int64_t t = key - cur.cur.start;
+          ks = (const char *) cur.cur.k + ((kvh * cur.cur.k_hs + t * cur.cur.k_ts) * 2 + col * 16);
+          vs = (const char *) cur.cur.v + ((kvh * cur.cur.v_hs + t * cur.cur.v_ts) * 2 + col * 16);
+          n = 16;
+        }
+      cp_async16 (stage + row * ld<D> () + col * 8, ks, n);
+      cp_async16 (stage + (TILE + row) * ld<D> () + col * 8, vs, n);
+    }
+}
+
+/* One thread block: query rows [r0, r0 + 16 MW) of kv head blockIdx.y
+ * (row r is query token r / group of query head kvh * group + r % group,
+ * so a block's rows share one kv head and every K/V tile is read once for
+ * all of them), keys of split blockIdx.z. MW warps of 16 rows; the 4 / MW
+ * warps of one row group take disjoint parts of each key tile and merge
+ * their softmax states at the end. */
+template <int D, bool BF16, int MW>
+__global__ void __launch_bounds__ (THREADS)
+attn_kernel (SiftCudaAttnCall c)
+{
+  constexpr int KG = WARPS / MW;   /* warps sharing a row group */
+  constexpr int KW = TILE / KG;    /* keys of a tile per warp */
+  constexpr int NT = KW / 8;       /* score fragments per warp */
+  constexpr int DT = D / 8;        /* output fragments */
+  constexpr int KS = D / 16;       /* k-steps of Q K^T */
+  constexpr int BM = 16 * MW;      /* rows per thread block */
+
+  extern __shared__ __align__ (16) uint16_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int group = c.q_heads / c.kv_heads;
+  const int rows = group * c.n_q;
+  const int n_rb = (rows + BM - 1) / BM;
+  const int rb = n_rb - 1 - (int) blockIdx.x; /* causal: the longest row blocks start first */
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int wr = warp % MW, wk = warp / MW;
+  const int r_warp = rb * BM + wr * 16;
+
+  /* Key range: the split, cut at the last key the block's last row sees. */
+  int lo = split * c.split_len;
+  int hi = min (c.n_kv, lo + c.split_len);
+  if (c.causal)
+    {
+      int r_last = min (rows, rb * BM + BM) - 1;
+      int64_t lim = c.q_offset + r_last / group + 1;
+      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
+    }
+
+  /* Each thread's two rows (g and g + 8): query head, token, visible keys. */
+  int rh[2], ri[2], rlim[2];
+  for (int x = 0; x < 2; x++)
+    {
+      int r = r_warp + g + 8 * x;
+      ri[x] = r / group;
+      rh[x] = kvh * group + r % group;
+      if (r >= rows)
+        rlim[x] = lo; /* padding row: sees nothing */
+      else if (c.causal)
+        rlim[x] = (int) max ((int64_t) lo, min ((int64_t) hi, c.q_offset + ri[x] + 1));
+      else
+        rlim[x] = hi;
+    }
+
+  /* Q as A fragments, scaled by scale * log2(e) once and rounded to the K/V type. */
+  uint32_t qf[KS][4];
+  for (int ks = 0; ks < KS; ks++)
+    for (int x = 0; x < 4; x++)
+      {
+        int row = x & 1, col = ks * 16 + 2 * t + (x >> 1) * 8;
+        float a = 0.0f, b = 0.0f;
+        if (r_warp + g + 8 * row < rows)
+          {
+            const float *p = c.q + rh[row] * c.q_hs + ri[row] * c.q_ts + col;
+            a = p[0] * c.qscale;
+            b = p[1] * c.qscale;
+          }
+        qf[ks][x] = pack2<BF16> (a, b);
+      }
+
+  /* Online softmax state of rows g and g + 8: running max m (base 2), this
+   * thread's part of the sum l (the quad's four parts add up at the end),
+   * the unnormalised output o. */
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
+  float o[DT][4];
+  for (int j = 0; j < DT; j++)
+    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  Cursor cur;
+  cur.seek (c, lo);
+  const int n_tiles = (hi - lo + TILE - 1) / TILE;
+  if (n_tiles > 0)
+    load_tile<D> (c, cur, kvh, lo, hi, smem);
+  cp_async_commit ();
+  for (int it = 0; it < n_tiles; it++)
+    {
+      const int k0 = lo + it * TILE;
+      /* Double buffering: the next tile is in flight while this one is used. */
+      if (it + 1 < n_tiles)
+        load_tile<D> (c, cur, kvh, k0 + TILE, hi, smem + ((it + 1) & 1) * stage_halves<D> ());
+      cp_async_commit ();
+      cp_async_wait1 ();
+      __syncthreads ();
+      const uint16_t *ks_ = smem + (it & 1) * stage_halves<D> ();
+      const uint16_t *vs_ = ks_ + TILE * ld<D> ();
+      const int kw0 = wk * KW;
+
+      /* Warp-uniform: mma.sync needs every lane. */
+      if (__any_sync (0xffffffffu, k0 + kw0 < max (rlim[0], rlim[1])))
+        {
+          /* S = Q K^T for this warp's KW keys. */
+          float s[NT][4];
+          for (int n = 0; n < NT; n++)
+            {
+              s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+              const uint16_t *krow = ks_ + (kw0 + n * 8 + g) * ld<D> () + 2 * t;
+              for (int ks = 0; ks < KS; ks++)
+                {
+                  uint32_t b0 = *reinterpret_cast<const uint32_t *> (krow + ks * 16);
+                  uint32_t b1 = *reinterpret_cast<const uint32_t *> (krow + ks * 16 + 8);
+                  mma<BF16> (s[n], qf[ks], b0, b1);
+                }
+            }
+          /* Keys past a row's limit (causal, split end, tail) score -inf. */
+          if (k0 + kw0 + KW > min (rlim[0], rlim[1]))
+            for (int n = 0; n < NT; n++)
+              for (int x = 0; x < 4; x++)
+                if (k0 + kw0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
+                  s[n][x] = -CUDART_INF_F;
+
+          /* Online softmax: raise the max, rescale what was summed under the
+           * old one, so every exponent is <= 0. A row with no key yet keeps
+           * m = -inf and subtracts 0 instead, so its terms are 2^-inf = 0
+           * rather than NaN. */
+          for (int x = 0; x < 2; x++)
+            {
+              float mx = -CUDART_INF_F;
+              for (int n = 0; n < NT; n++)
+                mx = fmaxf (mx, fmaxf (s[n][2 * x], s[n][2 * x + 1]));
+              float m_new = fmaxf (m[x], quad_max (mx));
+              float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
+              float alpha = fast_exp2 (m[x] - base);
+              float sum = 0.0f;
+              for (int n = 0; n < NT; n++)
+                {
+                  s[n][2 * x] = fast_exp2 (s[n][2 * x] - base);
+                  s[n][2 * x + 1] = fast_exp2 (s[n][2 * x + 1] - base);
+                  sum += s[n][2 * x] + s[n][2 * x + 1];
+                }
+              l[x] = l[x] * alpha + sum;
+              m[x] = m_new;
+              for (int j = 0; j < DT; j++)
+                {
+                  o[j][2 * x] *= alpha;
+                  o[j][2 * x + 1] *= alpha;
+                }
+            }
+
+          /* O += P V: the score fragments of 16 keys are the A operand as
+           * they lie in registers; V's B operands come transposed from smem. */
+          for (int kk = 0; kk < KW / 16; kk++)
+            {
+              uint32_t pa[4] = {
+                pack2<BF16> (s[2 * kk][0], s[2 * kk][1]),
+                pack2<BF16> (s[2 * kk][2], s[2 * kk][3]),
+                pack2<BF16> (s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                pack2<BF16> (s[2 * kk + 1][2], s[2 * kk + 1][3]),
+              };
+              const uint16_t *vrow = vs_ + (kw0 + kk * 16 + (lane & 15)) * ld<D> () + (lane >> 4) * 8;
+              for (int j = 0; j < DT; j += 2)
+                {
+                  uint32_t b[4];
+                  ldmatrix_x4_trans (b, vrow + j * 8);
+                  mma<BF16> (o[j], pa, b[0], b[1]);
+                  mma<BF16> (o[j + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+      __syncthreads (); /* the stage is overwritten by the load two tiles on */
+    }
+
+  for (int x = 0; x < 2; x++)
+    l[x] = quad_sum (l[x]);
+
+  /* Where the result goes: the output (one split) or this split's partial. */
+  float *out = c.out, *lse = c.lse;
+  int64_t out_hs = c.out_hs, out_ts = c.out_ts, lse_hs = c.n_q;
+  if (c.n_splits > 1)
+    {
+      out = c.part_o + (int64_t) split * c.q_heads * c.n_q * D;
+      lse = c.part_l + (int64_t) split * c.q_heads * c.n_q;
+      out_hs = (int64_t) c.n_q * D;
+      out_ts = D;
+    }
+
+  if constexpr (KG > 1)
+    {
+      /* Warps of one row group saw different keys: merge their states by
+       * max and rescale, through shared memory (the tiles are done). */
+      float *ms = reinterpret_cast<float *> (smem); /* [WARPS][16] */
+      float *ls = ms + WARPS * 16;                  /* [WARPS][16] */
+      float *os = ls + WARPS * 16;                  /* [WARPS][16][D] */
+      for (int x = 0; x < 2; x++)
+        {
+          if (t == 0)
+            {
+              ms[warp * 16 + g + 8 * x] = m[x];
+              ls[warp * 16 + g + 8 * x] = l[x];
+            }
+          for (int j = 0; j < DT; j++)
+            {
+              os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t] = o[j][2 * x];
+              os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t + 1] = o[j][2 * x + 1];
+            }
+        }
+      __syncthreads ();
+      for (int e = threadIdx.x; e < BM * D; e += THREADS)
+        {
+          const int rr = e / D, d = e % D; /* row of the block, column */
+          const int w0 = rr / 16, row = rr % 16;
+          const int r = rb * BM + rr;
+          if (r >= rows)
+            continue;
+          float mm = -CUDART_INF_F;
+          for (int w = w0; w < WARPS; w += MW)
+            mm = fmaxf (mm, ms[w * 16 + row]);
+          float base = mm == -CUDART_INF_F ? 0.0f : mm;
+          float sum = 0.0f, acc = 0.0f;
+          for (int w = w0; w < WARPS; w += MW)
+            {
+              float f = exp2f (ms[w * 16 + row] - base);
+              sum += f * ls[w * 16 + row];
+              acc += f * os[(w * 16 + row) * D + d];
+            }
+          const int h = kvh * group + r % group, i = r / group;
+          out[h * out_hs + i * out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
+          if (d == 0)
+            lse[h * lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
+        }
+    }
+  else
+    for (int x = 0; x < 2; x++)
+      {
+        if (r_warp + g + 8 * x >= rows)
+          continue;
+        const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+        float *orow = out + rh[x] * out_hs + ri[x] * out_ts;
+        for (int j = 0; j < DT; j++)
+          {
+            orow[j * 8 + 2 * t] = o[j][2 * x] * inv;
+            orow[j * 8 + 2 * t + 1] = o[j][2 * x + 1] * inv;
+          }
+        if (t == 0)
+          lse[rh[x] * lse_hs + ri[x]] = l[x] > 0.0f ? (m[x] + log2f (l[x])) * CUDART_LN2_F : -CUDART_INF_F;
+      }
+}
+
+/* The splits of each row merged by LSE, in split order: one thread block
+ * per (query head, token), one thread per output column. */
+__global__ void
+merge_splits_kernel (SiftCudaAttnCall c)
+{
+  const int row = blockIdx.x; /* h * n_q + i */
+  const int h = row / c.n_q, i = row % c.n_q;
+  const int64_t per_split = (int64_t) c.q_heads * c.n_q;
+  float mm = -CUDART_INF_F;
+  for (int s = 0; s < c.n_splits; s++)
+    mm = fmaxf (mm, c.part_l[s * per_split + row]);
+  const float base = mm == -CUDART_INF_F ? 0.0f : mm;
+  for (int d = threadIdx.x; d < c.head_dim; d += blockDim.x)
+    {
+      float sum = 0.0f, acc = 0.0f;
+      for (int s = 0; s < c.n_splits; s++)
+        {
+          float w = __expf (c.part_l[s * per_split + row] - base);
+          sum += w;
+          acc += w * c.part_o[(s * per_split + row) * c.head_dim + d];
+        }
+      c.out[h * c.out_hs + i * c.out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
+      if (d == 0)
+        c.lse[row] = sum > 0.0f ? base + logf (sum) : -CUDART_INF_F;
+    }
+}
+
+__global__ void
+merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float *o2, int64_t o2_hs,
+              int64_t o2_ts, const float *lse2, int32_t tokens, int32_t head_dim)
+{
+  const int row = blockIdx.x, h = row / tokens, i = row % tokens;
+  const float l1 = lse1[row], l2 = lse2[row];
+  if (l2 == -CUDART_INF_F)
+    return; /* empty partial: the identity */
+  float *a = o1 + h * o1_hs + i * o1_ts;
+  const float *b = o2 + h * o2_hs + i * o2_ts;
+  const float mm = fmaxf (l1, l2);
+  const float w1 = l1 == -CUDART_INF_F ? 0.0f : expf (l1 - mm), w2 = expf (l2 - mm);
+  const float inv = 1.0f / (w1 + w2);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+    a[d] = l1 == -CUDART_INF_F ? b[d] : (w1 * a[d] + w2 * b[d]) * inv;
+  __syncthreads (); /* every thread has read lse1 before it changes */
+  if (threadIdx.x == 0)
+    lse1[row] = mm + logf (w1 + w2);
+}
+
+template <int D, bool BF16, int MW>
+cudaError_t
+launch (const SiftCudaAttnCall &c, cudaStream_t stream)
+{
+  static bool configured = false; /* benign race: the attribute is idempotent */
+  if (!configured)
+    {
+      cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16, MW>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int) smem_bytes<D> ());
+      if (e != cudaSuccess)
+        return e;
+      configured = true;
+    }
+  const int rows = c.q_heads / c.kv_heads * c.n_q;
+  dim3 grid ((rows + 16 * MW - 1) / (16 * MW), c.kv_heads, c.n_splits);
+  attn_kernel<D, BF16, MW><<<grid, THREADS, smem_bytes<D> (), stream>>> (c);
+  return cudaGetLastError ();
+}
+
+template <int D, bool BF16>
+cudaError_t
+launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
+{
+  if (sift_cuda_attn_rows_per_block (c.q_heads / c.kv_heads * c.n_q) == 16)
+    return launch<D, BF16, 1> (c, stream);
+  return launch<D, BF16, 4> (c, stream);
+}
+
+} // namespace
+
+extern "C" int
+sift_cuda_attn_rows_per_block (int32_t rows)
+{
+  return rows <= 16 ? 16 : 64;
+}
+
+extern "C" int
+sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream_)
+{
+  cudaStream_t stream = (cudaStream_t) stream_;
+  cudaError_t e;
+  if (c->head_dim == 64)
+    e = c->bf16 ? launch_rows<64, true> (*c, stream) : launch_rows<64, false> (*c, stream);
+  else
+    e = c->bf16 ? launch_rows<128, true> (*c, stream) : launch_rows<128, false> (*c, stream);
+  if (e != cudaSuccess || c->n_splits <= 1)
+    return e;
+  merge_splits_kernel<<<c->q_heads * c->n_q, c->head_dim, 0, stream>>> (*c);
+  return cudaGetLastError ();
+}
+
+extern "C" int
+sift_cuda_merge_launch (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float *o2,
+                        int64_t o2_hs, int64_t o2_ts, const float *lse2, int32_t heads,
+                        int32_t tokens, int32_t head_dim, void *stream)
+{
+  if (heads * tokens == 0)
+    return cudaSuccess;
+  merge_kernel<<<heads * tokens, head_dim < 128 ? head_dim : 128, 0, (cudaStream_t) stream>>> (
+      o1, o1_hs, o1_ts, lse1, o2, o2_hs, o2_ts, lse2, tokens, head_dim);
+  return cudaGetLastError ();
+}

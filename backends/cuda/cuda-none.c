@@ -1,0 +1,82 @@
+/* <sift/cuda.h> in a library built without CUDA (meson -Dcuda=disabled, or
+ * no nvcc found): every call fails with SIFT_CUDA_ERROR_UNAVAILABLE. */
+#include <sift/cuda.h>
+
+G_DEFINE_QUARK (sift-cuda-error-quark, sift_cuda_error)
+
+static gboolean
+unavailable (GError **error)
+{
+  g_set_error_literal (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNAVAILABLE,
+                       "sift was built without CUDA (meson setup -Dcuda=enabled needs nvcc)");
+  return FALSE;
+}
+
+gboolean sift_cuda_built (void) { return FALSE; }
+gboolean sift_cuda_init (GError **error) { return unavailable (error); }
+const char *sift_cuda_device_name (void) { return NULL; }
+
+void *
+sift_cuda_malloc (gsize bytes, GError **error)
+{
+  (void) bytes;
+  unavailable (error);
+  return NULL;
+}
+
+void sift_cuda_free (void *ptr) { (void) ptr; }
+
+gboolean
+sift_cuda_memcpy_to_device (void *dst, const void *src, gsize bytes, GError **error)
+{
+  (void) dst, (void) src, (void) bytes;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_memcpy_to_host (void *dst, const void *src, gsize bytes, GError **error)
+{
+  (void) dst, (void) src, (void) bytes;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_memset (void *ptr, int byte, gsize bytes, GError **error)
+{
+  (void) ptr, (void) byte, (void) bytes;
+  return unavailable (error);
+}
+
+gboolean sift_cuda_synchronize (GError **error) { return unavailable (error); }
+
+gboolean
+sift_cuda_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
+                      const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  (void) q, (void) k, (void) v, (void) opts, (void) out, (void) lse;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
+                       const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  (void) q, (void) k, (void) v, (void) opts, (void) out, (void) lse;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                      gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                      GError **error)
+{
+  (void) q, (void) k_blocks, (void) v_blocks, (void) n_blocks, (void) opts, (void) out, (void) lse;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
+{
+  (void) o1, (void) lse1, (void) o2, (void) lse2;
+  return unavailable (error);
+}

@@ -1,0 +1,330 @@
+/* The GPU's public calls (<sift/cuda.h>): finding the device, memory,
+ * copies, and the attention kernels' checks, split plan and launch. The
+ * kernels themselves are in attn.cu. */
+#include <math.h>
+#include <pthread.h>
+
+#include <cuda_runtime_api.h>
+
+#include <sift/cuda.h>
+#include <sift/error.h>
+
+#include "attn-private.h"
+#include "kernels.h"
+
+G_DEFINE_QUARK (sift-cuda-error-quark, sift_cuda_error)
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static char *init_failure; /* why there is no usable GPU; NULL if there is one */
+static char *device_name;
+static int sm_count;
+
+static void
+init_device (void)
+{
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount (&n);
+  if (e != cudaSuccess || n == 0)
+    {
+      init_failure = g_strdup_printf ("no usable CUDA GPU: %s",
+                                      e != cudaSuccess ? cudaGetErrorString (e) : "none found");
+      return;
+    }
+  struct cudaDeviceProp p;
+  if ((e = cudaGetDeviceProperties (&p, 0)) != cudaSuccess || (e = cudaSetDevice (0)) != cudaSuccess)
+    {
+      init_failure = g_strdup_printf ("CUDA device 0: %s", cudaGetErrorString (e));
+      return;
+    }
+  if (p.major < 8)
+    {
+      init_failure = g_strdup_printf ("%s has compute capability %d.%d; sift's kernels need 8.0 or newer",
+                                      p.name, p.major, p.minor);
+      return;
+    }
+  sm_count = p.multiProcessorCount;
+  device_name = g_strdup_printf ("%s, compute %d.%d, %d SMs", p.name, p.major, p.minor, sm_count);
+}
+
+gboolean
+sift_cuda_built (void)
+{
+  return TRUE;
+}
+
+gboolean
+sift_cuda_init (GError **error)
+{
+  pthread_once (&init_once, init_device);
+  if (init_failure == NULL)
+    return TRUE;
+  g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNAVAILABLE, "%s", init_failure);
+  return FALSE;
+}
+
+const char *
+sift_cuda_device_name (void)
+{
+  return sift_cuda_init (NULL) ? device_name : NULL;
+}
+
+static gboolean
+check (cudaError_t e, const char *what, GError **error)
+{
+  if (e == cudaSuccess)
+    return TRUE;
+  g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_FAILED, "%s: %s", what, cudaGetErrorString (e));
+  return FALSE;
+}
+
+void *
+sift_cuda_malloc (gsize bytes, GError **error)
+{
+  if (!sift_cuda_init (error))
+    return NULL;
+  void *p = NULL;
+  if (!check (cudaMalloc (&p, MAX (bytes, 1)), "cudaMalloc", error))
+    return NULL;
+  return p;
+}
+
+void
+sift_cuda_free (void *ptr)
+{
+  if (ptr != NULL)
+    cudaFree (ptr);
+}
+
+gboolean
+sift_cuda_memcpy_to_device (void *dst, const void *src, gsize bytes, GError **error)
+{
+  return sift_cuda_init (error)
+         && check (cudaMemcpy (dst, src, bytes, cudaMemcpyHostToDevice), "copy to the device", error);
+}
+
+gboolean
+sift_cuda_memcpy_to_host (void *dst, const void *src, gsize bytes, GError **error)
+{
+  return sift_cuda_init (error)
+         && check (cudaMemcpy (dst, src, bytes, cudaMemcpyDeviceToHost), "copy to the host", error);
+}
+
+gboolean
+sift_cuda_memset (void *ptr, int byte, gsize bytes, GError **error)
+{
+  return sift_cuda_init (error) && check (cudaMemset (ptr, byte, bytes), "cudaMemset", error);
+}
+
+gboolean
+sift_cuda_synchronize (GError **error)
+{
+  return sift_cuda_init (error) && check (cudaDeviceSynchronize (), "a GPU kernel failed", error);
+}
+
+/* Device scratch for the block table and the split partials, grown on
+ * demand. Calls run in order on one stream, so a call's scratch is free
+ * again once the next call's work starts; growing frees the old buffer,
+ * which cudaFree does only after the work in flight is done. */
+static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *scratch;
+static gsize scratch_size;
+
+static void *
+scratch_get (gsize bytes, GError **error)
+{
+  pthread_mutex_lock (&scratch_lock);
+  if (scratch_size < bytes)
+    {
+      cudaFree (scratch);
+      scratch = NULL;
+      scratch_size = 0;
+      gsize n = MAX (bytes, 1 << 20);
+      if (check (cudaMalloc (&scratch, n), "cudaMalloc (attention scratch)", error))
+        scratch_size = n;
+    }
+  void *p = scratch;
+  pthread_mutex_unlock (&scratch_lock);
+  return p;
+}
+
+static gboolean
+unsupported (GError **error, const char *fmt, ...) G_GNUC_PRINTF (2, 3);
+
+static gboolean
+unsupported (GError **error, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  char *msg = g_strdup_vprintf (fmt, ap);
+  va_end (ap);
+  g_set_error_literal (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNSUPPORTED, msg);
+  g_free (msg);
+  return FALSE;
+}
+
+/* What the GPU kernels need beyond the CPU's checks: f16/bf16 K and V,
+ * head_dim 64 or 128, rows that start 16-byte aligned. */
+static gboolean
+check_kv (const SiftView *kv, const char *what, gsize b, GError **error)
+{
+  if (kv->dtype != SIFT_DTYPE_F16 && kv->dtype != SIFT_DTYPE_BF16)
+    return unsupported (error, "%s[%" G_GSIZE_FORMAT "] is %s: the GPU kernels take f16 or bf16 keys and values",
+                        what, b, sift_dtype_name (kv->dtype));
+  if (kv->n_tokens > 0
+      && ((guintptr) kv->data % 16 != 0 || kv->head_stride % 8 != 0 || kv->token_stride % 8 != 0))
+    return unsupported (error, "%s[%" G_GSIZE_FORMAT "]: rows must start 16-byte aligned (data %p, strides %"
+                        G_GINT64_FORMAT " and %" G_GINT64_FORMAT " elements)",
+                        what, b, kv->data, kv->head_stride, kv->token_stride);
+  return TRUE;
+}
+
+static SiftCudaKvBlock
+kv_block (const SiftView *k, const SiftView *v, gint64 start)
+{
+  return (SiftCudaKvBlock) {
+    .k = k->data, .v = v->data,
+    .k_hs = k->head_stride, .k_ts = k->token_stride,
+    .v_hs = v->head_stride, .v_ts = v->token_stride,
+    .start = (int32_t) start, .n = (int32_t) k->n_tokens,
+  };
+}
+
+/* Launches a checked call: picks the splits of the key axis, uploads the
+ * block table of a paged call, launches. */
+static gboolean
+run (const SiftAttnArgs *a, GError **error)
+{
+  const SiftView *q = a->q;
+  const gint32 d = q->head_dim;
+  if (d != 64 && d != 128)
+    return unsupported (error, "head_dim %d: the GPU kernels take 64 or 128", d);
+  if (q->n_heads * q->n_tokens > G_MAXINT32 || a->k->n_heads > 65535)
+    return unsupported (error, "%d query heads x %" G_GINT64_FORMAT " rows, %d kv heads: too many for one launch",
+                        q->n_heads, q->n_tokens, a->k->n_heads);
+  for (gsize b = 0; b < a->n_blocks; b++)
+    if (!check_kv (&a->k_blocks[b], "k", b, error) || !check_kv (&a->v_blocks[b], "v", b, error))
+      return FALSE;
+  if (q->n_tokens == 0)
+    return TRUE;
+
+  SiftCudaAttnCall c = {
+    .q = q->data, .q_hs = q->head_stride, .q_ts = q->token_stride,
+    .out = a->out->data, .out_hs = a->out->head_stride, .out_ts = a->out->token_stride,
+    .lse = a->lse,
+    .n_blocks = 1,
+    .n_kv = (int32_t) a->k->n_tokens,
+    .q_heads = q->n_heads, .kv_heads = a->k->n_heads, .n_q = (int32_t) q->n_tokens, .head_dim = d,
+    .bf16 = a->k->dtype == SIFT_DTYPE_BF16,
+    .qscale = a->scale * (float) M_LOG2E,
+    .causal = a->causal, .q_offset = a->q_offset,
+  };
+  if (a->n_blocks == 1)
+    c.one = kv_block (&a->k_blocks[0], &a->v_blocks[0], 0);
+  else if (a->n_blocks == 0)
+    c.bf16 = TRUE; /* no key: every row is empty, any instance will do */
+
+  /* Flash-decoding: enough thread blocks to fill the GPU about 4 times
+   * over (a few resident per SM hide the loads' latency), each split at
+   * least 256 keys so the merge stays cheap beside the attention. */
+  const gint64 rows = (gint64) q->n_heads / a->k->n_heads * q->n_tokens;
+  const gint64 per_rb = sift_cuda_attn_rows_per_block ((int32_t) MIN (rows, G_MAXINT32));
+  const gint64 blocks = (rows + per_rb - 1) / per_rb * a->k->n_heads;
+  gint64 splits = MIN ((4 * sm_count + blocks - 1) / blocks, MAX (c.n_kv / 256, 1));
+  splits = CLAMP (splits, 1, 1024);
+  c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
+  c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;
+
+  gsize table = a->n_blocks > 1 ? (a->n_blocks * sizeof (SiftCudaKvBlock) + 255) / 256 * 256 : 0;
+  gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
+  if (table + part > 0)
+    {
+      char *s = scratch_get (table + part, error);
+      if (s == NULL)
+        return FALSE;
+      if (table > 0)
+        {
+          g_autofree SiftCudaKvBlock *t = g_new (SiftCudaKvBlock, a->n_blocks);
+          for (gsize b = 0; b < a->n_blocks; b++)
+            t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
+          if (!check (cudaMemcpyAsync (s, t, a->n_blocks * sizeof *t, cudaMemcpyHostToDevice, 0),
+                      "copy of the block table", error))
+            return FALSE;
+          c.blocks = (const SiftCudaKvBlock *) s;
+          c.n_blocks = (int32_t) a->n_blocks;
+          c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
+        }
+      c.part_o = (float *) (s + table);
+      c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
+    }
+  return check (sift_cuda_attn_launch (&c, NULL), "attention kernel launch", error);
+}
+
+gboolean
+sift_cuda_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
+                      const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  SiftAttnArgs a;
+  return sift_cuda_init (error) && sift_attn_prepare (&a, q, k, v, opts, out, lse, error)
+         && run (&a, error);
+}
+
+gboolean
+sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
+                       const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  SiftAttnArgs a;
+  if (!sift_cuda_init (error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
+    return FALSE;
+  if (q->n_tokens < 1 || q->n_tokens > SIFT_ATTN_DECODE_MAX_ROWS)
+    {
+      g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_SHAPE,
+                   "decode takes 1..%d query rows, not %" G_GINT64_FORMAT,
+                   SIFT_ATTN_DECODE_MAX_ROWS, q->n_tokens);
+      return FALSE;
+    }
+  return run (&a, error);
+}
+
+gboolean
+sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                      gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                      GError **error)
+{
+  if (!sift_cuda_init (error))
+    return FALSE;
+  SiftView k_all, v_all;
+  g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
+  SiftAttnArgs a;
+  return sift_attn_prepare_paged (&a, &k_all, &v_all, block_start, q, k_blocks, v_blocks, n_blocks,
+                                  opts, out, lse, error)
+         && run (&a, error);
+}
+
+gboolean
+sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
+{
+  if (!sift_cuda_init (error) || !sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error))
+    return FALSE;
+  if (o1->dtype != SIFT_DTYPE_F32 || o2->dtype != SIFT_DTYPE_F32)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "merge takes f32 outputs");
+      return FALSE;
+    }
+  if (o1->n_heads != o2->n_heads || o1->n_tokens != o2->n_tokens || o1->head_dim != o2->head_dim)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_SHAPE, "merge: shapes differ");
+      return FALSE;
+    }
+  if ((lse1 == NULL || lse2 == NULL) && o1->n_tokens > 0)
+    {
+      g_set_error_literal (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID, "merge: lse is NULL");
+      return FALSE;
+    }
+  if ((gint64) o1->n_heads * o1->n_tokens > G_MAXINT32)
+    return unsupported (error, "merge: %d heads x %" G_GINT64_FORMAT " rows: too many for one launch",
+                        o1->n_heads, o1->n_tokens);
+  return check (sift_cuda_merge_launch (o1->data, o1->head_stride, o1->token_stride, lse1, o2->data,
+                                        o2->head_stride, o2->token_stride, lse2, o1->n_heads,
+                                        (int32_t) o1->n_tokens, o1->head_dim, NULL),
+                "merge kernel launch", error);
+}
