@@ -28,6 +28,10 @@ static const EnumValue spacings[] = {
   { "explicit", SIFT_SPACING_EXPLICIT }, { "linear", SIFT_SPACING_LINEAR }, { "sigmoid", SIFT_SPACING_SIGMOID },
   { NULL, 0 },
 };
+static const EnumValue depth_spans[] = {
+  { "interior", SIFT_DEPTH_INTERIOR }, { "full", SIFT_DEPTH_FULL }, { NULL, 0 },
+};
+static const EnumValue planted[] = { { "matched", FALSE }, { "exact", TRUE }, { NULL, 0 } };
 static const EnumValue needles[] = {
   { "single", SIFT_NEEDLE_SINGLE }, { "multikey", SIFT_NEEDLE_MULTIKEY },
   { "multivalue", SIFT_NEEDLE_MULTIVALUE }, { "multiquery", SIFT_NEEDLE_MULTIQUERY }, { NULL, 0 },
@@ -47,6 +51,7 @@ static const Key synthetic_keys[] = {
   { "noise", KEY_FLOAT, OFF (pub.synthetic.noise), 0, 0, 1e3, NULL, NULL, "0.8; scale of the random part of q and k" },
   { "drift", KEY_FLOAT, OFF (pub.synthetic.drift), 0, 0, 1e3, NULL, NULL, "6.0; logit of the drifting content q and k share at one position (0: off)" },
   { "drift_scale", KEY_FLOAT, OFF (pub.synthetic.drift_scale), 0, 1, 1e9, NULL, NULL, "64.0; tokens over which the drifting content decorrelates" },
+  { "planted_keys", KEY_ENUM, OFF (pub.synthetic.planted_exact), 0, NO_RANGE, planted, NULL, "matched; needle and distractor keys: matched (an ordinary key's noise and norm) | exact (clean, fixed norm: the former model)" },
   { "logn_length", KEY_INT, OFF (pub.synthetic.logn_length), 0, 0, BIG, NULL, NULL, "0; from this length on, queries are scaled by ln(p + 1) / ln(logn_length) (0: off)" },
   { NULL },
 };
@@ -95,6 +100,8 @@ static const Key harness_keys[] = {
   { "depths", KEY_FLOAT_LIST, OFF (pub.harness.depths), OFF (pub.harness.n_depths), 0, 1, NULL, NULL, "[0.0, 0.25, 0.5, 0.75, 1.0]; needle depths as fractions of the context" },
   { "depth_spacing", KEY_ENUM, OFF (pub.harness.depth_spacing), 0, NO_RANGE, spacings, NULL, "explicit; explicit | linear | sigmoid (depth_count over [0, 1])" },
   { "depth_count", KEY_INT, OFF (pub.harness.depth_count), 0, 1, 1000, NULL, NULL, "5; depths for linear/sigmoid spacing" },
+  { "depth_span", KEY_ENUM, OFF (pub.harness.depth_span), 0, NO_RANGE, depth_spans, NULL, "interior; where depths 0..1 fall: interior (between the first block and the last before the question) | full (the whole haystack)" },
+  { "baseline_seeds", KEY_INT, OFF (pub.harness.baseline_seeds), 0, 0, 32, NULL, NULL, "5; random-baseline selections drawn per cell (0: no baseline)" },
   { "needle", KEY_ENUM, OFF (pub.harness.needle), 0, NO_RANGE, needles, NULL, "single; single | multikey | multivalue | multiquery" },
   { "n_distractors", KEY_INT, OFF (pub.harness.n_distractors), 0, 0, 64, NULL, NULL, "3; distractor needles (multikey)" },
   { "n_values", KEY_INT, OFF (pub.harness.n_values), 0, 1, 64, NULL, NULL, "3; values of the one key (multivalue)" },
@@ -170,5 +177,7 @@ sift_config_init_defaults (Config *c)
   h->decode_steps = 8;
   h->min_accuracy = 0.0;
   h->seed = 1;
+  h->baseline_seeds = 5;
+  h->depth_span = SIFT_DEPTH_INTERIOR;
   h->out_dir = g_strdup ("sift-out");
 }

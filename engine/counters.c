@@ -29,6 +29,7 @@ sift_engine_count (SiftEngine *e, gint32 layer, SiftPhase phase, const SiftCount
   c->tokens_evicted += a->tokens_evicted;
   c->bytes_compacted += a->bytes_compacted;
   c->bytes_mapped += a->bytes_mapped;
+  c->summaries_attended += a->summaries_attended;
   pthread_mutex_unlock (&e->lock);
 }
 
@@ -56,6 +57,7 @@ sift_engine_counters (const SiftEngine *engine, gint32 layer, SiftPhase phase, S
       out->tokens_evicted += c->tokens_evicted;
       out->bytes_compacted += c->bytes_compacted;
       out->bytes_mapped += c->bytes_mapped;
+      out->summaries_attended += c->summaries_attended;
     }
   pthread_mutex_unlock (&e->lock);
 }
@@ -77,6 +79,14 @@ sift_engine_count_attended (SiftEngine *e, const SiftPolicyContext *ctx, guint64
 {
   g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
   SiftCounters add = { .tokens_attended = tokens };
+  sift_engine_count (e, ctx->layer, ctx->phase, &add);
+}
+
+void
+sift_engine_count_summaries (SiftEngine *e, const SiftPolicyContext *ctx, guint64 rows)
+{
+  g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
+  SiftCounters add = { .summaries_attended = rows };
   sift_engine_count (e, ctx->layer, ctx->phase, &add);
 }
 

@@ -35,6 +35,9 @@ typedef struct {
   gint64 logn_length;            /* 0 (off); queries at position p >= logn_length are scaled by
                                   * ln(p + 1) / ln(logn_length), so attention stays as sharp past
                                   * that length as at it (Qwen's logn attention, SSMax) */
+  gboolean planted_exact;        /* false ("planted_keys: matched"): needle and distractor keys carry an
+                                  * ordinary key's noise and norm; true ("exact"): clean, fixed-norm keys
+                                  * (the former model, for comparison) */
 } SiftSyntheticConfig;
 
 typedef enum {
@@ -50,6 +53,11 @@ typedef enum {
   SIFT_SPACING_SIGMOID = 2,   /* denser near the ends (classic NIAH depth spacing) */
 } SiftSpacing;
 
+typedef enum {
+  SIFT_DEPTH_INTERIOR = 0,    /* depths span the blocks between the first and the last before the question */
+  SIFT_DEPTH_FULL = 1,        /* depths span the whole haystack (0 in the first block, 1 in the last) */
+} SiftDepthSpan;
+
 /* harness: the needle grid. */
 typedef struct {
   gint64 *lengths; gsize n_lengths;   /* [1024, 2048, 4096] */
@@ -58,6 +66,7 @@ typedef struct {
   double *depths; gsize n_depths;     /* [0.0, 0.25, 0.5, 0.75, 1.0] */
   SiftSpacing depth_spacing;          /* explicit; linear/sigmoid use depth_count over [0, 1] */
   gint64 depth_count;
+  SiftDepthSpan depth_span;           /* interior */
   SiftNeedleKind needle;              /* single */
   gint64 n_distractors;               /* 3 (multikey) */
   gint64 n_values;                    /* 3 (multivalue) */
@@ -67,6 +76,7 @@ typedef struct {
   gint64 *capacities; gsize n_capacities; /* []: KV budgets swept (kv.capacity_tokens per run) */
   double min_accuracy;                /* 0.0; exit 1 below this (fraction of cells passed) */
   guint64 seed;                       /* 1 */
+  gint64 baseline_seeds;              /* 5: random-baseline draws per cell (0: none) */
   char *out_dir;                      /* "sift-out" */
 } SiftHarnessConfig;
 

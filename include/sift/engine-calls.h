@@ -62,6 +62,9 @@ SIFT_API gboolean sift_engine_attend_default (SiftEngine *engine, const SiftPoli
  * attended (summed over query rows and query heads) for the density
  * counters; sift_engine_attend_default counts its own. */
 SIFT_API void sift_engine_count_attended (SiftEngine *engine, const SiftPolicyContext *ctx, guint64 tokens);
+/* Such a policy that also attends summaries of many tokens (landmarks,
+ * block means) reports those rows here, apart from the density. */
+SIFT_API void sift_engine_count_summaries (SiftEngine *engine, const SiftPolicyContext *ctx, guint64 rows);
 
 /* Cross-layer decode pipeline: start loads layer 0's selected blocks into
  * one half of the double buffer; get returns layer `layer`'s blocks (waiting

@@ -89,6 +89,8 @@ typedef struct {
   guint64 tokens_evicted;     /* stored tokens removed to stay within capacity_tokens */
   guint64 bytes_compacted;    /* bytes read and rewritten by compaction and re-offload hooks (also in loaded/stored) */
   guint64 bytes_mapped;       /* of bytes_loaded, those read in place through zero-copy slots (not copied) */
+  guint64 summaries_attended; /* summary rows attended (landmarks, block means), summed over rows and heads;
+                               * not KV tokens of the sequence, so not in tokens_attended */
 } SiftCounters;
 
 /* Per layer and phase (layer = -1: totals over layers). */

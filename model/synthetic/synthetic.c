@@ -25,6 +25,10 @@ enum { TAG_Q = 1, TAG_K = 2, TAG_V = 3, TAG_BASIS = 4, TAG_PHASE = 5, TAG_DRIFT 
 
 /* Heavy hitters are spread over this many tokens when there is no plan. */
 #define DEFAULT_CONTEXT 4096
+/* Matched planted keys: the planted direction's share of an ordinary key's
+ * RMS norm, and the ordinary keys sampled for that norm. */
+#define PLANTED_SHARE 0.5
+#define PLANTED_SAMPLES 256
 
 typedef struct {
   SiftModelSource parent;
@@ -42,6 +46,7 @@ typedef struct {
   gsize n_heavy;
   float a_sink, a_heavy, a_needle; /* component lengths (same in q and k) */
   float a_drift;           /* length of the drifting content per content dim */
+  float *a_planted;        /* [layers][kv_heads] planted direction's length in a matched planted key */
   SiftNeedlePlan plan;     /* copy; plan.needles owned */
   gboolean has_plan;
   gint64 rope_offset;
@@ -352,14 +357,55 @@ noise_row (const SynthSource *s, guint32 tag, gint32 layer, gint32 head, gint32 
     }
 }
 
+static float
+norm_of (const float *x, gint32 n)
+{
+  double s = 0;
+  for (gint32 i = 0; i < n; i++)
+    s += (double) x[i] * x[i];
+  return (float) sqrt (s);
+}
+
+/* A matched planted key: the ordinary key of its position (noise, drift)
+ * shrunk to make room for a_planted along the planted direction u, so its
+ * norm is exactly that ordinary key's (u is orthogonal to the ordinary
+ * part): k = a u + sqrt(|o|^2 - a^2) o / |o|. */
+static void
+planted_key (const SynthSource *s, gint32 layer, gint32 g, gint64 p, const SiftNeedle *n, float *k)
+{
+  const SiftModelShape *sh = &s->parent.shape;
+  float a = s->a_planted[layer * sh->n_kv_heads + g];
+  noise_row (s, TAG_K, layer, g, g, p, k);
+  float o = norm_of (k, sh->head_dim);
+  float beta = o > a ? sqrtf (o * o - a * a) / o : 0.0f;
+  for (gint32 i = 0; i < sh->head_dim; i++)
+    k[i] *= beta;
+  if (n->distractor < 0)
+    add_dir (k, basis_row (s, layer, g, 2 + n->key), a, s->nr);
+  else
+    {
+      double c = s->plan.distractor_similarity;
+      add_dir (k, basis_row (s, layer, g, 2 + n->key), (float) (c * a), s->nr);
+      add_dir (k, basis_row (s, layer, g, 2 + s->plan.n_keys + n->distractor), (float) (sqrt (1.0 - c * c) * a),
+               s->nr);
+    }
+}
+
 static void
 key_row (const SynthSource *s, gint32 layer, gint32 g, gint64 p, float *k)
 {
   const SiftModelShape *sh = &s->parent.shape;
   const SiftNeedle *n = needle_at (s, p);
   gboolean sink = p < s->knobs.sink_tokens, heavy = is_heavy (s, p);
-  /* Sinks, heavy hitters and planted keys are clean: a sink's logit is
-   * sink_strength for every query, question . needle key is needle_strength. */
+  if (n != NULL && !s->knobs.planted_exact)
+    {
+      planted_key (s, layer, g, p, n, k);
+      rotary (s, layer, g, p, k);
+      return;
+    }
+  /* Sinks, heavy hitters and (planted_keys: exact) planted keys are clean:
+   * a sink's logit is sink_strength for every query, question . needle key
+   * is needle_strength. */
   if (sink || heavy || n != NULL)
     memset (k, 0, sizeof (float) * (gsize) sh->head_dim);
   else
@@ -391,8 +437,14 @@ query_row (const SynthSource *s, gint32 layer, gint32 h, gint64 p, float *q)
     add_dir (q, basis_row (s, layer, g, 0), s->a_sink, s->nr);
   if (s->n_heavy > 0)
     add_dir (q, basis_row (s, layer, g, 1), s->a_heavy, s->nr);
+  /* The question's component along the needle key: a_needle^2 / a keeps
+   * question . needle key at needle_strength whatever the key's length a. */
   if (s->has_plan && s->retrieval[layer * sh->n_q_heads + h] && sift_needle_plan_is_question (&s->plan, p))
-    add_dir (q, basis_row (s, layer, g, 2 + sift_needle_plan_key_at (&s->plan, p)), s->a_needle, s->nr);
+    {
+      float a = s->knobs.planted_exact ? s->a_needle : s->a_planted[layer * sh->n_kv_heads + g];
+      add_dir (q, basis_row (s, layer, g, 2 + sift_needle_plan_key_at (&s->plan, p)), s->a_needle * s->a_needle / a,
+               s->nr);
+    }
   rotary (s, layer, g, p, q);
   /* logn attention: past logn_length keys, every logit of the row grows by
    * ln(p + 1) / ln(logn_length), so the structural features keep their
@@ -450,6 +502,7 @@ synth_finalize (SiftModelSource *src)
   g_free (s->loc_amp);
   g_free (s->loc_phase);
   g_free (s->retrieval);
+  g_free (s->a_planted);
   g_free (s->heavy);
   g_free (s->plan.needles);
 }
@@ -558,6 +611,22 @@ sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed, const SiftS
         s->loc_phase[i * s->n_pairs + f] = (float) (2.0 * G_PI * uniform01 (&state));
     }
   s->retrieval = g_new0 (gboolean, (gsize) shape->n_layers * shape->n_q_heads);
+  /* A matched planted key keeps PLANTED_SHARE of the RMS norm of ordinary
+   * keys (sampled at PLANTED_SAMPLES seeded positions) for its direction. */
+  s->a_planted = g_new (float, n_heads);
+  g_autofree float *row = g_new (float, shape->head_dim);
+  for (gint32 l = 0; l < shape->n_layers; l++)
+    for (gint32 g = 0; g < shape->n_kv_heads; g++)
+      {
+        double sum = 0;
+        for (gint64 i = 0; i < PLANTED_SAMPLES; i++)
+          {
+            noise_row (s, TAG_K, l, g, g, 1000003 * (i + 1), row);
+            float o = norm_of (row, shape->head_dim);
+            sum += (double) o * o;
+          }
+        s->a_planted[l * shape->n_kv_heads + g] = (float) (PLANTED_SHARE * sqrt (sum / PLANTED_SAMPLES));
+      }
   pick_retrieval_heads (s);
   place_heavy_hitters (s);
   return &s->parent;

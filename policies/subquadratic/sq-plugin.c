@@ -736,12 +736,17 @@ sq_policy_compute (SqPolicy *self, const SiftPolicyContext *ctx, SiftView *out, 
   GROW (self->acc, float, self->acc_cap, (gsize) n_workers * SQ_BAND_ROWS * d);
   sift_parallel_for ((n_q + SQ_BAND_ROWS - 1) / SQ_BAND_ROWS, 1, attend_tiles, &c);
 
-  /* Density: every row attends its token candidates and its landmarks
-   * (a landmark counts as one row of KV), for every query head. */
-  guint64 attended = 0;
+  /* Density counts the sequence's tokens a row attends (its token
+   * candidates), for every query head; landmarks are summaries, counted
+   * apart, so density stays a fraction of the KV. */
+  guint64 attended = 0, landmarks = 0;
   for (gint64 r = 0; r < n_q; r++)
-    attended += self->n_cand[r] + self->n_lcand[r];
+    {
+      attended += self->n_cand[r];
+      landmarks += self->n_lcand[r];
+    }
   attended -= dropped;
   sift_engine_count_attended (ctx->engine, ctx, attended * (guint64) self->q_heads);
+  sift_engine_count_summaries (ctx->engine, ctx, landmarks * (guint64) self->q_heads);
   return TRUE;
 }

@@ -26,7 +26,7 @@ static const SiftParamSpec xattn_params[] = {
     "score a reshaped column by its antidiagonal's mean logit (the reference code) or by the sum of its exp(logit)s"),
   SIFT_PARAM_FLOAT ("norm", 1.0, 1e-6, 1e6,
     "the reference's norm: antidiagonal logits are divided by it (1: unchanged)"),
-  SIFT_PARAM_INT ("exact_rows", 64, 0, 1 << 20,
+  SIFT_PARAM_INT ("exact_rows", 0, 0, 1 << 20,
     "the chunk's last N queries are also scored exactly; each keeps the blocks holding threshold of its own mass"),
   SIFT_PARAM_INT ("min_query_len", 1024, 0, 1e15,
     "below this query position + 1, every block is selected (no estimation)"),

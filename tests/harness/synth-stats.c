@@ -131,7 +131,7 @@ main (int argc, char **argv)
     }
   SiftHarnessConfig h = { .needle = SIFT_NEEDLE_SINGLE, .question_tokens = 4, .decode_steps = 0, .seed = 1 };
   g_autoptr (GError) error = NULL;
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, kn.sink_tokens, 1, &error);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, kn.sink_tokens, 0, 1, &error);
   g_autoptr (SiftModelSource) src = plan ? sift_model_synthetic_new (&shape, 1, &kn, plan, &error) : NULL;
   if (src == NULL)
     return fail (error);

@@ -14,18 +14,24 @@
 #include "harness.h"
 
 static SiftConfig *
-load (const char *const *sets)
+load_file (const char *file, const char *const *sets)
 {
   const char *dirs[] = { SINKWINDOW_DIR, NULL };
   g_autoptr (SiftRegistry) registry = sift_registry_new (dirs);
   g_autoptr (GError) error = NULL;
-  SiftConfig *cfg = sift_config_load (SOURCE_DIR "/sanity.yaml", registry, &error);
+  SiftConfig *cfg = sift_config_load (file, registry, &error);
   if (cfg == NULL)
     fail_msg ("%s", error->message);
   for (; sets != NULL && *sets != NULL; sets++)
     if (!sift_config_set (cfg, *sets, registry, &error))
       fail_msg ("%s", error->message);
   return cfg;
+}
+
+static SiftConfig *
+load (const char *const *sets)
+{
+  return load_file (SOURCE_DIR "/sanity.yaml", sets);
 }
 
 static const SiftPolicySetup *
@@ -60,8 +66,14 @@ test_full_passes_every_cell (void **state)
     {
       HarnessCell c = run (cfg, "full", cfg->harness.lengths[0], cfg->harness.depths[d]);
       assert_true (c.prefill_pass && c.decode_pass && c.pass);
-      assert_true (c.prefill_recall == 1.0 && c.decode_recall == 1.0);
+      /* No selection in either phase: recall is unknown, not 100%. */
+      assert_true (isnan (c.prefill_recall) && isnan (c.decode_recall));
       assert_true (c.prefill_density == 1.0 && c.decode_density == 1.0);
+      /* A random selection of every block is the full selection. */
+      assert_int_equal (c.baseline.n_seeds, cfg->harness.baseline_seeds);
+      for (gsize s = 0; s < c.baseline.n_seeds; s++)
+        assert_true (c.baseline.pass[s] && c.baseline.prefill_retrieval[s] == c.prefill_retrieval
+                     && c.baseline.decode_retrieval[s] == c.decode_retrieval);
       /* f16 store against the f32 reference. */
       assert_true (c.prefill_rel_error < 1e-2 && c.decode_rel_error < 1e-2);
       assert_true (c.chance < 2e-3); /* one code of the 768 in context */
@@ -112,6 +124,45 @@ test_sinkwindow_fails_outside_window (void **state)
     }
   /* The grid must test both sides. */
   assert_true (inside >= 2 && outside >= 2);
+}
+
+/* The random baseline where its hit rate is known: sinkwindow (sanity.yaml,
+ * 768 tokens, chunks of 128, window 192) keeps 4 of the 10 stored blocks
+ * at the prompt's question call (the sink block, blocks 7-9) and 4 of the
+ * 12 at every decode step (block 0, blocks 9-11), worked out from its rule.
+ * A random draw of 4 blocks holds a given block with probability 4/10 and
+ * 4/12; the needle (depths 0.1-0.6: blocks 1-6, outside the window) is hit
+ * exactly when held, so both the baseline's needle recall and its
+ * retrieval must come out near 0.4 and 1/3 (32 seeds x 6 cells x 2
+ * layers: 384 prefill and 1536 decode draws, 4 standard deviations). */
+static void
+test_baseline_hit_rate (void **state)
+{
+  (void) state;
+  const char *sets[] = { "harness.baseline_seeds=32", NULL };
+  g_autoptr (SiftConfig) cfg = load (sets);
+  const double depths[] = { 0.1, 0.2, 0.3, 0.4, 0.5, 0.6 };
+  const gsize n = G_N_ELEMENTS (depths);
+  double recall[2] = { 0 }, hits[2] = { 0 };
+  for (gsize d = 0; d < n; d++)
+    {
+      HarnessCell c = run (cfg, "sinkwindow", cfg->harness.lengths[0], depths[d]);
+      assert_true (c.needle_positions[0] >= 64 && c.needle_positions[0] < 448);
+      assert_false (c.prefill_pass || c.decode_pass); /* the policy itself misses it */
+      assert_int_equal (c.baseline.n_seeds, 32);
+      recall[0] += c.baseline.prefill_recall / (double) n;
+      recall[1] += c.baseline.decode_recall / (double) n;
+      for (gsize s = 0; s < 32; s++)
+        {
+          hits[0] += c.baseline.prefill_retrieval[s] / (32.0 * (double) n);
+          hits[1] += c.baseline.decode_retrieval[s] / (32.0 * (double) n);
+        }
+      harness_cell_clear (&c);
+    }
+  if (g_getenv ("SIFT_TEST_VERBOSE"))
+    g_printerr ("baseline recall %.3f %.3f hits %.3f %.3f\n", recall[0], recall[1], hits[0], hits[1]);
+  assert_true (fabs (recall[0] - 0.4) < 0.1 && fabs (hits[0] - 0.4) < 0.1);
+  assert_true (fabs (recall[1] - 1.0 / 3.0) < 0.05 && fabs (hits[1] - 1.0 / 3.0) < 0.05);
 }
 
 /* A layer forced dense sees every block: the needle outside the window is
@@ -203,7 +254,7 @@ test_shipped_configs (void **state)
       for (gsize l = 0; l < g.n_lengths; l++)
         {
           g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g.lengths[l], 1.0,
-                                                                  cfg->synthetic.sink_tokens, cfg->harness.seed, &error);
+                                                                  cfg->synthetic.sink_tokens, cfg->shape.block_size, cfg->harness.seed, &error);
           assert_non_null (plan);
           g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
                                                                       &error);
@@ -220,6 +271,7 @@ main (void)
     cmocka_unit_test (test_full_passes_every_cell),
     cmocka_unit_test (test_sinkwindow_fails_outside_window),
     cmocka_unit_test (test_dense_layers_recall),
+    cmocka_unit_test (test_baseline_hit_rate),
     cmocka_unit_test (test_needles_off_nothing_passes),
     cmocka_unit_test (test_every_kind_full_passes),
     cmocka_unit_test (test_shipped_configs),

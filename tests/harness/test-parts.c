@@ -131,7 +131,7 @@ test_score_constructed (void **state)
   for (int kind = 0; kind < 4; kind++)
     {
       SiftHarnessConfig h = needles ((SiftNeedleKind) kind);
-      g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.3, 4, 1, NULL);
+      g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.3, 4, 0, 1, NULL);
       g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, 9, NULL, plan, NULL);
       gint64 row0 = plan->question_start, rows = h.question_tokens + h.decode_steps;
       gsize d = 64, plane = 2 * 4 * (gsize) rows * d;
@@ -187,7 +187,7 @@ test_dense_reference (void **state)
   (void) state;
   const gint64 n = 2500, rows = 6, row0 = n - 3;
   SiftHarnessConfig h = needles (SIFT_NEEDLE_SINGLE);
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, 0.5, 4, 0, 1, NULL);
   g_autoptr (SiftModelSource) src = sift_model_synthetic_new (&shape, 5, NULL, plan, NULL);
   gsize d = 64, total = (gsize) (row0 + rows);
   g_autofree float *ref = g_new (float, 2 * 4 * (gsize) rows * d);

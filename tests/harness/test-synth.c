@@ -234,7 +234,7 @@ test_concentration (void **state)
   (void) state;
   enum { LONG = 4096, QB = 64 };
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, LONG, 0.5, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, LONG, 0.5, 4, 0, 1, NULL);
   g_autoptr (SiftModelSource) src = synth (NULL, plan);
   g_autofree float *q = g_new (float, (gsize) LONG * HQ * D);
   g_autofree float *k = g_new (float, (gsize) LONG * HKV * D);
@@ -305,7 +305,7 @@ test_heavy_hitters (void **state)
   off.heavy_hitters = 0;
   /* Heavy hitters spread over the planned prompt. */
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.5, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.5, 4, 0, 1, NULL);
   g_autoptr (SiftModelSource) a = synth (&on, plan);
   g_autoptr (SiftModelSource) b = synth (&off, plan);
   gsize n_heavy = 0, n_none = 0;
@@ -364,7 +364,7 @@ test_retrieval_heads (void **state)
 {
   (void) state;
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_SINGLE);
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.4, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.4, 4, 0, 1, NULL);
   assert_non_null (plan);
   assert_int_equal (plan->n_needles, 1);
   gint64 needle = plan->needles[0].position;
@@ -401,14 +401,20 @@ test_retrieval_heads (void **state)
     assert_false (sift_model_synthetic_is_retrieval_head (off, 0, head));
 }
 
+/* Distractors draw far more than an ordinary key. With exact planted keys
+ * (clean logits) the needle beats every distractor by 2x; matched planted
+ * keys carry an ordinary key's noise in their logits, so a distractor may
+ * beat the needle in one head: only the mean over them is asked. */
 static void
-test_multikey_distractors (void **state)
+multikey_distractors (gboolean exact)
 {
-  (void) state;
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIKEY);
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.6, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.6, 4, 0, 1, NULL);
   assert_int_equal (plan->n_needles, 4);
-  g_autoptr (SiftModelSource) src = synth (NULL, plan);
+  SiftSyntheticConfig knobs;
+  sift_synthetic_config_defaults (&knobs);
+  knobs.planted_exact = exact;
+  g_autoptr (SiftModelSource) src = synth (&knobs, plan);
   Seq s = generate (src, 0);
   gint64 needle = -1;
   for (gsize i = 0; i < plan->n_needles; i++)
@@ -435,7 +441,7 @@ test_multikey_distractors (void **state)
           if (!planted)
             rows[n_rows++] = j;
         }
-      double ordinary = mass (&s, head, p, rows, n_rows) / (double) n_rows;
+      double ordinary = mass (&s, head, p, rows, n_rows) / (double) n_rows, sum_d = 0;
       for (gsize i = 0; i < plan->n_needles; i++)
         {
           if (plan->needles[i].distractor < 0)
@@ -445,10 +451,20 @@ test_multikey_distractors (void **state)
             g_printerr ("head %d needle %g distractor %g ordinary %g\n", head, m_needle, m_d, ordinary);
           /* Near-identical keys: far above an ordinary key, below the needle. */
           assert_true (m_d > 20.0 * ordinary);
-          assert_true (m_needle > 2.0 * m_d);
+          assert_true (!exact || m_needle > 2.0 * m_d);
+          sum_d += m_d;
         }
+      assert_true (m_needle > sum_d / (double) h.n_distractors);
     }
   seq_clear (&s);
+}
+
+static void
+test_multikey_distractors (void **state)
+{
+  (void) state;
+  multikey_distractors (TRUE);
+  multikey_distractors (FALSE);
 }
 
 static void
@@ -456,8 +472,8 @@ test_plan_placement (void **state)
 {
   (void) state;
   SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIQUERY);
-  g_autoptr (SiftNeedlePlan) first = sift_needle_plan_new (&h, 2048, 0.0, 4, 1, NULL);
-  g_autoptr (SiftNeedlePlan) last = sift_needle_plan_new (&h, 2048, 1.0, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) first = sift_needle_plan_new (&h, 2048, 0.0, 4, 0, 1, NULL);
+  g_autoptr (SiftNeedlePlan) last = sift_needle_plan_new (&h, 2048, 1.0, 4, 0, 1, NULL);
   assert_int_equal (first->needles[0].position, 4);
   assert_int_equal (last->needles[1].position, 2048 - 4 - 1);
   assert_int_equal (last->question_start, 2044);
@@ -469,13 +485,118 @@ test_plan_placement (void **state)
   assert_int_equal (t[0], 2047 - 4);
 
   SiftHarnessConfig mv = harness_defaults (SIFT_NEEDLE_MULTIVALUE);
-  g_autoptr (SiftNeedlePlan) values = sift_needle_plan_new (&mv, 2048, 0.5, 4, 1, NULL);
+  g_autoptr (SiftNeedlePlan) values = sift_needle_plan_new (&mv, 2048, 0.5, 4, 0, 1, NULL);
   assert_int_equal (sift_needle_plan_targets (values, 0, t, 4), 3);
 
   g_autoptr (GError) error = NULL;
-  g_autoptr (SiftNeedlePlan) tiny = sift_needle_plan_new (&h, 8, 0.5, 4, 1, &error);
+  g_autoptr (SiftNeedlePlan) tiny = sift_needle_plan_new (&h, 8, 0.5, 4, 0, 1, &error);
   assert_null (tiny);
   assert_true (g_error_matches (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID));
+}
+
+/* Interior depths (block_size given, depth_span interior): depth 0 puts the
+ * group at the first token of the second block, 1 ends it just before the
+ * last block preceding the question, so neither end block ever holds a
+ * needle; depth_span full (or block_size 0) is the former placement. */
+static void
+test_depth_placement_interior (void **state)
+{
+  (void) state;
+  const gint64 B = 64;
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIVALUE); /* a group of 3 */
+  for (gint64 n = 1024; n <= 4100; n += 1019)
+    for (double depth = 0.0; depth <= 1.0; depth += 0.125)
+      {
+        g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, n, depth, 4, B, 1, NULL);
+        gint64 last_block = (plan->question_start - 1) / B;
+        for (gsize i = 0; i < plan->n_needles; i++)
+          {
+            gint64 b = plan->needles[i].position / B;
+            assert_true (b >= 1 && b < last_block);
+          }
+        if (depth == 0.0)
+          assert_int_equal (plan->needles[0].position, B);
+        if (depth == 1.0)
+          assert_int_equal (plan->needles[2].position, last_block * B - 1);
+      }
+  h.depth_span = SIFT_DEPTH_FULL;
+  g_autoptr (SiftNeedlePlan) full0 = sift_needle_plan_new (&h, 2048, 0.0, 4, B, 1, NULL);
+  g_autoptr (SiftNeedlePlan) full1 = sift_needle_plan_new (&h, 2048, 1.0, 4, B, 1, NULL);
+  assert_int_equal (full0->needles[0].position, 4);
+  assert_int_equal (full1->needles[2].position, 2048 - 4 - 1);
+}
+
+/* Matched planted keys (the default) have the norm of an ordinary key:
+ * every needle and distractor key lies within the ordinary keys' range
+ * (mean +- 3 sd, measured over the same layer and kv head); exact planted
+ * keys (the former model) stand out, every one above mean + 2 sd.
+ * Writes the largest |z| and the smallest z of the planted norms. */
+static void
+planted_norms (gboolean exact, double *max_abs_z, double *min_z)
+{
+  SiftHarnessConfig h = harness_defaults (SIFT_NEEDLE_MULTIKEY);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&h, N, 0.5, 4, 0, 1, NULL);
+  SiftSyntheticConfig knobs;
+  sift_synthetic_config_defaults (&knobs);
+  knobs.planted_exact = exact;
+  g_autoptr (SiftModelSource) src = synth (&knobs, plan);
+  gsize n_heavy = 0;
+  const gint64 *heavy = sift_model_synthetic_heavy_hitters (src, &n_heavy);
+  *max_abs_z = 0;
+  *min_z = INFINITY;
+  for (gint32 l = 0; l < shape.n_layers; l++)
+    {
+      Seq s = generate (src, l);
+      for (gint32 g = 0; g < HKV; g++)
+        {
+          double sum = 0, sum2 = 0;
+          gsize n = 0;
+          for (gint64 p = knobs.sink_tokens; p < plan->question_start; p++)
+            {
+              gboolean special = FALSE;
+              for (gsize i = 0; i < plan->n_needles; i++)
+                special |= plan->needles[i].position == p;
+              for (gsize i = 0; i < n_heavy; i++)
+                special |= heavy[i] == p;
+              if (special)
+                continue;
+              double x = 0;
+              for (gint32 e = 0; e < D; e++)
+                x += (double) s.k[((gsize) p * HKV + g) * D + e] * s.k[((gsize) p * HKV + g) * D + e];
+              sum += sqrt (x);
+              sum2 += x;
+              n++;
+            }
+          double mean = sum / (double) n, sd = sqrt (sum2 / (double) n - mean * mean);
+          for (gsize i = 0; i < plan->n_needles; i++)
+            {
+              double x = 0;
+              for (gint32 e = 0; e < D; e++)
+                {
+                  float v = s.k[((gsize) plan->needles[i].position * HKV + g) * D + e];
+                  x += (double) v * v;
+                }
+              if (g_getenv ("SIFT_TEST_VERBOSE"))
+                g_printerr ("exact %d layer %d head %d planted %g ordinary %g +- %g\n", exact, l, g, sqrt (x), mean,
+                            sd);
+              double z = (sqrt (x) - mean) / sd;
+              *max_abs_z = MAX (*max_abs_z, fabs (z));
+              *min_z = MIN (*min_z, z);
+            }
+        }
+      seq_clear (&s);
+    }
+}
+
+static void
+test_planted_key_norms (void **state)
+{
+  (void) state;
+  double abs_z, min_z;
+  planted_norms (FALSE, &abs_z, &min_z);
+  assert_true (abs_z < 3.0);
+  planted_norms (TRUE, &abs_z, &min_z);
+  assert_true (min_z > 2.0);
 }
 
 /* logn_length = L: rows past L keys have every logit scaled by
@@ -568,6 +689,8 @@ main (void)
     cmocka_unit_test (test_retrieval_heads),
     cmocka_unit_test (test_multikey_distractors),
     cmocka_unit_test (test_plan_placement),
+    cmocka_unit_test (test_depth_placement_interior),
+    cmocka_unit_test (test_planted_key_norms),
     cmocka_unit_test (test_logn_scaling),
     cmocka_unit_test (test_bad_knobs),
   };

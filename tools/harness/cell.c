@@ -19,6 +19,8 @@ typedef struct {
   guint64 covered[2], asked[2];
   guint64 *head_covered, *head_asked;    /* [2][n_layers][n_q_heads] */
   guint64 unknown_calls[2];  /* question calls whose policy computes without a selection */
+  guint64 selection_calls[2]; /* question calls answered with a validated selection */
+  HarnessCalls *calls;       /* question calls, for the random baseline */
   gboolean selection_seen;   /* for the layer call in progress */
   SiftPolicy **prefill, **decode; /* [n_layers] */
 } Capture;
@@ -90,7 +92,11 @@ on_selection (gpointer user_data, const SiftPolicyContext *ctx, const SiftSelect
   Capture *c = user_data;
   c->selection_seen = TRUE;
   if (call_asks (c, ctx))
-    count_recall (c, ctx, selection);
+    {
+      count_recall (c, ctx, selection);
+      c->selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+      harness_calls_add (c->calls, ctx, selection, TRUE);
+    }
 }
 
 static void
@@ -105,10 +111,12 @@ on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *
   if (!had_selection)
     {
       SiftPolicy *p = (ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode)[ctx->layer];
-      if (is_dense (p, ctx->phase))
+      gboolean dense = is_dense (p, ctx->phase);
+      if (dense)
         count_recall (c, ctx, NULL);
       else
         c->unknown_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+      harness_calls_add (c->calls, ctx, NULL, dense);
     }
   const SiftModelShape *s = c->shape;
   gsize d = (gsize) s->head_dim;
@@ -244,7 +252,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
     }
   SiftModelShape shape = cfg->shape;
   const SiftHarnessConfig *h = &cfg->harness;
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens,
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens, cfg->shape.block_size,
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
@@ -276,6 +284,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   Capture c = {
     .shape = &shape, .plan = plan, .src = src, .row0 = plan->question_start,
     .n_rows = plan->question_tokens + steps, .prefill = prefill, .decode = decode,
+    .calls = harness_calls_new (),
   };
   gsize plane = (gsize) L * shape.n_q_heads * (gsize) c.n_rows * shape.head_dim;
   c.out = g_new0 (float, plane);
@@ -323,8 +332,12 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       cell->chance = chance[q - 1];
       cell->prefill_rel_error = rel_error (&shape, c.out, ref, c.n_rows, 0, q);
       cell->decode_rel_error = steps > 0 ? rel_error (&shape, c.out, ref, c.n_rows, q, c.n_rows) : NAN;
-      cell->prefill_recall = ratio (c.covered[0], c.asked[0]);
-      cell->decode_recall = ratio (c.covered[1], c.asked[1]);
+      /* A phase without any selection over an unbounded cache has no
+       * recall to speak of (dense layers alone would read 100%); under a
+       * bounded cache recall still tells what eviction kept. */
+      gboolean bounded = cfg->capacity_tokens > 0;
+      cell->prefill_recall = c.selection_calls[0] > 0 || bounded ? ratio (c.covered[0], c.asked[0]) : NAN;
+      cell->decode_recall = c.selection_calls[1] > 0 || bounded ? ratio (c.covered[1], c.asked[1]) : NAN;
       cell->n_layers = L;
       cell->n_q_heads = shape.n_q_heads;
       cell->recall_by_layer = g_new (double, 2 * (gsize) L);
@@ -354,6 +367,8 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &cell->decode_counters);
       cell->prefill_density = ratio (cell->prefill_counters.tokens_attended, cell->prefill_counters.tokens_available);
       cell->decode_density = ratio (cell->decode_counters.tokens_attended, cell->decode_counters.tokens_available);
+      ok = harness_baseline_compute (src, plan, c.calls, (gsize) h->baseline_seeds, h->seed, cell->prefill_density,
+                                     cell->decode_density, c.row0, c.n_rows, &cell->baseline, error);
     }
   sift_runner_free (runner);
   free_policies (prefill, L);
@@ -363,6 +378,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   g_free (c.seen_layers);
   g_free (c.head_covered);
   g_free (c.head_asked);
+  harness_calls_free (c.calls);
   if (!ok)
     harness_cell_clear (cell);
   return ok;

@@ -30,7 +30,21 @@ void harness_grid_clear (HarnessGrid *grid);
  * classic needle plots space depths), ends exactly 0 and 1. */
 void harness_spacing (SiftSpacing spacing, gsize n, double *out);
 
-/* ---- One cell (cell.c, score.c, reference.c) ---------------------------- */
+/* ---- One cell (cell.c, score.c, reference.c, baseline.c) ----------------- */
+
+#define HARNESS_BASELINE_MAX_SEEDS 32
+
+/* The random baseline of a cell: the same question rows answered from a
+ * random selection of as many stored blocks as the policy attended, call
+ * for call and head for head (a policy without a selection: its measured
+ * density of the phase), once per seed (docs/needle.md). */
+typedef struct {
+  gsize n_seeds;                                      /* 0: none */
+  gboolean pass[HARNESS_BASELINE_MAX_SEEDS];          /* both phases above 1/2, as a cell */
+  double prefill_retrieval[HARNESS_BASELINE_MAX_SEEDS];
+  double decode_retrieval[HARNESS_BASELINE_MAX_SEEDS];
+  double prefill_recall, decode_recall;               /* fraction of draws holding the needle; NAN: none */
+} HarnessBaseline;
 
 typedef struct {
   gint64 length;
@@ -54,6 +68,7 @@ typedef struct {
   SiftCounters prefill_counters, decode_counters;
   gint64 *needle_positions;  /* [n_needle_positions] (owned) needles, then distractors */
   gsize n_needle_positions;
+  HarnessBaseline baseline;
   gboolean resumed;          /* read back from records, not run now */
 } HarnessCell;
 
@@ -68,6 +83,25 @@ gboolean harness_run_cell (const SiftConfig *config, const SiftPolicySetup *setu
  * in chunks and merged by LSE. ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
 gboolean harness_dense_reference (SiftModelSource *src, gint64 row0, gint64 n_rows, float *ref,
                                   GError **error);
+
+/* Fraction of the baseline's seeds that pass the cell; NAN with none. */
+double harness_baseline_pass_mean (const HarnessBaseline *b);
+
+/* The question calls of a cell's run, kept for its baseline (baseline.c). */
+typedef struct _HarnessCalls HarnessCalls;
+HarnessCalls *harness_calls_new (void);
+void harness_calls_free (HarnessCalls *calls);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (HarnessCalls, harness_calls_free)
+/* Keeps one call: its stored blocks and, per query head, how many the
+ * policy attended (sel NULL: every one); known FALSE: the policy computed
+ * its own way without a selection (its phase density stands in). */
+void harness_calls_add (HarnessCalls *calls, const SiftPolicyContext *ctx, const SiftSelection *sel,
+                        gboolean known);
+/* The random baseline over n_seeds seeds (at most HARNESS_BASELINE_MAX_SEEDS)
+ * for question rows [row0, row0 + n_rows), scored as the cell is. */
+gboolean harness_baseline_compute (SiftModelSource *src, const SiftNeedlePlan *plan, const HarnessCalls *calls,
+                                   gsize n_seeds, guint64 seed, double prefill_density, double decode_density,
+                                   gint64 row0, gint64 n_rows, HarnessBaseline *out, GError **error);
 
 /* Retrieval scoring of captured outputs (score.c). out: f32
  * [n_layers][n_q_heads][n_rows][head_dim] for rows [row0, row0 + n_rows).
@@ -111,6 +145,9 @@ typedef struct {
 } HarnessSetupResult;
 
 double harness_setup_accuracy (const HarnessSetupResult *r);
+/* The random baseline's accuracy over the setup's grid: mean and sample
+ * standard deviation over seeds (each seed one random grid); NAN without. */
+void harness_setup_baseline (const HarnessSetupResult *r, double *mean, double *sd, gsize *n_seeds);
 /* The table: per setup accuracy (both, prefill, decode), mean density,
  * bytes loaded, time, speedup over the full setup of the same config. */
 void harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n);

@@ -20,7 +20,7 @@ cmp_needle (gconstpointer a, gconstpointer b)
 
 SiftNeedlePlan *
 sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth, gint64 sink_tokens,
-                      guint64 seed, GError **error)
+                      gint64 block_size, guint64 seed, GError **error)
 {
   g_return_val_if_fail (h != NULL, NULL);
   gint64 group = 1, n_distractors = 0;
@@ -71,8 +71,19 @@ sift_needle_plan_new (const SiftHarnessConfig *h, gint64 n_tokens, double depth,
   plan->n_needles = (gsize) (group + n_distractors);
   plan->needles = g_new0 (SiftNeedle, plan->n_needles);
 
-  /* The group is contiguous; depth places its first token. */
-  gint64 first = lo + (gint64) llround (depth * (double) (hi - lo - group));
+  /* The group is contiguous; depth places its first token, over the
+   * interior blocks when they can hold it (docs/needle.md, "Depths"). */
+  gint64 span_lo = lo, span_hi = hi;
+  if (block_size > 0 && h->depth_span == SIFT_DEPTH_INTERIOR)
+    {
+      gint64 in_lo = MAX (lo, block_size), in_hi = (hi - 1) / block_size * block_size;
+      if (in_hi - in_lo >= group)
+        {
+          span_lo = in_lo;
+          span_hi = in_hi;
+        }
+    }
+  gint64 first = span_lo + (gint64) llround (depth * (double) (span_hi - span_lo - group));
   for (gint64 i = 0; i < group; i++)
     plan->needles[i] = (SiftNeedle) {
       .position = first + i,

@@ -35,7 +35,7 @@ static const char *const model_keys[] = {
   "model.synthetic.heavy_hitters", "model.synthetic.heavy_hitter_strength", "model.synthetic.rope_dims",
   "model.synthetic.rope_base", "model.synthetic.retrieval_heads", "model.synthetic.needle_strength",
   "model.synthetic.noise", "model.synthetic.drift", "model.synthetic.drift_scale",
-  "model.synthetic.logn_length", NULL,
+  "model.synthetic.logn_length", "model.synthetic.planted_keys", NULL,
 };
 
 /* Replaces *error by its message placed in the config; returns FALSE. */
@@ -63,7 +63,7 @@ check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
     }
   /* The shortest context must hold the needles. */
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g->lengths[0], 0.0,
-                                                          cfg->synthetic.sink_tokens, cfg->harness.seed, error);
+                                                          cfg->synthetic.sink_tokens, cfg->shape.block_size, cfg->harness.seed, error);
   if (plan == NULL)
     return config_error (cfg, plan_keys, error);
   /* The model must take the knobs and the plan's needle keys. */

@@ -57,6 +57,9 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
                           " %" G_GINT64_FORMAT " %" G_GINT64_FORMAT " %" G_GUINT64_FORMAT "\n",
                           needle_kinds[h->needle], h->n_distractors, h->n_values, h->n_queries,
                           h->question_tokens, h->decode_steps, h->seed);
+  g_string_append_printf (s, "baseline %" G_GINT64_FORMAT "\ndepths %d\nplanted %d %.17g %.17g %" G_GINT64_FORMAT "\n",
+                          h->baseline_seeds, (int) h->depth_span, k->planted_exact, k->drift, k->drift_scale,
+                          k->logn_length);
   g_string_append_printf (s, "cell %" G_GINT64_FORMAT " %.17g\n", length, depth);
   char *sum = g_compute_checksum_for_string (G_CHECKSUM_SHA256, s->str, (gssize) s->len);
   g_string_free (s, TRUE);
@@ -95,7 +98,61 @@ write_counters (JsonWriter *w, const char *key, const SiftCounters *c)
   json_uint (w, "tokens_evicted", c->tokens_evicted);
   json_uint (w, "bytes_compacted", c->bytes_compacted);
   json_uint (w, "bytes_mapped", c->bytes_mapped);
+  json_uint (w, "summaries_attended", c->summaries_attended);
   json_end_object (w);
+}
+
+/* The random baseline: per seed whether the cell passed and each phase's
+ * retrieval, then the mean pass and the draws' needle recall. */
+static void
+write_baseline (JsonWriter *w, const HarnessBaseline *b)
+{
+  json_begin_object (w, "baseline");
+  json_int (w, "seeds", (gint64) b->n_seeds);
+  json_begin_array (w, "pass");
+  for (gsize i = 0; i < b->n_seeds; i++)
+    json_bool (w, NULL, b->pass[i]);
+  json_end_array (w);
+  const double *per_phase[] = { b->prefill_retrieval, b->decode_retrieval };
+  const char *names[] = { "prefill_retrieval", "decode_retrieval" };
+  for (int ph = 0; ph < 2; ph++)
+    {
+      json_begin_array (w, names[ph]);
+      for (gsize i = 0; i < b->n_seeds; i++)
+        json_double (w, NULL, per_phase[ph][i]);
+      json_end_array (w);
+    }
+  json_double (w, "pass_mean", harness_baseline_pass_mean (b));
+  json_double (w, "prefill_recall", b->prefill_recall);
+  json_double (w, "decode_recall", b->decode_recall);
+  json_end_object (w);
+}
+
+static void
+read_baseline (const JsonNode *r, HarnessBaseline *b)
+{
+  const char *names[] = { "baseline.pass", "baseline.prefill_retrieval", "baseline.decode_retrieval" };
+  const JsonNode *arrays[3];
+  for (int i = 0; i < 3; i++)
+    {
+      arrays[i] = json_get (r, names[i]);
+      if (arrays[i] == NULL || arrays[i]->type != JSON_ARRAY)
+        return; /* a record from before the baseline: none */
+    }
+  b->n_seeds = MIN (arrays[0]->items->len, HARNESS_BASELINE_MAX_SEEDS);
+  for (gsize i = 0; i < b->n_seeds; i++)
+    {
+      const JsonNode *p = g_ptr_array_index (arrays[0]->items, i);
+      b->pass[i] = p->type == JSON_BOOL && p->number == 1.0;
+      for (int a = 1; a < 3; a++)
+        {
+          const JsonNode *v = i < arrays[a]->items->len ? g_ptr_array_index (arrays[a]->items, i) : NULL;
+          (a == 1 ? b->prefill_retrieval : b->decode_retrieval)[i] = v != NULL && v->type == JSON_NUMBER ? v->number
+                                                                                                           : NAN;
+        }
+    }
+  b->prefill_recall = json_get_double (r, "baseline.prefill_recall");
+  b->decode_recall = json_get_double (r, "baseline.decode_recall");
 }
 
 char *
@@ -125,6 +182,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "block_size", m->block_size);
   json_int (&w, "chunk_size", m->chunk_size);
   json_uint (&w, "seed", c->seed);
+  json_string (&w, "planted_keys", c->synthetic.planted_exact ? "exact" : "matched");
   json_end_object (&w);
   json_begin_object (&w, "kv");
   json_int (&w, "capacity_tokens", c->capacity_tokens);
@@ -143,6 +201,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "question_tokens", h->question_tokens);
   json_int (&w, "decode_steps", cell->decode_steps);
   json_uint (&w, "seed", h->seed);
+  json_string (&w, "depth_span", h->depth_span == SIFT_DEPTH_FULL ? "full" : "interior");
   json_end_object (&w);
   json_begin_object (&w, "scores");
   json_bool (&w, "pass", cell->pass);
@@ -189,6 +248,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_double (&w, "prefill_density", cell->prefill_density);
   json_double (&w, "decode_density", cell->decode_density);
   json_end_object (&w);
+  write_baseline (&w, &cell->baseline);
   json_begin_object (&w, "timings");
   json_double (&w, "prefill_seconds", cell->prefill_seconds);
   json_double (&w, "decode_seconds", cell->decode_seconds);
@@ -222,7 +282,7 @@ read_counters (const JsonNode *r, const char *key, SiftCounters *c)
     { "blocks_available", &c->blocks_available }, { "blocks_selected", &c->blocks_selected },
     { "tokens_available", &c->tokens_available }, { "tokens_attended", &c->tokens_attended },
     { "tokens_evicted", &c->tokens_evicted }, { "bytes_compacted", &c->bytes_compacted },
-    { "bytes_mapped", &c->bytes_mapped },
+    { "bytes_mapped", &c->bytes_mapped }, { "summaries_attended", &c->summaries_attended },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
     {
@@ -302,6 +362,7 @@ harness_records_find (HarnessRecords *rec, const char *settings, HarnessCell *ce
   cell->decode_steps = isfinite (steps) ? (gint64) steps : 0;
   read_counters (r, "counters.prefill", &cell->prefill_counters);
   read_counters (r, "counters.decode", &cell->decode_counters);
+  read_baseline (r, &cell->baseline);
   const JsonNode *pos = json_get (r, "needle.positions");
   if (pos != NULL && pos->type == JSON_ARRAY)
     {

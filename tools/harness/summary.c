@@ -18,10 +18,37 @@ harness_setup_accuracy (const HarnessSetupResult *r)
   return n > 0 ? (double) passed / (double) n : 0.0;
 }
 
+void
+harness_setup_baseline (const HarnessSetupResult *r, double *mean, double *sd, gsize *n_seeds)
+{
+  gsize n = n_cells (r), seeds = n > 0 ? HARNESS_BASELINE_MAX_SEEDS : 0;
+  for (gsize i = 0; i < n; i++)
+    seeds = MIN (seeds, r->cells[i].baseline.n_seeds);
+  *n_seeds = seeds;
+  *mean = *sd = NAN;
+  if (seeds == 0)
+    return;
+  /* Each seed is one random grid: its accuracy, then mean and spread. */
+  double sum = 0, sum2 = 0;
+  for (gsize s = 0; s < seeds; s++)
+    {
+      gsize passed = 0;
+      for (gsize i = 0; i < n; i++)
+        passed += r->cells[i].baseline.pass[s];
+      double acc = (double) passed / (double) n;
+      sum += acc;
+      sum2 += acc * acc;
+    }
+  *mean = sum / (double) seeds;
+  *sd = seeds > 1 ? sqrt (MAX (0.0, (sum2 - sum * sum / (double) seeds) / (double) (seeds - 1))) : 0.0;
+}
+
 typedef struct {
   double acc, acc_prefill, acc_decode;
   double density_prefill, density_decode;  /* mean over cells with a value */
-  double recall;                           /* mean of both phases where known; NAN if never */
+  double recall_prefill, recall_decode;    /* mean where known; NAN if never */
+  double rand_mean, rand_sd;               /* random baseline's accuracy over seeds; NAN without */
+  gsize rand_seeds;
   double mib_loaded;                       /* mean per cell */
   double seconds;                          /* prefill + decode, summed over cells */
   double prefill_seconds, decode_seconds;
@@ -44,8 +71,8 @@ totals (const HarnessSetupResult *r)
 {
   Totals t = { 0 };
   gsize n = n_cells (r);
-  double dp = 0, dd = 0, rc = 0, re = 0;
-  int ndp = 0, ndd = 0, nrc = 0, nre = 0;
+  double dp = 0, dd = 0, rp = 0, rd = 0, re = 0;
+  int ndp = 0, ndd = 0, nrp = 0, nrd = 0, nre = 0;
   gsize pp = 0, pd = 0;
   for (gsize i = 0; i < n; i++)
     {
@@ -54,8 +81,8 @@ totals (const HarnessSetupResult *r)
       pd += c->decode_pass;
       mean_add (c->prefill_density, &dp, &ndp);
       mean_add (c->decode_density, &dd, &ndd);
-      mean_add (c->prefill_recall, &rc, &nrc);
-      mean_add (c->decode_recall, &rc, &nrc);
+      mean_add (c->prefill_recall, &rp, &nrp);
+      mean_add (c->decode_recall, &rd, &nrd);
       mean_add (c->prefill_rel_error, &re, &nre);
       t.mib_loaded += (double) (c->prefill_counters.bytes_loaded + c->decode_counters.bytes_loaded) / (1 << 20);
       t.prefill_seconds += c->prefill_seconds;
@@ -67,7 +94,9 @@ totals (const HarnessSetupResult *r)
   t.acc_decode = n ? (double) pd / (double) n : 0;
   t.density_prefill = ndp ? dp / ndp : NAN;
   t.density_decode = ndd ? dd / ndd : NAN;
-  t.recall = nrc ? rc / nrc : NAN;
+  t.recall_prefill = nrp ? rp / nrp : NAN;
+  t.recall_decode = nrd ? rd / nrd : NAN;
+  harness_setup_baseline (r, &t.rand_mean, &t.rand_sd, &t.rand_seeds);
   t.rel_error = nre ? re / nre : NAN;
   t.mib_loaded = n ? t.mib_loaded / (double) n : 0;
   t.seconds = t.prefill_seconds + t.decode_seconds;
@@ -99,17 +128,25 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
               full = &results[j];
           double full_seconds = full != NULL ? totals (full).seconds : NAN;
           fprintf (to, "\n%s: %zu lengths x %zu depths\n", r->config_file, r->grid->n_lengths, r->grid->n_depths);
-          fprintf (to, "%-24s %7s %7s %7s %8s %8s %8s %8s %9s %9s %8s %8s\n", "setup", "acc", "prefill",
-                   "decode", "recall", "dens.pf", "dens.dc", "rel.err", "MiB/cell", "prefill/s", "time s",
-                   "speedup");
+          fprintf (to, "%-24s %7s %13s %7s %7s %7s %7s %7s %8s %8s %8s %9s %9s %8s %8s\n", "setup", "acc",
+                   "random", "vs.rand", "prefill", "decode", "rec.pf", "rec.dc", "dens.pf", "dens.dc", "rel.err",
+                   "MiB/cell", "prefill/s", "time s", "speedup");
           for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
             {
               Totals t = totals (&results[j]);
               fprintf (to, "%-24s", results[j].label);
               cell_pct (to, t.acc);
+              if (isfinite (t.rand_mean))
+                {
+                  fprintf (to, " %5.1f%%+-%4.1f%%", 100.0 * t.rand_mean, 100.0 * t.rand_sd);
+                  fprintf (to, " %+6.1f%%", 100.0 * (t.acc - t.rand_mean));
+                }
+              else
+                fprintf (to, " %13s %7s", "-", "-");
               cell_pct (to, t.acc_prefill);
               cell_pct (to, t.acc_decode);
-              cell_pct (to, t.recall);
+              cell_pct (to, t.recall_prefill);
+              cell_pct (to, t.recall_decode);
               cell_pct (to, t.density_prefill);
               cell_pct (to, t.density_decode);
               if (isfinite (t.rel_error))
@@ -129,8 +166,20 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
             for (gsize c = 0; c < n_cells (&results[j]); c++)
               if (isfinite (results[j].cells[c].chance))
                 chance = MAX (chance, results[j].cells[c].chance);
-          fprintf (to, "chance of a retrieval hit by luck: at most %.2g per row (a cell passes above 50%% of rows)\n",
-                   chance);
+          fprintf (to, "chance of a retrieval hit by luck with the needle unseen: at most %.2g per row (a cell passes"
+                   " above 50%% of rows)\n", chance);
+          /* How far above luck: cells passed minus those a random selection
+           * of the policy's own size passes (mean over seeds). */
+          for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
+            {
+              Totals t = totals (&results[j]);
+              double cells = (double) n_cells (&results[j]);
+              if (!isfinite (t.rand_mean))
+                continue;
+              fprintf (to, "%s: %.0f of %.0f cells passed, random blocks at its density %.1f +- %.1f (%zu seeds):"
+                       " %+.1f cells above random\n", results[j].label, t.acc * cells, cells, t.rand_mean * cells,
+                       t.rand_sd * cells, t.rand_seeds, (t.acc - t.rand_mean) * cells);
+            }
           last_config = r->config_file;
         }
     }

@@ -240,6 +240,10 @@ test_ops (void **state)
         found |= g_str_equal (p->name, names[i]);
       assert_true (found);
     }
+  /* sift's additions are off by default: the paper keeps no sink or recent page. */
+  for (const SiftParamSpec *p = ops->params; p->name != NULL; p++)
+    if (g_str_equal (p->name, "sink_blocks") || g_str_equal (p->name, "recent_blocks"))
+      assert_string_equal (p->default_value, "0");
 }
 
 /* Every mode and reduction, decode with 1 and 3 rows: the selection per
@@ -284,13 +288,16 @@ test_selection_matches_oracle (void **state)
       }
 }
 
-/* A token budget of 5 blocks keeps 5 blocks per head, the first and last included. */
+/* A token budget of 5 blocks keeps 5 blocks per head, the first and last
+ * included when sink_blocks and recent_blocks ask for them (sift's
+ * options; off by default, as in the paper). */
 static void
 test_token_budget_sinks_recent (void **state)
 {
   (void) state;
   Fixture *f = fixture_new (3, 30, BS, 1);
-  const char *settings[] = { "token_budget=40", "dense_layers=[1]", NULL }; /* 40 / BS = 5 */
+  const char *settings[] = { "token_budget=40", "dense_layers=[1]", "sink_blocks=1", "recent_blocks=1",
+                             NULL }; /* 40 / BS = 5 */
   SiftPolicy *policy = make_policy (settings);
   offload_all (policy, f);
   SiftPolicyContext ctx = context (f, SIFT_PHASE_DECODE, 0);
@@ -356,7 +363,7 @@ test_prefill_option (void **state)
   g_autoptr (SiftSelection) all = select_all (p_off, &ctx, NULL);
   assert_int_equal (sift_selection_n_blocks (all), f->n_blocks);
   g_autoptr (SiftSelection) sel = select_all (p_on, &ctx, NULL);
-  g_autofree guint8 *want = oracle_select (f, 1, NKV, FALSE, TRUE, 4, 1, 1);
+  g_autofree guint8 *want = oracle_select (f, 1, NKV, FALSE, TRUE, 4, 0, 0);
   assert_selection_is (sel, want, (gsize) f->n_blocks);
   sift_policy_free (p_off);
   sift_policy_free (p_on);
@@ -387,7 +394,7 @@ test_reset_clears_metadata (void **state)
     }
   offload_all (policy, f);
   g_autoptr (SiftSelection) after = select_all (policy, &ctx, NULL);
-  g_autofree guint8 *want = oracle_select (f, 0, NKV, FALSE, FALSE, 4, 1, 1);
+  g_autofree guint8 *want = oracle_select (f, 0, NKV, FALSE, FALSE, 4, 0, 0);
   assert_selection_is (after, want, (gsize) f->n_blocks);
   sift_policy_free (policy);
   fixture_free (f);

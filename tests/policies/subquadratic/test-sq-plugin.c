@@ -27,7 +27,7 @@ struct _SiftEngine {
   gint32 slot_valid[N_SLOTS];
   gboolean slot_busy[N_SLOTS];
   gint64 rows_gathered, blocks_loaded;
-  guint64 attended;
+  guint64 attended, summaries;
 };
 
 void
@@ -35,6 +35,13 @@ sift_engine_count_attended (SiftEngine *e, const SiftPolicyContext *ctx, guint64
 {
   (void) ctx;
   e->attended += tokens;
+}
+
+void
+sift_engine_count_summaries (SiftEngine *e, const SiftPolicyContext *ctx, guint64 rows)
+{
+  (void) ctx;
+  e->summaries += rows;
 }
 
 gint32
@@ -301,6 +308,41 @@ test_decode_equals_prefill_rows (void **state)
   engine_clear (&e);
 }
 
+/* Density counts the sequence's tokens each row attends; the landmarks
+ * (block means) are counted apart, so attended never exceeds the causal
+ * rows' keys (issue 22: landmarks counted as tokens put density above 1).
+ * The reference: the core's candidate lists, which test-sq-core checks
+ * against a brute-force reading of the rules. */
+static void
+test_density_counts_sequence_tokens (void **state)
+{
+  (void) state;
+  Setup s = small_setup ();
+  SiftEngine e = { 0 };
+  gint64 step_rows;
+  SqPolicy *p = run (&s, &e, &step_rows);
+  const gint64 seq = s.prompt + s.n_decode;
+  SqStamp stamp;
+  sq_stamp_init (&stamp);
+  g_autofree gint64 *cand = g_new (gint64, sq_max_token_candidates (&s.config, seq) + sq_max_landmark_candidates (&s.config, seq));
+  guint64 tokens = 0, landmarks = 0, causal = 0;
+  for (gint64 i = 0; i < seq; i++)
+    {
+      sq_stamp_next (&stamp, seq);
+      tokens += sq_token_candidates (&s.config, i, seq, &stamp, cand);
+      sq_stamp_next (&stamp, seq);
+      landmarks += sq_landmark_candidates (&s.config, i, seq, &stamp, cand);
+      causal += (guint64) i + 1;
+    }
+  sq_stamp_clear (&stamp);
+  assert_true (landmarks > 0);
+  assert_int_equal (e.attended, tokens * (guint64) s.qh);
+  assert_int_equal (e.summaries, landmarks * (guint64) s.qh);
+  assert_true (e.attended <= causal * (guint64) s.qh);
+  policy_free (p);
+  engine_clear (&e);
+}
+
 static void
 test_multi_row_decode_and_gqa (void **state)
 {
@@ -429,6 +471,7 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_decode_equals_prefill_rows),
+    cmocka_unit_test (test_density_counts_sequence_tokens),
     cmocka_unit_test (test_multi_row_decode_and_gqa),
     cmocka_unit_test (test_incremental_landmarks_equal_recomputed),
     cmocka_unit_test (test_block_size_one_and_globals),
