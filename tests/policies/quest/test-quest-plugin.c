@@ -243,7 +243,7 @@ test_ops (void **state)
   /* sift's additions are off by default: the paper keeps no sink or recent page. */
   for (const SiftParamSpec *p = ops->params; p->name != NULL; p++)
     if (g_str_equal (p->name, "sink_blocks") || g_str_equal (p->name, "recent_blocks"))
-      assert_string_equal (p->default_value, "0");
+      assert_int_equal (p->default_int, 0);
 }
 
 /* Every mode and reduction, decode with 1 and 3 rows: the selection per
