@@ -19,6 +19,7 @@ static const Command commands[] = {
   { "policies", sift_cmd_policies, "list policies, or show one's parameters" },
   { "config", sift_cmd_config, "check a YAML config" },
   { "bench", sift_cmd_bench, "benchmarks: peak, attention, offload, policy" },
+  { "model", sift_cmd_model, "describe a GGUF model (model info FILE.gguf)" },
   { "version", sift_cmd_version, "print the version" },
 };
 

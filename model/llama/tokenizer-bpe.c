@@ -91,7 +91,7 @@ static const PreTokenizer pre_tokenizers[] = {
    * digits three at a time */
   { "default", { NULL },
     { "[\\p{P}\\$\\+<=>\\^~\\|]+", PAT_GPT2, "\\p{N}+", "[0-9][0-9][0-9]" }, FALSE },
-  { "gpt2", { "gpt-2", NULL }, { PAT_GPT2 }, FALSE },
+  { "gpt-2", { "gpt2", NULL }, { PAT_GPT2 }, FALSE },
   { "llama3", { "llama-bpe", "llama-v3", NULL }, { PAT_LLAMA3 }, TRUE },
   { "qwen2", { NULL }, { PAT_QWEN2 }, FALSE },
 };

@@ -1,12 +1,16 @@
 /* tests/model: the GGUF tokenizers (model/llama/tokenizer*.c).
  *
- * Known encodings are checked on vocabularies small enough to work out by hand. */
+ * Known encodings are checked on vocabularies small enough to work out by hand,
+ * and against the token ids that llama.cpp gave for the vocabularies of vocab.c
+ * (tokenizer-ref.txt; docs/model.md, "Tokenizers", says how it was made). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 
 #include <sift/error.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -259,7 +263,7 @@ static void
 test_round_trip (void **state)
 {
   (void) state;
-  static const char *const pres[] = { "default", "gpt2", "llama3", "qwen2" };
+  static const char *const pres[] = { "default", "gpt-2", "llama3", "qwen2" };
   for (gsize p = 0; p < G_N_ELEMENTS (pres); p++)
     {
       g_autoptr (TestVocab) v = test_vocab_gpt2 (pres[p], 400);
@@ -286,6 +290,60 @@ test_decode_partial (void **state)
   sift_tokenizer_piece (tok, ids[0], FALSE, raw);
   assert_int_equal (raw->len, 1);
   assert_int_equal ((guint8) raw->str[0], 0xF0);
+}
+
+/* The ids llama.cpp gave for each vocabulary, flag set and corpus text. */
+static void
+test_reference (void **state)
+{
+  (void) state;
+  g_autofree char *path = g_build_filename (SIFT_TEST_SRCDIR, "tokenizer-ref.txt", NULL);
+  g_autofree char *contents = NULL;
+  g_autoptr (GError) error = NULL;
+  if (!g_file_get_contents (path, &contents, NULL, &error))
+    fail_msg ("%s", error->message);
+  g_auto (GStrv) lines = g_strsplit (contents, "\n", -1);
+  /* "KIND PRE" -> its tokenizer, built once */
+  g_autoptr (GHashTable) cache = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
+                                                        (GDestroyNotify) sift_tokenizer_free);
+  guint checked = 0;
+  for (char **l = lines; *l != NULL; l++)
+    {
+      if (**l == '#' || **l == '\0')
+        continue;
+      /* "KIND PRE FLAGS CASE: id id ..." */
+      char kind[16], pre[16], flags[8];
+      guint c;
+      int used = 0;
+      if (sscanf (*l, "%15s %15s %7s %u:%n", kind, pre, flags, &c, &used) != 4 || c >= vocab_corpus_len)
+        fail_msg ("%s: bad line \"%s\"", path, *l);
+      g_autofree char *name = g_strdup_printf ("%s %s", kind, pre);
+      SiftTokenizer *tok = g_hash_table_lookup (cache, name);
+      if (tok == NULL)
+        {
+          g_autoptr (TestVocab) v = strcmp (kind, "llama") == 0 ? test_vocab_llama (400) : test_vocab_gpt2 (pre, 400);
+          tok = tokenizer (v);
+          g_hash_table_insert (cache, g_strdup (name), tok);
+        }
+      SiftTokenizeFlags f = (strchr (flags, 'a') ? SIFT_TOKENIZE_ADD_SPECIAL : 0)
+                            | (strchr (flags, 'p') ? SIFT_TOKENIZE_PARSE_SPECIAL : 0);
+      g_autoptr (GArray) ids = encode (tok, vocab_corpus[c], f);
+      g_auto (GStrv) want = g_strsplit (g_strstrip (*l + used), " ", -1);
+      guint n_want = *want[0] == '\0' ? 0 : g_strv_length (want);
+      gboolean same = n_want == ids->len;
+      for (guint i = 0; same && i < n_want; i++)
+        same = g_array_index (ids, gint32, i) == atoi (want[i]);
+      if (!same)
+        {
+          g_autoptr (GString) got = g_string_new (NULL);
+          for (guint i = 0; i < ids->len; i++)
+            g_string_append_printf (got, " %d", g_array_index (ids, gint32, i));
+          fail_msg ("%s %s %s case %u:\n  llama.cpp: %s\n  sift:     %s", kind, pre, flags, c, *l + used, got->str);
+        }
+      checked++;
+    }
+  /* 5 vocabularies x 3 flag sets x every corpus text */
+  assert_int_equal (checked, 5 * 3 * vocab_corpus_len);
 }
 
 static double
@@ -440,6 +498,7 @@ main (void)
     cmocka_unit_test (test_special_tokens),
     cmocka_unit_test (test_round_trip),
     cmocka_unit_test (test_decode_partial),
+    cmocka_unit_test (test_reference),
     cmocka_unit_test (test_long_text),
     cmocka_unit_test (test_bad_spec),
     cmocka_unit_test (test_bad_input),

@@ -51,7 +51,7 @@ main (int argc, char **argv)
       return 2;
     }
   g_autoptr (GError) error = NULL;
-  static const char *const pres[] = { "default", "gpt2", "llama3", "qwen2" };
+  static const char *const pres[] = { "default", "gpt-2", "llama3", "qwen2" };
   for (gsize p = 0; p < G_N_ELEMENTS (pres); p++)
     {
       g_autoptr (TestVocab) v = test_vocab_gpt2 (pres[p], 400);

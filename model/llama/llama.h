@@ -1,0 +1,66 @@
+/* A Llama-family model (llama, qwen2, qwen3) from a GGUF file: its shape,
+ * weights (mapped, used in place) and forward pass, driven one step at a
+ * time as the model protocol drives a model: begin -> for each layer
+ * qkv, attention (by the caller), attended -> end. Private to model/llama/. */
+#pragma once
+
+#include <glib.h>
+
+#include "gguf.h"
+#include "matmul.h"
+#include "ops.h"
+
+G_BEGIN_DECLS
+
+typedef enum {
+  LLAMA_ARCH_LLAMA,
+  LLAMA_ARCH_QWEN2, /* + q, k, v biases */
+  LLAMA_ARCH_QWEN3, /* + RMSNorm of each q and k head */
+} LlamaArch;
+
+#define LLAMA_SUPPORTED_ARCHS "llama, qwen2, qwen3"
+
+typedef struct {
+  LlamaArch arch;
+  const char *arch_name;
+  gint32 n_layers, n_embd, n_ff;
+  gint32 n_heads, n_kv_heads, head_dim;
+  gint32 n_vocab;
+  gint64 n_ctx;       /* {arch}.context_length */
+  float eps;          /* RMSNorm epsilon */
+  LlamaRope rope;
+  gboolean tied;      /* logits from token_embd (no output.weight) */
+} LlamaConfig;
+
+typedef struct {
+  LlamaMat q, k, v, o;       /* q: [n_heads * head_dim][n_embd] ... o: [n_embd][n_heads * head_dim] */
+  LlamaMat gate, up, down;   /* gate, up: [n_ff][n_embd]; down: [n_embd][n_ff] */
+  float *attn_norm, *ffn_norm; /* [n_embd] */
+  float *q_norm, *k_norm;    /* [head_dim] (qwen3) or NULL */
+  float *bq, *bk, *bv;       /* [n_heads * head_dim], [n_kv_heads * head_dim] x 2 (qwen2) or NULL */
+} LlamaLayer;
+
+typedef struct _LlamaModel LlamaModel;
+
+/* Opens and checks the file: architecture, shape, every tensor's presence,
+ * type and dims. Errors are SIFT_MODEL_ERROR naming the file and the key or tensor. */
+LlamaModel *llama_model_open (const char *path, GError **error);
+void llama_model_free (LlamaModel *m);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (LlamaModel, llama_model_free)
+
+const LlamaConfig *llama_model_config (const LlamaModel *m);
+GgufFile *llama_model_gguf (const LlamaModel *m);
+/* Bytes of the weight tensors. */
+guint64 llama_model_weight_bytes (const LlamaModel *m);
+
+/* One step: tokens [n] at positions pos0..pos0+n-1 (abandons a step an error left unfinished). */
+gboolean llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, GError **error);
+/* q [n][n_heads][head_dim], k and v [n][n_kv_heads][head_dim] of `layer`,
+ * after RoPE; layers in order, each after the previous one's attended(). */
+gboolean llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float *v, GError **error);
+/* out [n][n_heads][head_dim]: the layer's attention output. */
+gboolean llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **error);
+/* logits [n_vocab] of the step's last token, or NULL for none. */
+gboolean llama_model_end (LlamaModel *m, float *logits, GError **error);
+
+G_END_DECLS

@@ -1,0 +1,271 @@
+/* Matmul: activation preparation, threading, ISA dispatch, scalar dots. */
+#include <math.h>
+#include <string.h>
+
+#include <sift/dtype.h>
+#include <sift/parallel.h>
+
+#include "matmul.h"
+#include "quant.h"
+
+/* ---- scalar dot products (the reference the SIMD ones are tested against) ---- */
+
+static float
+dot_f32 (const void *w, const void *act, gint64 n)
+{
+  const float *a = w, *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n; i++)
+    s += a[i] * x[i];
+  return s;
+}
+
+static float
+dot_f16 (const void *w, const void *act, gint64 n)
+{
+  const guint16 *a = w;
+  const float *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n; i++)
+    s += sift_f16_to_f32 (a[i]) * x[i];
+  return s;
+}
+
+static float
+dot_bf16 (const void *w, const void *act, gint64 n)
+{
+  const guint16 *a = w;
+  const float *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n; i++)
+    s += sift_bf16_to_f32 (a[i]) * x[i];
+  return s;
+}
+
+static float
+dot_q8_0 (const void *w, const void *act, gint64 n)
+{
+  const BlockQ8_0 *b = w;
+  const ActQ8 *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n / QK; i++)
+    {
+      int sum = 0;
+      for (int l = 0; l < QK; l++)
+        sum += b[i].qs[l] * x[i].qs[l];
+      s += sift_f16_to_f32 (b[i].d) * x[i].d * (float) sum;
+    }
+  return s;
+}
+
+static float
+dot_q4_0 (const void *w, const void *act, gint64 n)
+{
+  const BlockQ4_0 *b = w;
+  const ActQ8 *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n / QK; i++)
+    {
+      /* sum (q - 8) x = sum q x - 8 sum x */
+      int sum = 0;
+      for (int l = 0; l < QK / 2; l++)
+        sum += (b[i].qs[l] & 15) * x[i].qs[l] + (b[i].qs[l] >> 4) * x[i].qs[l + QK / 2];
+      s += sift_f16_to_f32 (b[i].d) * x[i].d * (float) (sum - 8 * x[i].sum);
+    }
+  return s;
+}
+
+static float
+dot_q4_k (const void *w, const void *act, gint64 n)
+{
+  const BlockQ4_K *b = w;
+  const ActQ8K *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n / QK_K; i++)
+    {
+      /* sum (d sc q - dmin m) x = d sum_j sc_j (q.x)_j - dmin sum_j m_j (sum x)_j */
+      int sum_q = 0, sum_m = 0;
+      for (int j = 0; j < 8; j++)
+        {
+          guint8 sc, m;
+          llama_q4_k_scale_min (b[i].scales, j, &sc, &m);
+          const guint8 *q = b[i].qs + 32 * (j / 2);
+          const gint8 *xq = x[i].qs + 32 * j;
+          int dot = 0;
+          for (int l = 0; l < 32; l++)
+            dot += (j % 2 == 0 ? q[l] & 15 : q[l] >> 4) * xq[l];
+          sum_q += sc * dot;
+          sum_m += m * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        }
+      s += x[i].d * (sift_f16_to_f32 (b[i].d) * (float) sum_q - sift_f16_to_f32 (b[i].dmin) * (float) sum_m);
+    }
+  return s;
+}
+
+static float
+dot_q6_k (const void *w, const void *act, gint64 n)
+{
+  const BlockQ6_K *b = w;
+  const ActQ8K *x = act;
+  float s = 0;
+  for (gint64 i = 0; i < n / QK_K; i++)
+    {
+      int sum = 0;
+      for (int h = 0; h < 2; h++)
+        {
+          const guint8 *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+          const gint8 *xq = x[i].qs + 128 * h;
+          const gint8 *sc = b[i].scales + 8 * h;
+          for (int l = 0; l < 32; l++)
+            {
+              int is = l / 16;
+              int q0 = (ql[l] & 15) | ((qh[l] & 3) << 4);
+              int q1 = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+              int q2 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+              int q3 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+              sum += sc[is] * q0 * xq[l] + sc[is + 2] * q1 * xq[l + 32]
+                     + sc[is + 4] * q2 * xq[l + 64] + sc[is + 6] * q3 * xq[l + 96];
+            }
+        }
+      /* The codes are q - 32: subtract 32 sc_j (sum x)_j. */
+      for (int j = 0; j < 16; j++)
+        sum -= 32 * b[i].scales[j] * x[i].bsums[j];
+      s += sift_f16_to_f32 (b[i].d) * x[i].d * (float) sum;
+    }
+  return s;
+}
+
+const LlamaMatmulKernels llama_matmul_scalar = {
+  .name = "scalar",
+  .dot = {
+    [GGUF_TENSOR_F32] = dot_f32,
+    [GGUF_TENSOR_F16] = dot_f16,
+    [GGUF_TENSOR_BF16] = dot_bf16,
+    [GGUF_TENSOR_Q8_0] = dot_q8_0,
+    [GGUF_TENSOR_Q4_0] = dot_q4_0,
+    [GGUF_TENSOR_Q4_K] = dot_q4_k,
+    [GGUF_TENSOR_Q6_K] = dot_q6_k,
+  },
+};
+
+const LlamaMatmulKernels *
+llama_matmul_kernels_get (SiftIsa isa)
+{
+  if (isa > sift_isa_detect ())
+    return NULL;
+  switch (isa)
+    {
+#ifdef SIFT_HAVE_AVX512
+    case SIFT_ISA_AVX512:
+      return __builtin_cpu_supports ("avx512vnni") ? &llama_matmul_avx512 : llama_matmul_kernels_get (SIFT_ISA_AVX2);
+#endif
+#ifdef SIFT_HAVE_AVX2
+    case SIFT_ISA_AVX2: return &llama_matmul_avx2;
+#endif
+    case SIFT_ISA_SCALAR: return &llama_matmul_scalar;
+    default: return NULL;
+    }
+}
+
+void
+llama_mat_init (LlamaMat *m, GgufTensorType type, gint64 n_in, gint64 n_out, const void *data)
+{
+  g_assert (llama_type_supported (type) && n_in % gguf_tensor_type_block (type) == 0);
+  m->type = type;
+  m->n_in = n_in;
+  m->n_out = n_out;
+  m->row_bytes = (gsize) (n_in / gguf_tensor_type_block (type)) * gguf_tensor_type_block_bytes (type);
+  m->data = data;
+}
+
+/* ---- activations and the threaded loop ---- */
+
+/* Bytes of one activation row prepared for `type`. */
+static gsize
+act_row_bytes (GgufTensorType type, gint64 n_in)
+{
+  switch (type)
+    {
+    case GGUF_TENSOR_Q8_0: case GGUF_TENSOR_Q4_0: return (gsize) (n_in / QK) * sizeof (ActQ8);
+    case GGUF_TENSOR_Q4_K: case GGUF_TENSOR_Q6_K: return (gsize) (n_in / QK_K) * sizeof (ActQ8K);
+    default: return (gsize) n_in * sizeof (float);
+    }
+}
+
+typedef struct {
+  const LlamaMatmulKernels *k;
+  const LlamaMat *w;
+  const guint8 *act; /* [n_tok][act_bytes] */
+  gsize act_bytes;
+  float *y;          /* [n_tok][n_out] */
+  gint64 n_tok;
+} Job;
+
+#define TOKEN_TILE 16 /* tokens per pass over a range of rows: their activations stay in L1/L2 */
+
+static void
+rows_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const Job *j = user_data;
+  LlamaDotFn dot = j->k->dot[j->w->type];
+  for (gint64 t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+    {
+      gint64 t1 = MIN (t0 + TOKEN_TILE, j->n_tok);
+      for (gint64 r = begin; r < end; r++)
+        {
+          const guint8 *row = j->w->data + (gsize) r * j->w->row_bytes;
+          for (gint64 t = t0; t < t1; t++)
+            j->y[t * j->w->n_out + r] = dot (row, j->act + (gsize) t * j->act_bytes, j->w->n_in);
+        }
+    }
+}
+
+typedef struct {
+  GgufTensorType type;
+  const float *x;
+  guint8 *act;
+  gint64 n_in;
+  gsize act_bytes;
+} Prep;
+
+static void
+prep_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const Prep *p = user_data;
+  for (gint64 t = begin; t < end; t++)
+    {
+      const float *x = p->x + t * p->n_in;
+      void *dst = p->act + (gsize) t * p->act_bytes;
+      if (p->type == GGUF_TENSOR_Q8_0 || p->type == GGUF_TENSOR_Q4_0)
+        llama_quantize_act_q8 (x, dst, p->n_in);
+      else
+        llama_quantize_act_q8k (x, dst, p->n_in);
+    }
+}
+
+void
+llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok)
+{
+  g_assert (k != NULL && k->dot[w->type] != NULL && n_tok >= 0);
+  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok };
+  g_autofree guint8 *act = NULL;
+  if (w->type == GGUF_TENSOR_Q8_0 || w->type == GGUF_TENSOR_Q4_0
+      || w->type == GGUF_TENSOR_Q4_K || w->type == GGUF_TENSOR_Q6_K)
+    {
+      act = g_malloc ((gsize) n_tok * job.act_bytes);
+      Prep prep = { w->type, x, act, w->n_in, job.act_bytes };
+      sift_parallel_for (n_tok, 8, prep_body, &prep);
+      job.act = act;
+    }
+  /* A range of rows should carry enough work (~64K multiply-adds) to pay for a hand-off. */
+  gint64 grain = MAX (1, 65536 / MAX (1, w->n_in * n_tok));
+  sift_parallel_for (w->n_out, grain, rows_body, &job);
+}
+
+void
+llama_matmul (const LlamaMat *w, const float *x, float *y, gint64 n_tok)
+{
+  llama_matmul_with (llama_matmul_kernels_get (sift_isa_active ()), w, x, y, n_tok);
+}

@@ -1,0 +1,50 @@
+/* y = W x for the projections, the MLP and the logits: every supported
+ * tensor type, scalar / AVX2 / AVX-512 (VNNI) kernels chosen at run time
+ * (sift_isa_active (), SIFT_ISA), threaded over output rows. Quantised
+ * weights take 8-bit activations and integer dot products. */
+#pragma once
+
+#include <glib.h>
+#include <sift/attn.h>
+
+#include "gguf.h"
+
+G_BEGIN_DECLS
+
+/* A weight matrix: n_out rows of n_in elements of `type`. */
+typedef struct {
+  GgufTensorType type;
+  gint64 n_in, n_out;
+  gsize row_bytes;
+  const guint8 *data; /* [n_out][row_bytes] */
+} LlamaMat;
+
+/* The dot product of one weight row (n elements) with one activation row
+ * prepared for that type (f32 for F32/F16/BF16, ActQ8 blocks for Q8_0/Q4_0,
+ * ActQ8K blocks for Q4_K/Q6_K). */
+typedef float (*LlamaDotFn) (const void *w, const void *act, gint64 n);
+
+typedef struct {
+  const char *name;
+  LlamaDotFn dot[GGUF_TENSOR_TYPE_COUNT];
+} LlamaMatmulKernels;
+
+extern const LlamaMatmulKernels llama_matmul_scalar;
+#ifdef SIFT_HAVE_AVX2
+extern const LlamaMatmulKernels llama_matmul_avx2;
+#endif
+#ifdef SIFT_HAVE_AVX512
+extern const LlamaMatmulKernels llama_matmul_avx512; /* needs AVX-512 VNNI */
+#endif
+
+/* The kernels of `isa`, or NULL when the CPU lacks it. */
+const LlamaMatmulKernels *llama_matmul_kernels_get (SiftIsa isa);
+
+/* A matrix over a tensor of dims [n_in, n_out] (a supported type). */
+void llama_mat_init (LlamaMat *m, GgufTensorType type, gint64 n_in, gint64 n_out, const void *data);
+
+/* y [n_tok][n_out] = x [n_tok][n_in] W^T with the active ISA's kernels. */
+void llama_matmul (const LlamaMat *w, const float *x, float *y, gint64 n_tok);
+void llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok);
+
+G_END_DECLS

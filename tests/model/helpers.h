@@ -1,0 +1,30 @@
+/* Shared by the model tests: seeded normal values and the NMSE of a result
+ * against a double-precision reference. */
+#pragma once
+
+#include <math.h>
+
+#include <glib.h>
+
+/* N(0, scale^2) by Box-Muller. */
+static inline void
+randn (GRand *r, float *x, gsize n, double scale)
+{
+  for (gsize i = 0; i < n; i++)
+    {
+      double u = g_rand_double_range (r, 1e-12, 1), v = g_rand_double (r);
+      x[i] = (float) (scale * sqrt (-2 * log (u)) * cos (2 * G_PI * v));
+    }
+}
+
+static inline double
+nmse (const float *y, const double *ref, gsize n)
+{
+  double num = 0, den = 0;
+  for (gsize i = 0; i < n; i++)
+    {
+      num += (y[i] - ref[i]) * (y[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+  return num / MAX (den, 1e-300);
+}
