@@ -111,8 +111,13 @@ typedef struct {
    * sift_store_map's pointers) in the compute dtype. */
   gboolean (*can_map) (SiftBackend *b, SiftStore *store, SiftDType compute_dtype);
 
-  /* Transfers, in submission order per backend (a load submitted after a
-   * store of the same block sees it). n transfers at once, one wake-up. */
+  /* Transfers, n at once (one wake-up). Ordering: transfers run in
+   * submission order per backend (a load submitted after a store of the
+   * same block sees it), and a transfer starts only after every compute
+   * call (attend, merge, buffer_*) made before it finished with the memory:
+   * on the CPU those calls have returned; a GPU backend makes its copy
+   * stream wait on an event recorded on its compute stream, so a slot is
+   * not overwritten while the previous block's attention still reads it. */
   void (*submit) (SiftBackend *b, const SiftTransfer *t, gsize n);
   /* Events: new ones have nothing pending. */
   SiftEvent *(*event_new) (SiftBackend *b);

@@ -57,16 +57,19 @@ mma<false> (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Four 8x8 matrices of 16-bit values, transposed: the B operands of P V for
- * two groups of 8 columns of V (rows = keys in smem). */
-__device__ __forceinline__ void
-ldmatrix_x4_trans (uint32_t r[4], const uint16_t *p)
-{
-  uint32_t a = (uint32_t) __cvta_generic_to_shared (p);
-  asm volatile ("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                : "r"(a));
-}
+/* Four 8x8 matrices of 16-bit values from shared memory; lanes 8i..8i+7
+ * give the row addresses of matrix i. Plain: thread (g, t) gets row g,
+ * columns 2t and 2t + 1 of each (K's B operands). Transposed: rows 2t and
+ * 2t + 1 of column g (V's B operands of P V, V's rows being keys). */
+#define LDMATRIX_X4(name, op)                                                                     \
+  __device__ __forceinline__ void name (uint32_t r[4], const uint16_t *p)                         \
+  {                                                                                               \
+    uint32_t a = (uint32_t) __cvta_generic_to_shared (p);                                         \
+    asm volatile (op " {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a)); \
+  }
+LDMATRIX_X4 (ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16")
+LDMATRIX_X4 (ldmatrix_x4_trans, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
+#undef LDMATRIX_X4
 
 /* 16 bytes global -> shared without registers; src_bytes 0 writes zeros
  * (keys past the range: a zero V row keeps 0 * garbage from making NaN). */
@@ -269,12 +272,15 @@ attn_kernel (SiftCudaAttnCall c)
           for (int n = 0; n < NT; n++)
             {
               s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-              const uint16_t *krow = ks_ + (kw0 + n * 8 + g) * ld<D> () + 2 * t;
-              for (int ks = 0; ks < KS; ks++)
+              /* K's B operands of two k-steps per ldmatrix: matrix i is
+               * keys n*8..n*8+7 at columns ks*16 + 8i. */
+              const uint16_t *krow = ks_ + (kw0 + n * 8 + (lane & 7)) * ld<D> () + (lane >> 3) * 8;
+              for (int ks = 0; ks < KS; ks += 2)
                 {
-                  uint32_t b0 = *reinterpret_cast<const uint32_t *> (krow + ks * 16);
-                  uint32_t b1 = *reinterpret_cast<const uint32_t *> (krow + ks * 16 + 8);
-                  mma<BF16> (s[n], qf[ks], b0, b1);
+                  uint32_t b[4];
+                  ldmatrix_x4 (b, krow + ks * 16);
+                  mma<BF16> (s[n], qf[ks], b[0], b[1]);
+                  mma<BF16> (s[n], qf[ks + 1], b[2], b[3]);
                 }
             }
           /* Keys past a row's limit (causal, split end, tail) score -inf. */
@@ -458,20 +464,39 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
     lse1[row] = mm + logf (w1 + w2);
 }
 
+/* Allows the kernel its dynamic shared memory (over the default 48 KB). */
+template <int D, bool BF16, int MW>
+cudaError_t
+configure ()
+{
+  static bool configured = false; /* benign race: the attribute is idempotent */
+  if (configured)
+    return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int) smem_bytes<D> ());
+  configured = e == cudaSuccess;
+  return e;
+}
+
+template <int D, bool BF16, int MW>
+int
+resident (void)
+{
+  int n = 0;
+  if (configure<D, BF16, MW> () != cudaSuccess
+      || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, attn_kernel<D, BF16, MW>, THREADS, smem_bytes<D> ())
+             != cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
+}
+
 template <int D, bool BF16, int MW>
 cudaError_t
 launch (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
-  static bool configured = false; /* benign race: the attribute is idempotent */
-  if (!configured)
-    {
-      cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16, MW>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int) smem_bytes<D> ());
-      if (e != cudaSuccess)
-        return e;
-      configured = true;
-    }
+  cudaError_t e = configure<D, BF16, MW> ();
+  if (e != cudaSuccess)
+    return e;
   const int rows = c.q_heads / c.kv_heads * c.n_q;
   dim3 grid ((rows + 16 * MW - 1) / (16 * MW), c.kv_heads, c.n_splits);
   attn_kernel<D, BF16, MW><<<grid, THREADS, smem_bytes<D> (), stream>>> (c);
@@ -493,6 +518,17 @@ extern "C" int
 sift_cuda_attn_rows_per_block (int32_t rows)
 {
   return rows <= 16 ? 16 : 64;
+}
+
+extern "C" int
+sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows)
+{
+  const bool few = sift_cuda_attn_rows_per_block (rows) == 16;
+  if (head_dim == 64)
+    return bf16 ? (few ? resident<64, true, 1> () : resident<64, true, 4> ())
+                : (few ? resident<64, false, 1> () : resident<64, false, 4> ());
+  return bf16 ? (few ? resident<128, true, 1> () : resident<128, true, 4> ())
+              : (few ? resident<128, false, 1> () : resident<128, false, 4> ());
 }
 
 extern "C" int

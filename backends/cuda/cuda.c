@@ -223,13 +223,16 @@ run (const SiftAttnArgs *a, GError **error)
   else if (a->n_blocks == 0)
     c.bf16 = TRUE; /* no key: every row is empty, any instance will do */
 
-  /* Flash-decoding: enough thread blocks to fill the GPU about 4 times
-   * over (a few resident per SM hide the loads' latency), each split at
-   * least 256 keys so the merge stays cheap beside the attention. */
+  /* Flash-decoding: split the keys so that the launch fills the GPU in
+   * one wave (every block resident at once; a second, partial wave would
+   * leave most SMs idle at its end), each split at least 256 keys so the
+   * merge stays cheap beside the attention. */
   const gint64 rows = (gint64) q->n_heads / a->k->n_heads * q->n_tokens;
-  const gint64 per_rb = sift_cuda_attn_rows_per_block ((int32_t) MIN (rows, G_MAXINT32));
+  const int32_t rows32 = (int32_t) MIN (rows, G_MAXINT32);
+  const gint64 per_rb = sift_cuda_attn_rows_per_block (rows32);
   const gint64 blocks = (rows + per_rb - 1) / per_rb * a->k->n_heads;
-  gint64 splits = MIN ((4 * sm_count + blocks - 1) / blocks, MAX (c.n_kv / 256, 1));
+  const gint64 slots = (gint64) sift_cuda_attn_blocks_per_sm (d, c.bf16, rows32) * sm_count;
+  gint64 splits = MIN (slots / blocks, MAX (c.n_kv / 256, 1));
   splits = CLAMP (splits, 1, 1024);
   c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
   c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;

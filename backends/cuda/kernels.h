@@ -46,6 +46,10 @@ typedef struct {
 /* Query rows of one thread block: 16 for up to 16 rows (group x queries), else 64. */
 int sift_cuda_attn_rows_per_block (int32_t rows);
 
+/* Thread blocks of the attention kernel for these arguments that one SM
+ * holds at once (shared memory and registers permitting). */
+int sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows);
+
 /* Launches the attention (and, with n_splits > 1, the merge of the splits)
  * on `stream`; returns a cudaError_t. */
 int sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream);
