@@ -14,6 +14,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/error.h>
 #include <sift/policy.h>
 
@@ -64,33 +65,33 @@ struct _SiftModel {
 /* Sets a new model's class and shape (the caller allocated the subclass
  * zeroed); SIFT_MODEL_ERROR_INVALID for a class of another protocol version,
  * a class without a required method or an impossible shape. */
-gboolean sift_model_init (SiftModel *model, const SiftModelClass *klass, const SiftModelShape *shape,
+SIFT_API gboolean sift_model_init (SiftModel *model, const SiftModelClass *klass, const SiftModelShape *shape,
                           gint32 n_vocab, GError **error);
 
 /* The checked calls (SIFT_MODEL_ERROR_INVALID for an impossible argument or
  * a call out of order, naming the model). */
-gboolean sift_model_begin (SiftModel *model, gint64 pos0, gint64 n, const gint32 *tokens, GError **error);
-gboolean sift_model_qkv (SiftModel *model, gint32 layer, float *q, float *k, float *v, GError **error);
-gboolean sift_model_attended (SiftModel *model, gint32 layer, const float *out, GError **error);
-gboolean sift_model_end (SiftModel *model, float *logits, GError **error);
+SIFT_API gboolean sift_model_begin (SiftModel *model, gint64 pos0, gint64 n, const gint32 *tokens, GError **error);
+SIFT_API gboolean sift_model_qkv (SiftModel *model, gint32 layer, float *q, float *k, float *v, GError **error);
+SIFT_API gboolean sift_model_attended (SiftModel *model, gint32 layer, const float *out, GError **error);
+SIFT_API gboolean sift_model_end (SiftModel *model, float *logits, GError **error);
 /* TRUE when the model offers qkv_at. */
-gboolean sift_model_is_positional (const SiftModel *model);
+SIFT_API gboolean sift_model_is_positional (const SiftModel *model);
 /* q, k, v of tokens pos0..pos0+n-1 of `layer` (q [n][n_q_heads][head_dim],
  * k and v [n][n_kv_heads][head_dim]); SIFT_MODEL_ERROR_INVALID for a model
  * without qkv_at. Outside the step protocol: never changes a step. */
-gboolean sift_model_qkv_at (SiftModel *model, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
+SIFT_API gboolean sift_model_qkv_at (SiftModel *model, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v,
                             GError **error);
-void sift_model_free (SiftModel *model);
+SIFT_API void sift_model_free (SiftModel *model);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftModel, sift_model_free)
 
 /* Ready-made step methods for a model that ignores the hidden state: begin
  * and end do nothing, qkv reads qkv_at over the step's tokens, attended
  * ignores the output. */
-gboolean sift_model_positional_begin (SiftModel *self, gint64 pos0, gint64 n, const gint32 *tokens,
+SIFT_API gboolean sift_model_positional_begin (SiftModel *self, gint64 pos0, gint64 n, const gint32 *tokens,
                                       GError **error);
-gboolean sift_model_positional_qkv (SiftModel *self, gint32 layer, float *q, float *k, float *v, GError **error);
-gboolean sift_model_positional_attended (SiftModel *self, gint32 layer, const float *out, GError **error);
-gboolean sift_model_positional_end (SiftModel *self, float *logits, GError **error);
+SIFT_API gboolean sift_model_positional_qkv (SiftModel *self, gint32 layer, float *q, float *k, float *v, GError **error);
+SIFT_API gboolean sift_model_positional_attended (SiftModel *self, gint32 layer, const float *out, GError **error);
+SIFT_API gboolean sift_model_positional_end (SiftModel *self, float *logits, GError **error);
 
 /* A class initializer for such a model: its name, qkv_at and finalize. */
 #define SIFT_MODEL_POSITIONAL_CLASS(NAME, QKV_AT, FINALIZE) \
@@ -102,6 +103,6 @@ gboolean sift_model_positional_end (SiftModel *self, float *logits, GError **err
   }
 
 /* Independent N(0, 1) values seeded by (seed, layer, position): for tests. */
-SiftModel *sift_model_random_new (const SiftModelShape *shape, guint64 seed);
+SIFT_API SiftModel *sift_model_random_new (const SiftModelShape *shape, guint64 seed);
 
 G_END_DECLS

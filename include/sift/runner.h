@@ -4,6 +4,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/engine.h>
 #include <sift/model.h>
 #include <sift/policy.h>
@@ -27,27 +28,27 @@ typedef struct {
  * ctx->layer). NULL means dense attention over every block through the
  * default pipeline (layers forced dense). Each policy must support the phase
  * it is placed in. */
-SiftRunner *sift_runner_new (SiftEngine *engine, SiftModel *model,
+SIFT_API SiftRunner *sift_runner_new (SiftEngine *engine, SiftModel *model,
                              SiftPolicy *const *prefill, SiftPolicy *const *decode,
                              GError **error);
-void sift_runner_free (SiftRunner *runner);
+SIFT_API void sift_runner_free (SiftRunner *runner);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftRunner, sift_runner_free)
 
-void sift_runner_set_observer (SiftRunner *runner, const SiftRunnerObserver *observer, gpointer user_data);
+SIFT_API void sift_runner_set_observer (SiftRunner *runner, const SiftRunnerObserver *observer, gpointer user_data);
 
 /* Prefills tokens [0, n_tokens) chunk by chunk (chunk_size tokens, the last
  * chunk possibly shorter), one model step per chunk. Only once per
  * sequence. tokens: [n_tokens] ids, or NULL for a model without tokens;
  * logits: [n_vocab] of the prompt's last token, or NULL for none. */
-gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, const gint32 *tokens, float *logits,
+SIFT_API gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, const gint32 *tokens, float *logits,
                               GError **error);
 /* One decode step of n_rows (1..16) new tokens at the next positions;
  * tokens [n_rows] or NULL, logits [n_vocab] of the last row or NULL. */
-gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, const gint32 *tokens, float *logits,
+SIFT_API gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, const gint32 *tokens, float *logits,
                              GError **error);
 /* Tokens processed so far. */
-gint64 sift_runner_position (const SiftRunner *runner);
+SIFT_API gint64 sift_runner_position (const SiftRunner *runner);
 /* New sequence: resets the engine and every policy. */
-void sift_runner_reset (SiftRunner *runner);
+SIFT_API void sift_runner_reset (SiftRunner *runner);
 
 G_END_DECLS
