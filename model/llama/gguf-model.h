@@ -1,0 +1,20 @@
+/* sift — Llama-family GGUF models behind the model protocol (model/llama/;
+ * not installed: the `sift` tool and the tests link the model library). */
+#pragma once
+
+#include <glib.h>
+#include <sift/model.h>
+
+#include "llama.h"
+
+G_BEGIN_DECLS
+
+/* Opens path (llama, qwen2 or qwen3). The shape's layers, heads and head_dim
+ * come from the file; block_size and chunk_size from the caller (the
+ * config); scale 0 means 1/sqrt(head_dim). */
+SiftModel *sift_model_gguf_new (const char *path, gint32 block_size, gint32 chunk_size, float scale,
+                                GError **error);
+/* The model under a SiftModel from sift_model_gguf_new, or NULL for another model. */
+LlamaModel *sift_model_gguf_llama (SiftModel *model);
+
+G_END_DECLS
