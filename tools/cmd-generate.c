@@ -142,6 +142,8 @@ generate (const SiftConfig *cfg, const char *path, const char *prompt, const cha
   g_autoptr (SiftTokenizer) tok = NULL;
   g_autoptr (GArray) ids = g_array_new (FALSE, FALSE, sizeof (gint32));
   g_autoptr (GString) text = g_string_new ("");
+  g_autoptr (GArray) out = g_array_new (FALSE, FALSE, sizeof (gint32));
+  g_autofree float *logits = NULL;
   if (!pipeline_init (&p, cfg, path, &error))
     goto fail;
   GgufFile *f = llama_model_gguf (sift_model_gguf_llama (p.model));
@@ -159,13 +161,12 @@ generate (const SiftConfig *cfg, const char *path, const char *prompt, const cha
       goto fail;
     }
   gint32 n_vocab = p.model->n_vocab;
-  g_autofree float *logits = g_new (float, n_vocab);
+  logits = g_new (float, n_vocab);
   gint64 t0 = g_get_monotonic_time ();
   if (!sift_runner_prefill (p.runner, ids->len, (const gint32 *) ids->data, logits, &error))
     goto fail;
   gint64 t1 = g_get_monotonic_time ();
   gint n_decoded = 0;
-  g_autoptr (GArray) out = g_array_new (FALSE, FALSE, sizeof (gint32));
   for (gint i = 0; i < n_new; i++)
     {
       gint32 next = argmax (logits, n_vocab);

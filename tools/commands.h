@@ -9,6 +9,7 @@ int sift_cmd_config (int argc, char **argv);
 int sift_cmd_needle (int argc, char **argv);
 int sift_cmd_bench (int argc, char **argv);
 int sift_cmd_model (int argc, char **argv);
+int sift_cmd_generate (int argc, char **argv);
 
 /* `sift bench` subcommands. */
 int sift_bench_peak (int argc, char **argv);

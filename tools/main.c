@@ -20,6 +20,7 @@ static const Command commands[] = {
   { "config", sift_cmd_config, "check a YAML config" },
   { "bench", sift_cmd_bench, "benchmarks: peak, attention, offload, policy" },
   { "model", sift_cmd_model, "describe a GGUF model (model info FILE.gguf)" },
+  { "generate", sift_cmd_generate, "generate text from a GGUF model through the engine" },
   { "version", sift_cmd_version, "print the version" },
 };
 
