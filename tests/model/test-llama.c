@@ -2,8 +2,8 @@
  * SwiGLU against naive loops and their defining properties; the whole
  * forward of tiny random models (llama, qwen2, qwen3; each tensor type)
  * against an f64 reference written here; chunked prefill, and prefill then
- * decode, against one pass; bad models. Attention is a naive causal loop of
- * this file, called between qkv() and attended() as the model protocol does. */
+ * decode, against one pass; bad models. Attention is the naive causal loop of
+ * dense-attention.h, called between qkv() and attended() as the model protocol does. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +14,7 @@
 #include <glib/gstdio.h>
 #include <sift/sift.h>
 
+#include "dense-attention.h"
 #include "helpers.h"
 
 #include "llama.h"
@@ -213,59 +214,6 @@ test_rope_scaling (void **state)
 
 /* ---- whole forward ---- */
 
-/* Naive causal attention over a KV cache of this file. */
-typedef struct {
-  const LlamaConfig *c;
-  float *k, *v; /* [n_layers][n_ctx][n_kv_heads][head_dim] */
-  gint64 n_ctx;
-} Cache;
-
-static void
-cache_init (Cache *kc, const LlamaConfig *c, gint64 n_ctx)
-{
-  kc->c = c;
-  kc->n_ctx = n_ctx;
-  gsize n = (gsize) c->n_layers * n_ctx * c->n_kv_heads * c->head_dim;
-  kc->k = g_new0 (float, n);
-  kc->v = g_new0 (float, n);
-}
-
-static void
-attend (Cache *kc, gint32 layer, gint64 pos0, gint64 n, const float *q, const float *k, const float *v, float *out)
-{
-  const LlamaConfig *c = kc->c;
-  gint64 row = (gint64) c->n_kv_heads * c->head_dim;
-  float *K = kc->k + layer * kc->n_ctx * row, *V = kc->v + layer * kc->n_ctx * row;
-  memcpy (K + pos0 * row, k, sizeof (float) * (gsize) (n * row));
-  memcpy (V + pos0 * row, v, sizeof (float) * (gsize) (n * row));
-  int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
-  g_autofree double *s = g_new (double, pos0 + n);
-  for (gint64 t = 0; t < n; t++)
-    for (int h = 0; h < c->n_heads; h++)
-      {
-        const float *qv = q + (t * c->n_heads + h) * hd;
-        int g = h / group;
-        double mx = -INFINITY, sum = 0;
-        for (gint64 j = 0; j <= pos0 + t; j++)
-          {
-            double dot = 0;
-            for (int i = 0; i < hd; i++)
-              dot += (double) qv[i] * K[j * row + g * hd + i];
-            s[j] = dot / sqrt (hd);
-            mx = MAX (mx, s[j]);
-          }
-        for (gint64 j = 0; j <= pos0 + t; j++)
-          sum += s[j] = exp (s[j] - mx);
-        for (int i = 0; i < hd; i++)
-          {
-            double o = 0;
-            for (gint64 j = 0; j <= pos0 + t; j++)
-              o += s[j] * V[j * row + g * hd + i];
-            out[(t * c->n_heads + h) * hd + i] = (float) (o / sum);
-          }
-      }
-}
-
 /* Runs tokens [0, n): a first step of `first` tokens, then steps of
  * `chunk`; returns the last step's logits. */
 static float *
@@ -292,8 +240,7 @@ run (LlamaModel *m, const gint32 *tokens, gint64 n, gint64 first, gint64 chunk)
         }
       assert_true (llama_model_end (m, p + len == n ? logits : NULL, &error));
     }
-  g_free (kc.k);
-  g_free (kc.v);
+  cache_clear (&kc);
   return logits;
 }
 
