@@ -16,7 +16,7 @@ const EnumValue sift_config_dtype_values[] = {
 static const EnumValue compute_dtypes[] = {
   { "f32", SIFT_DTYPE_F32 }, { "f16", SIFT_DTYPE_F16 }, { "bf16", SIFT_DTYPE_BF16 }, { NULL, 0 },
 };
-static const EnumValue sources[] = { { "synthetic", 0 }, { "random", 0 }, { NULL, 0 } };
+static const EnumValue sources[] = { { "synthetic", 0 }, { "random", 0 }, { "gguf", 0 }, { NULL, 0 } };
 static const EnumValue stores[] = { { "host", 0 }, { "file", 0 }, { NULL, 0 } };
 static const EnumValue pipelines[] = {
   { "ring", SIFT_PIPELINE_RING }, { "cross_layer", SIFT_PIPELINE_CROSS_LAYER }, { NULL, 0 },
@@ -57,7 +57,8 @@ static const Key synthetic_keys[] = {
 };
 
 static const Key model_keys[] = {
-  { "source", KEY_STRING, OFF (pub.source), 0, NO_RANGE, sources, NULL, "synthetic; where q, k, v come from: synthetic | random" },
+  { "source", KEY_STRING, OFF (pub.source), 0, NO_RANGE, sources, NULL, "synthetic; where q, k, v come from: synthetic | random | gguf" },
+  { "path", KEY_STRING, OFF (pub.model_path), 0, NO_RANGE, NULL, NULL, "(none); the GGUF file of model.source gguf" },
   { "layers", KEY_INT32, OFF (pub.shape.n_layers), 0, 1, 4096, NULL, NULL, "2; transformer layers" },
   { "q_heads", KEY_INT32, OFF (pub.shape.n_q_heads), 0, 1, 4096, NULL, NULL, "8; query heads" },
   { "kv_heads", KEY_INT32, OFF (pub.shape.n_kv_heads), 0, 1, 4096, NULL, NULL, "2; key/value heads (divides q_heads)" },

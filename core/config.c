@@ -1021,6 +1021,7 @@ sift_config_free (SiftConfig *config)
   Config *cfg = (Config *) config;
   g_free (config->file);
   g_free (config->source);
+  g_free (config->model_path);
   g_free (config->store);
   g_free (config->store_path);
   g_free (cfg->store_path);
@@ -1402,6 +1403,9 @@ validate (Config *cfg, SiftRegistry *registry, GError **error)
     return INVALID (LATEST (pub.store_dtype, pub.shape.head_dim),
                     "kv.store_dtype q8_0 packs rows in blocks of %d, but model.head_dim = %d is not a multiple of it",
                     SIFT_Q8_0_BLOCK, shape->head_dim);
+  if (g_strcmp0 (p->source, "gguf") == 0 && (p->model_path == NULL || p->model_path[0] == 0))
+    return (fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_MISSING, AT (pub.source), file,
+                     "model.source is gguf but model.path (the GGUF file) is not given"), FALSE);
   if (g_strcmp0 (p->source, "synthetic") == 0)
     {
       gint64 rope = p->synthetic.rope_dims;

@@ -97,7 +97,8 @@ typedef struct {
 typedef struct {
   char *file;                         /* the first file read */
   /* model */
-  char *source;                       /* "synthetic" | "random" */
+  char *source;                       /* "synthetic" | "random" | "gguf" */
+  char *model_path;                   /* the GGUF file (source "gguf"), or NULL */
   SiftModelShape shape;               /* layers 2, q_heads 8, kv_heads 2, head_dim 64; scale 0 = 1/sqrt(d) */
   guint64 seed;                       /* 1 */
   SiftSyntheticConfig synthetic;

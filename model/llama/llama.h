@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "matmul.h"
 #include "ops.h"
+#include "tokenizer.h"
 
 G_BEGIN_DECLS
 
@@ -62,5 +63,8 @@ gboolean llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float
 gboolean llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **error);
 /* logits [n_vocab] of the step's last token, or NULL for none. */
 gboolean llama_model_end (LlamaModel *m, float *logits, GError **error);
+
+/* The tokenizer of a GGUF file, from its tokenizer.ggml.* keys (gguf-tokenizer.c). */
+SiftTokenizer *llama_tokenizer_from_gguf (const GgufFile *f, GError **error);
 
 G_END_DECLS

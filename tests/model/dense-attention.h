@@ -72,3 +72,24 @@ attend (Cache *kc, gint32 layer, gint64 pos0, gint64 n, const float *q, const fl
           }
       }
 }
+
+/* One model step over the cache: tokens [pos0, pos0 + n), logits of the
+ * last or NULL. A failing call fails the cmocka test (include cmocka.h first). */
+static inline void
+step (LlamaModel *m, Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, float *logits)
+{
+  const LlamaConfig *c = llama_model_config (m);
+  gint64 nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
+  g_autofree float *q = g_new (float, n * nq), *k = g_new (float, n * nkv), *v = g_new (float, n * nkv);
+  g_autofree float *o = g_new (float, n * nq);
+  g_autoptr (GError) error = NULL;
+  if (!llama_model_begin (m, pos0, n, tokens, &error))
+    fail_msg ("%s", error->message);
+  for (gint32 l = 0; l < c->n_layers; l++)
+    {
+      assert_true (llama_model_qkv (m, l, q, k, v, &error));
+      attend (kc, l, pos0, n, q, k, v, o);
+      assert_true (llama_model_attended (m, l, o, &error));
+    }
+  assert_true (llama_model_end (m, logits, &error));
+}

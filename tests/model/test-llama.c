@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -223,22 +224,10 @@ run (LlamaModel *m, const gint32 *tokens, gint64 n, gint64 first, gint64 chunk)
   Cache kc;
   cache_init (&kc, c, n);
   float *logits = g_new (float, c->n_vocab);
-  gint64 nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  gint64 most = MAX (first, chunk);
-  g_autofree float *q = g_new (float, most * nq), *k = g_new (float, most * nkv), *v = g_new (float, most * nkv);
-  g_autofree float *o = g_new (float, most * nq);
-  g_autoptr (GError) error = NULL;
   for (gint64 p = 0, len; p < n; p += len)
     {
       len = MIN (p == 0 ? first : chunk, n - p);
-      assert_true (llama_model_begin (m, p, len, tokens + p, &error));
-      for (gint32 l = 0; l < c->n_layers; l++)
-        {
-          assert_true (llama_model_qkv (m, l, q, k, v, &error));
-          attend (&kc, l, p, len, q, k, v, o);
-          assert_true (llama_model_attended (m, l, o, &error));
-        }
-      assert_true (llama_model_end (m, p + len == n ? logits : NULL, &error));
+      step (m, &kc, p, len, tokens + p, p + len == n ? logits : NULL);
     }
   cache_clear (&kc);
   return logits;
@@ -531,6 +520,122 @@ test_bad_models (void **state)
   assert_false (llama_model_end (m, NULL, &error));
 }
 
+/* The random models' tokenizer (a gpt2 BPE) read from the file's metadata. */
+static void
+test_tokenizer_from_gguf (void **state)
+{
+  (void) state;
+  GgufRandomModel spec;
+  gguf_random_model_init (&spec, "llama", GGUF_TENSOR_F32, 3);
+  g_autofree char *path = write_model (&spec);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (GgufFile) f = gguf_open (path, &error);
+  g_autoptr (SiftTokenizer) tok = llama_tokenizer_from_gguf (f, &error);
+  if (tok == NULL)
+    fail_msg ("%s", error->message);
+  assert_int_equal (sift_tokenizer_n_tokens (tok), spec.n_vocab);
+  assert_string_equal (sift_tokenizer_model (tok), "gpt2");
+  const char *text = "The quick brown fox: Café 東京 🎉";
+  g_autoptr (GArray) ids = g_array_new (FALSE, FALSE, sizeof (gint32));
+  assert_true (sift_tokenizer_encode (tok, text, -1, SIFT_TOKENIZE_ADD_SPECIAL, ids, &error));
+  assert_int_equal (g_array_index (ids, gint32, 0), sift_tokenizer_bos (tok));
+  /* The trained merges shorten the text: fewer tokens than bytes. */
+  assert_true (ids->len < strlen (text));
+  g_autofree char *back = sift_tokenizer_decode (tok, (const gint32 *) ids->data, ids->len, FALSE, &error);
+  assert_string_equal (back, text);
+}
+
+static GgufTensorType
+type_named (const char *name)
+{
+  for (int t = 0; t < GGUF_TENSOR_TYPE_COUNT; t++)
+    if (g_strcmp0 (gguf_tensor_type_name (t), name) == 0)
+      return t;
+  fail_msg ("unknown type %s", name);
+  return GGUF_TENSOR_F32;
+}
+
+static gint32
+argmax (const float *x, gint32 n)
+{
+  gint32 best = 0;
+  for (gint32 i = 1; i < n; i++)
+    if (x[i] > x[best])
+      best = i;
+  return best;
+}
+
+/* llama.cpp's greedy steps on the same fixtures (tests/model/data): each
+ * step's top-1 id equal wherever llama.cpp's margin over the second is not a
+ * near tie, and the logits of the first and last step close. Steps are
+ * teacher-forced with llama.cpp's ids, so one near tie does not derail the rest. */
+static void
+test_llamacpp_reference (void **state)
+{
+  (void) state;
+  g_autofree char *text = NULL;
+  assert_true (g_file_get_contents (SIFT_TEST_SRCDIR "/data/llamacpp-reference.txt", &text, NULL, NULL));
+  g_auto (GStrv) lines = g_strsplit (text, "\n", -1);
+  int n_fixtures = 0;
+  for (char **line = lines; *line != NULL; line++)
+    {
+      if (!g_str_has_prefix (*line, "fixture "))
+        continue;
+      g_auto (GStrv) f = g_strsplit (*line, " ", -1);
+      GgufRandomModel spec;
+      gguf_random_model_init (&spec, f[1], type_named (f[2]), g_ascii_strtoull (f[3], NULL, 10));
+      g_autofree char *path = write_model (&spec);
+      g_autoptr (LlamaModel) m = llama_model_open (path, NULL);
+      assert_non_null (m);
+      g_auto (GStrv) pr = g_strsplit (*++line + strlen ("prompt "), " ", -1);
+      gint32 tokens[64];
+      gint64 n = 0;
+      for (char **p = pr; *p != NULL; p++)
+        tokens[n++] = (gint32) g_ascii_strtoll (*p, NULL, 10);
+      Cache kc;
+      cache_init (&kc, llama_model_config (m), 64);
+      g_autofree float *logits = g_new (float, spec.n_vocab);
+      g_autofree float *mine_logits = g_new (float, 64 * spec.n_vocab);
+      int n_steps = 0, n_compared = 0;
+      double worst = 0;
+      gint64 pos = 0, len = n;
+      for (int s = 0; g_str_has_prefix (line[1], "step "); s++)
+        {
+          line++;
+          int ref_id;
+          double margin;
+          assert_int_equal (sscanf (*line, "step %*d %d %lf", &ref_id, &margin), 2);
+          step (m, &kc, pos, len, tokens + pos, logits);
+          pos += len;
+          len = 1;
+          gint32 mine = argmax (logits, spec.n_vocab);
+          if (mine != ref_id && margin > 0.05)
+            fail_msg ("%s %s step %d: top-1 %d, llama.cpp %d (margin %g)", f[1], f[2], s, mine, ref_id, margin);
+          memcpy (mine_logits + (gsize) s * spec.n_vocab, logits, sizeof (float) * spec.n_vocab);
+          n_steps = s + 1;
+          tokens[pos] = ref_id;
+        }
+      /* The logits lines: all of a step's logits. */
+      for (; g_str_has_prefix (line[1], "logits "); line++, n_compared++)
+        {
+          g_auto (GStrv) v = g_strsplit (line[1], " ", -1);
+          int at = atoi (v[1]);
+          assert_true (at < n_steps && g_strv_length (v) == 2 + (guint) spec.n_vocab);
+          for (gint32 j = 0; j < spec.n_vocab; j++)
+            worst = MAX (worst, fabs (mine_logits[(gsize) at * spec.n_vocab + j] - g_ascii_strtod (v[2 + j], NULL)));
+        }
+      assert_int_equal (n_compared, 2);
+      cache_clear (&kc);
+      /* Float weights: llama.cpp rounds F16 / BF16 activations; quantised: both quantise activations. */
+      gboolean quant = spec.type != GGUF_TENSOR_F32;
+      if (worst > (quant ? 0.15 : 2e-2))
+        fail_msg ("%s %s: max |logit - llama.cpp's| %g", f[1], f[2], worst);
+      g_print ("# %s %s: max |logit - llama.cpp's| %.3g\n", f[1], f[2], worst);
+      n_fixtures++;
+    }
+  assert_int_equal (n_fixtures, 8);
+}
+
 int
 main (void)
 {
@@ -542,6 +647,8 @@ main (void)
     cmocka_unit_test (test_forward_f32),
     cmocka_unit_test (test_forward_types),
     cmocka_unit_test (test_bad_models),
+    cmocka_unit_test (test_tokenizer_from_gguf),
+    cmocka_unit_test (test_llamacpp_reference),
   };
   return cmocka_run_group_tests (tests, setup, teardown);
 }

@@ -1,7 +1,7 @@
 /* The shipped model (models/sift-needle-14m-f16.gguf) against transformers'
  * outputs for the same weights (models/ref/, README.md there): the C
- * tokenizer built from the GGUF's keys; every position's argmax and the last
- * position's logits of a forward pass with the dense attention of
+ * tokenizer of the GGUF (llama_tokenizer_from_gguf); every position's
+ * argmax and the last position's logits of a forward pass with the dense attention of
  * dense-attention.h; greedy decoding through that attention's KV cache.
  * docs/model.md ("Validated against transformers") gives the figures. */
 #include <math.h>
@@ -17,7 +17,6 @@
 #include "dense-attention.h"
 #include "json.h"
 #include "llama.h"
-#include "tokenizer.h"
 
 #define N_PROMPTS 3
 #define N_GREEDY 8
@@ -81,39 +80,6 @@ read_numbers (int prompt, const char *ext, gboolean decimals)
   return parse_numbers (text, decimals, name);
 }
 
-/* The tokenizer as the GGUF's tokenizer.ggml.* keys describe it. */
-static SiftTokenizer *
-tokenizer_from_gguf (GgufFile *f, GError **error)
-{
-  SiftTokenizerSpec s = SIFT_TOKENIZER_SPEC_INIT;
-  const GgufArray *tokens, *types, *merges;
-  guint64 bos, eos;
-  gboolean add_bos;
-  if (!gguf_get_string (f, "tokenizer.ggml.model", &s.model, error)
-      || !gguf_get_string (f, "tokenizer.ggml.pre", &s.pre, error)
-      || !gguf_get_array (f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &tokens, error)
-      || !gguf_get_array (f, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &types, error)
-      || !gguf_get_array (f, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges, error)
-      || !gguf_get_uint (f, "tokenizer.ggml.bos_token_id", &bos, error)
-      || !gguf_get_uint (f, "tokenizer.ggml.eos_token_id", &eos, error)
-      || !gguf_get_bool (f, "tokenizer.ggml.add_bos_token", &add_bos, error))
-    return NULL;
-  g_assert (types->n == tokens->n);
-  g_autofree gint32 *type_ids = g_new (gint32, types->n);
-  for (guint64 i = 0; i < types->n; i++)
-    type_ids[i] = (gint32) gguf_array_int (types, i);
-  s.tokens = tokens->strings;
-  s.n_tokens = (gint32) tokens->n;
-  s.token_types = type_ids;
-  s.merges = merges->strings;
-  s.n_merges = (gint32) merges->n;
-  s.bos_id = (gint32) bos;
-  s.eos_id = (gint32) eos;
-  s.add_bos = add_bos ? 1 : 0;
-  s.source = gguf_path (f);
-  return sift_tokenizer_new (&s, error);
-}
-
 static int
 setup (void **state)
 {
@@ -122,7 +88,7 @@ setup (void **state)
   g_autoptr (GError) error = NULL;
   model = llama_model_open (path, &error);
   if (model != NULL)
-    tok = tokenizer_from_gguf (llama_model_gguf (model), &error);
+    tok = llama_tokenizer_from_gguf (llama_model_gguf (model), &error);
   if (tok == NULL)
     fprintf (stderr, "%s\n", error->message);
   return tok == NULL;
@@ -208,27 +174,6 @@ test_cases_encode (void **state)
     }
 }
 
-/* One step of tokens [n] at pos0 through the dense attention; logits of the
- * last token into `logits` (NULL: none). */
-static void
-step (Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, float *logits)
-{
-  const LlamaConfig *c = llama_model_config (model);
-  gint64 nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  g_autofree float *q = g_new (float, n * nq), *k = g_new (float, n * nkv), *v = g_new (float, n * nkv);
-  g_autofree float *o = g_new (float, n * nq);
-  g_autoptr (GError) error = NULL;
-  if (!llama_model_begin (model, pos0, n, tokens, &error))
-    fail_msg ("%s", error->message);
-  for (gint32 l = 0; l < c->n_layers; l++)
-    {
-      assert_true (llama_model_qkv (model, l, q, k, v, &error));
-      attend (kc, l, pos0, n, q, k, v, o);
-      assert_true (llama_model_attended (model, l, o, &error));
-    }
-  assert_true (llama_model_end (model, logits, &error));
-}
-
 static gint32
 argmax (const float *x, gint32 n)
 {
@@ -286,7 +231,7 @@ test_argmax_every_position (void **state)
       int differ = 0, ties = 0;
       for (guint t = 0; t < ids->len; t++)
         {
-          step (&kc, t, 1, &g_array_index (ids, gint32, t), logits);
+          step (model, &kc, t, 1, &g_array_index (ids, gint32, t), logits);
           gint32 got = argmax (logits, c->n_vocab), ref = g_array_index (want, gint32, t);
           if (got == ref)
             continue;
@@ -320,7 +265,7 @@ test_prefill_logits_and_greedy (void **state)
       Cache kc;
       cache_init (&kc, c, ids->len + N_GREEDY);
       g_autofree float *logits = g_new (float, c->n_vocab);
-      step (&kc, 0, ids->len, (const gint32 *) (void *) ids->data, logits);
+      step (model, &kc, 0, ids->len, (const gint32 *) (void *) ids->data, logits);
 
       assert_logits_close (logits, p, "prefill");
 
@@ -331,7 +276,7 @@ test_prefill_logits_and_greedy (void **state)
           g_array_append_val (got, next);
           if (next == sift_tokenizer_eos (tok) || got->len == N_GREEDY)
             break;
-          step (&kc, pos, 1, &next, logits);
+          step (model, &kc, pos, 1, &next, logits);
         }
       cache_clear (&kc);
       g_autofree char *what = g_strdup_printf ("prompt%d greedy", p);
