@@ -555,16 +555,6 @@ type_named (const char *name)
   return GGUF_TENSOR_F32;
 }
 
-static gint32
-argmax (const float *x, gint32 n)
-{
-  gint32 best = 0;
-  for (gint32 i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
-}
-
 /* llama.cpp's greedy steps on the same fixtures (tests/model/data): each
  * step's top-1 id equal wherever llama.cpp's margin over the second is not a
  * near tie, and the logits of the first and last step close. Steps are

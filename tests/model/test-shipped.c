@@ -15,6 +15,7 @@
 #include <sift/sift.h>
 
 #include "dense-attention.h"
+#include "helpers.h"
 #include "json.h"
 #include "llama.h"
 
@@ -172,16 +173,6 @@ test_cases_encode (void **state)
       g_autofree char *what = g_strdup_printf ("tokenizer case %u \"%s\"", i, in);
       assert_round_trip (in, -1, SIFT_TOKENIZE_NONE, want, decoded, what);
     }
-}
-
-static gint32
-argmax (const float *x, gint32 n)
-{
-  gint32 best = 0;
-  for (gint32 i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
 }
 
 static double
