@@ -155,6 +155,26 @@ sift_attn_scratch (int slot, gsize n_floats)
   return s->data[slot];
 }
 
+/* The CPU kernels dereference every view: each must be host memory (NULL
+ * views are left to the argument checks). The checks shared with other
+ * backends (sift_attn_prepare*) leave the memory space alone. */
+static gboolean
+on_host (const SiftView *v, const char *what, GError **error)
+{
+  if (v == NULL || v->space == SIFT_MEMORY_HOST)
+    return TRUE;
+  g_set_error (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID,
+               "%s: view is in device memory; the CPU kernels read host memory only", what);
+  return FALSE;
+}
+
+static gboolean
+all_on_host (const SiftView *q, const SiftView *k, const SiftView *v, const SiftView *out, GError **error)
+{
+  return on_host (q, "q", error) && on_host (k, "k", error) && on_host (v, "v", error)
+         && on_host (out, "out", error);
+}
+
 static gboolean
 shape_error (GError **error, const char *fmt, ...) G_GNUC_PRINTF (2, 3);
 
@@ -240,7 +260,7 @@ sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v, const 
                  SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   kernels ()->dense (&a);
   return TRUE;
@@ -251,7 +271,7 @@ sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v, const
                   SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (q->n_tokens < 1 || q->n_tokens > SIFT_ATTN_DECODE_MAX_ROWS)
     return shape_error (error, "decode takes 1..%d query rows, not %" G_GINT64_FORMAT,
@@ -265,7 +285,7 @@ sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v, const
                   gsize n_rows, const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
   SiftAttnArgs a;
-  if (!sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
+  if (!all_on_host (q, k, v, out, error) || !sift_attn_prepare (&a, q, k, v, opts, out, lse, error))
     return FALSE;
   if (rows == NULL && n_rows > 0)
     {
@@ -297,7 +317,7 @@ paged_blocks (const SiftView *k_blocks, const SiftView *v_blocks, gsize n_blocks
       return FALSE;
     }
   /* No block: a kv head per query head, no key (every row o = 0, lse = -inf). */
-  *k_all = (SiftView) { NULL, SIFT_DTYPE_F32, q_heads, 0, 0, 0, 0 };
+  *k_all = sift_view_strided (NULL, SIFT_DTYPE_F32, q_heads, 0, 0, 0, 0);
   block_start[0] = 0;
   for (gsize b = 0; b < n_blocks; b++)
     {
@@ -371,6 +391,16 @@ sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_
                  gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                  GError **error)
 {
+  if (!on_host (q, "q", error) || !on_host (out, "out", error))
+    return FALSE;
+  for (gsize b = 0; b < n_blocks && k_blocks != NULL && v_blocks != NULL; b++)
+    if (k_blocks[b].space != SIFT_MEMORY_HOST || v_blocks[b].space != SIFT_MEMORY_HOST)
+      {
+        char name[48];
+        g_snprintf (name, sizeof name, "%s_blocks[%" G_GSIZE_FORMAT "]",
+                    k_blocks[b].space != SIFT_MEMORY_HOST ? "k" : "v", b);
+        return on_host (k_blocks[b].space != SIFT_MEMORY_HOST ? &k_blocks[b] : &v_blocks[b], name, error);
+      }
   SiftView k_all, v_all;
   g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
   SiftAttnArgs a;
@@ -387,7 +417,8 @@ sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_
 gboolean
 sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
 {
-  if (!sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error))
+  if (!sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error)
+      || !on_host (o1, "o1", error) || !on_host (o2, "o2", error))
     return FALSE;
   if (o1->dtype != SIFT_DTYPE_F32 || o2->dtype != SIFT_DTYPE_F32)
     {

@@ -194,11 +194,12 @@ type_name (SiftParamType type)
 {
   switch (type)
     {
-    case SIFT_PARAM_INT: return "an integer";
-    case SIFT_PARAM_FLOAT: return "a number";
-    case SIFT_PARAM_BOOL: return "a boolean (true or false)";
-    case SIFT_PARAM_STRING: return "a string";
-    case SIFT_PARAM_INT_LIST: return "a list of integers";
+    case SIFT_PARAM_TYPE_INT: return "an integer";
+    case SIFT_PARAM_TYPE_FLOAT: return "a number";
+    case SIFT_PARAM_TYPE_BOOL: return "a boolean (true or false)";
+    case SIFT_PARAM_TYPE_STRING: return "a string";
+    case SIFT_PARAM_TYPE_CHOICE: return "one of its choices";
+    case SIFT_PARAM_TYPE_INT_LIST: return "a list of integers";
     }
   return "?";
 }
@@ -206,7 +207,15 @@ type_name (SiftParamType type)
 static gboolean
 has_range (const SiftParamSpec *spec)
 {
-  return spec->min <= spec->max && spec->type != SIFT_PARAM_BOOL && spec->type != SIFT_PARAM_STRING;
+  return spec->type == SIFT_PARAM_TYPE_INT || spec->type == SIFT_PARAM_TYPE_FLOAT
+         || spec->type == SIFT_PARAM_TYPE_INT_LIST;
+}
+
+/* A value holding text: strings, choices. */
+static gboolean
+is_text (SiftParamType type)
+{
+  return type == SIFT_PARAM_TYPE_STRING || type == SIFT_PARAM_TYPE_CHOICE;
 }
 
 static gboolean
@@ -214,33 +223,40 @@ check_range (const SiftParamSpec *spec, double x, const char *shown, GError **er
 {
   if (!has_range (spec) || (x >= spec->min && x <= spec->max))
     return TRUE;
-  g_autofree char *range = sift_range_to_text (spec->min, spec->max, spec->type != SIFT_PARAM_FLOAT);
+  g_autofree char *range = sift_range_to_text (spec->min, spec->max, spec->type != SIFT_PARAM_TYPE_FLOAT);
   g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE,
                "parameter '%s' = %s is out of range %s", spec->name, shown, range);
   return FALSE;
 }
 
+static gssize
+choice_index (const SiftParamSpec *spec, const char *text)
+{
+  for (gsize i = 0; spec->choices[i] != NULL; i++)
+    if (strcmp (spec->choices[i], text) == 0)
+      return (gssize) i;
+  return -1;
+}
+
 static gboolean
 check_choice (const SiftParamSpec *spec, const char *text, GError **error)
 {
-  if (spec->choices == NULL)
+  if (spec->type != SIFT_PARAM_TYPE_CHOICE || choice_index (spec, text) >= 0)
     return TRUE;
-  g_auto (GStrv) choices = g_strsplit (spec->choices, "|", -1);
-  if (g_strv_contains ((const char *const *) choices, text))
-    return TRUE;
-  const char *near = sift_nearest_name (text, (const char *const *) choices, g_strv_length (choices));
+  const char *near = sift_nearest_name (text, spec->choices, g_strv_length ((char **) spec->choices));
   g_autofree char *hint = near ? g_strdup_printf ("; did you mean '%s'?", near) : g_strdup ("");
+  g_autofree char *all = g_strjoinv ("|", (char **) spec->choices);
   g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE,
-               "parameter '%s' = '%s' is not one of %s%s", spec->name, text, spec->choices, hint);
+               "parameter '%s' = '%s' is not one of %s%s", spec->name, text, all, hint);
   return FALSE;
 }
 
 static void
 value_clear (const SiftParamSpec *spec, Value *v)
 {
-  if (spec->type == SIFT_PARAM_STRING)
+  if (is_text (spec->type))
     g_clear_pointer (&v->s, g_free);
-  else if (spec->type == SIFT_PARAM_INT_LIST)
+  else if (spec->type == SIFT_PARAM_TYPE_INT_LIST)
     g_clear_pointer (&v->list.v, g_free);
 }
 
@@ -265,17 +281,17 @@ parse_value (const SiftParamSpec *spec, const char *text, Value *out, GError **e
   gboolean ok = FALSE;
   switch (spec->type)
     {
-    case SIFT_PARAM_INT: ok = sift_text_to_int (text, &v.i); break;
-    case SIFT_PARAM_FLOAT: ok = sift_text_to_float (text, &v.f); break;
-    case SIFT_PARAM_BOOL: ok = sift_text_to_bool (text, &v.b); break;
-    case SIFT_PARAM_STRING: ok = text != NULL; break;
-    case SIFT_PARAM_INT_LIST: ok = sift_text_to_int_list (text, &v.list.v, &v.list.n); break;
+    case SIFT_PARAM_TYPE_INT: ok = sift_text_to_int (text, &v.i); break;
+    case SIFT_PARAM_TYPE_FLOAT: ok = sift_text_to_float (text, &v.f); break;
+    case SIFT_PARAM_TYPE_BOOL: ok = sift_text_to_bool (text, &v.b); break;
+    case SIFT_PARAM_TYPE_STRING:
+    case SIFT_PARAM_TYPE_CHOICE: ok = text != NULL; break;
+    case SIFT_PARAM_TYPE_INT_LIST: ok = sift_text_to_int_list (text, &v.list.v, &v.list.n); break;
     }
-  if (!ok && (spec->type == SIFT_PARAM_INT || spec->type == SIFT_PARAM_FLOAT)
-      && sift_text_beyond_range (text, spec->type == SIFT_PARAM_INT))
+  if (!ok && (spec->type == SIFT_PARAM_TYPE_INT || spec->type == SIFT_PARAM_TYPE_FLOAT)
+      && sift_text_beyond_range (text, spec->type == SIFT_PARAM_TYPE_INT))
     {
-      g_autofree char *range = has_range (spec) ? sift_range_to_text (spec->min, spec->max, spec->type == SIFT_PARAM_INT)
-                                                : g_strdup ("(too large for the type)");
+      g_autofree char *range = sift_range_to_text (spec->min, spec->max, spec->type == SIFT_PARAM_TYPE_INT);
       g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_RANGE, "parameter '%s' = %s is out of range %s",
                    spec->name, text, range);
       return FALSE;
@@ -288,14 +304,15 @@ parse_value (const SiftParamSpec *spec, const char *text, Value *out, GError **e
     }
   switch (spec->type)
     {
-    case SIFT_PARAM_INT: ok = check_range (spec, (double) v.i, text, error); break;
-    case SIFT_PARAM_FLOAT: ok = check_range (spec, v.f, text, error); break;
-    case SIFT_PARAM_BOOL: break;
-    case SIFT_PARAM_STRING:
+    case SIFT_PARAM_TYPE_INT: ok = check_range (spec, (double) v.i, text, error); break;
+    case SIFT_PARAM_TYPE_FLOAT: ok = check_range (spec, v.f, text, error); break;
+    case SIFT_PARAM_TYPE_BOOL: break;
+    case SIFT_PARAM_TYPE_STRING:
+    case SIFT_PARAM_TYPE_CHOICE:
       ok = check_choice (spec, text, error);
       v.s = ok ? g_strdup (text) : NULL;
       break;
-    case SIFT_PARAM_INT_LIST: ok = check_list (spec, v.list.v, v.list.n, error); break;
+    case SIFT_PARAM_TYPE_INT_LIST: ok = check_list (spec, v.list.v, v.list.n, error); break;
     }
   if (!ok)
     {
@@ -315,6 +332,57 @@ valid_name (const char *name)
     if (!(g_ascii_islower (*c) || g_ascii_isdigit (*c) || *c == '_'))
       return FALSE;
   return TRUE;
+}
+
+/* What the default cannot show: a type the host knows, choices exactly
+ * on CHOICE, text defaults present, a range that is one. */
+static gboolean
+check_spec (const SiftParamSpec *spec, GError **error)
+{
+  if ((guint) spec->type > SIFT_PARAM_TYPE_INT_LIST)
+    {
+      g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
+                   "parameter '%s' has an unknown type %d", spec->name, (int) spec->type);
+      return FALSE;
+    }
+  if ((spec->choices != NULL) != (spec->type == SIFT_PARAM_TYPE_CHOICE)
+      || (spec->choices != NULL && spec->choices[0] == NULL))
+    {
+      g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
+                   spec->choices != NULL && spec->type == SIFT_PARAM_TYPE_CHOICE ? "parameter '%s' has no choices"
+                   : spec->choices != NULL ? "parameter '%s' has choices but is not a choice"
+                                           : "parameter '%s' is a choice without choices",
+                   spec->name);
+      return FALSE;
+    }
+  if ((is_text (spec->type) || spec->type == SIFT_PARAM_TYPE_INT_LIST) && spec->default_text == NULL)
+    {
+      g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID, "parameter '%s' has no default", spec->name);
+      return FALSE;
+    }
+  if (has_range (spec) && !(spec->min <= spec->max))
+    {
+      g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
+                   "parameter '%s' has an empty range (min > max)", spec->name);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+char *
+sift_param_spec_default_text (const SiftParamSpec *spec)
+{
+  g_return_val_if_fail (spec != NULL, NULL);
+  switch (spec->type)
+    {
+    case SIFT_PARAM_TYPE_INT: return g_strdup_printf ("%" G_GINT64_FORMAT, spec->default_int);
+    case SIFT_PARAM_TYPE_FLOAT: return sift_float_to_text (spec->default_float);
+    case SIFT_PARAM_TYPE_BOOL: return g_strdup (spec->default_bool ? "true" : "false");
+    case SIFT_PARAM_TYPE_STRING:
+    case SIFT_PARAM_TYPE_CHOICE:
+    case SIFT_PARAM_TYPE_INT_LIST: return g_strdup (spec->default_text);
+    }
+  return NULL;
 }
 
 /* ---- SiftParams ----------------------------------------------------------- */
@@ -355,29 +423,14 @@ sift_params_new (const SiftParamSpec *specs, GError **error)
                          "parameter '%s' is declared twice", spec->name);
             return NULL;
           }
-      if ((guint) spec->type > SIFT_PARAM_INT_LIST)
-        {
-          g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
-                       "parameter '%s' has an unknown type %d", spec->name, (int) spec->type);
-          return NULL;
-        }
-      if (spec->choices != NULL && spec->type != SIFT_PARAM_STRING)
-        {
-          g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
-                       "parameter '%s' has choices but is not a string", spec->name);
-          return NULL;
-        }
-      if (spec->default_value == NULL)
-        {
-          g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID,
-                       "parameter '%s' has no default", spec->name);
-          return NULL;
-        }
+      if (!check_spec (spec, error))
+        return NULL;
+      g_autofree char *text = sift_param_spec_default_text (spec);
       GError *local = NULL;
-      if (!parse_value (spec, spec->default_value, &params->values[i], &local))
+      if (!parse_value (spec, text, &params->values[i], &local))
         {
           g_set_error (error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID, "invalid default '%s': %s",
-                       spec->default_value, local->message);
+                       text, local->message);
           g_error_free (local);
           return NULL;
         }
@@ -396,9 +449,9 @@ sift_params_copy (const SiftParams *params)
   for (gsize i = 0; i < params->n; i++)
     {
       Value *v = &copy->values[i];
-      if (params->specs[i].type == SIFT_PARAM_STRING)
+      if (is_text (params->specs[i].type))
         v->s = g_strdup (v->s);
-      else if (params->specs[i].type == SIFT_PARAM_INT_LIST)
+      else if (params->specs[i].type == SIFT_PARAM_TYPE_INT_LIST)
         v->list.v = g_memdup2 (v->list.v, sizeof (gint64) * v->list.n);
     }
   return copy;
@@ -466,7 +519,7 @@ sift_params_set_int_list (SiftParams *params, const char *name, const gint64 *va
   if (i < 0)
     return FALSE;
   const SiftParamSpec *spec = &params->specs[i];
-  if (spec->type != SIFT_PARAM_INT_LIST)
+  if (spec->type != SIFT_PARAM_TYPE_INT_LIST)
     {
       g_set_error (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_TYPE, "parameter '%s' expects %s, got a list",
                    name, type_name (spec->type));
@@ -489,11 +542,12 @@ sift_params_to_text (const SiftParams *params, const char *name)
   const Value *v = &params->values[i];
   switch (params->specs[i].type)
     {
-    case SIFT_PARAM_INT: return g_strdup_printf ("%" G_GINT64_FORMAT, v->i);
-    case SIFT_PARAM_FLOAT: return sift_float_to_text (v->f);
-    case SIFT_PARAM_BOOL: return g_strdup (v->b ? "true" : "false");
-    case SIFT_PARAM_STRING: return sift_yaml_quote (v->s);
-    case SIFT_PARAM_INT_LIST:
+    case SIFT_PARAM_TYPE_INT: return g_strdup_printf ("%" G_GINT64_FORMAT, v->i);
+    case SIFT_PARAM_TYPE_FLOAT: return sift_float_to_text (v->f);
+    case SIFT_PARAM_TYPE_BOOL: return g_strdup (v->b ? "true" : "false");
+    case SIFT_PARAM_TYPE_STRING:
+    case SIFT_PARAM_TYPE_CHOICE: return sift_yaml_quote (v->s);
+    case SIFT_PARAM_TYPE_INT_LIST:
       {
         GString *s = g_string_new ("[");
         for (gsize k = 0; k < v->list.n; k++)
@@ -507,51 +561,69 @@ sift_params_to_text (const SiftParams *params, const char *name)
 
 /* ---- Getters -------------------------------------------------------------- */
 
+/* The value of a parameter declared with `type` (or `alt`, the same when
+ * only one type will do), with its index in *index_out when non-NULL. */
 static const Value *
-get (const SiftParams *params, const char *name, SiftParamType type)
+get_either (const SiftParams *params, const char *name, SiftParamType type, SiftParamType alt, gssize *index_out)
 {
   g_return_val_if_fail (params != NULL && name != NULL, NULL);
   gssize i = find (params, name);
-  if (i < 0 || params->specs[i].type != type)
+  if (i < 0 || (params->specs[i].type != type && params->specs[i].type != alt))
     {
       g_critical ("policy parameter '%s' is not declared as %s", name, type_name (type));
       return NULL;
     }
+  if (index_out != NULL)
+    *index_out = i;
   return &params->values[i];
+}
+
+static const Value *
+get (const SiftParams *params, const char *name, SiftParamType type)
+{
+  return get_either (params, name, type, type, NULL);
 }
 
 gint64
 sift_params_get_int (const SiftParams *params, const char *name)
 {
-  const Value *v = get (params, name, SIFT_PARAM_INT);
+  const Value *v = get (params, name, SIFT_PARAM_TYPE_INT);
   return v ? v->i : 0;
 }
 
 double
 sift_params_get_float (const SiftParams *params, const char *name)
 {
-  const Value *v = get (params, name, SIFT_PARAM_FLOAT);
+  const Value *v = get (params, name, SIFT_PARAM_TYPE_FLOAT);
   return v ? v->f : 0.0;
 }
 
 gboolean
 sift_params_get_bool (const SiftParams *params, const char *name)
 {
-  const Value *v = get (params, name, SIFT_PARAM_BOOL);
+  const Value *v = get (params, name, SIFT_PARAM_TYPE_BOOL);
   return v ? v->b : FALSE;
 }
 
 const char *
 sift_params_get_string (const SiftParams *params, const char *name)
 {
-  const Value *v = get (params, name, SIFT_PARAM_STRING);
+  const Value *v = get_either (params, name, SIFT_PARAM_TYPE_STRING, SIFT_PARAM_TYPE_CHOICE, NULL);
   return v ? v->s : NULL;
+}
+
+gint
+sift_params_get_choice (const SiftParams *params, const char *name)
+{
+  gssize i = -1;
+  const Value *v = get_either (params, name, SIFT_PARAM_TYPE_CHOICE, SIFT_PARAM_TYPE_CHOICE, &i);
+  return v ? (gint) choice_index (&params->specs[i], v->s) : 0;
 }
 
 const gint64 *
 sift_params_get_int_list (const SiftParams *params, const char *name, gsize *n_out)
 {
-  const Value *v = get (params, name, SIFT_PARAM_INT_LIST);
+  const Value *v = get (params, name, SIFT_PARAM_TYPE_INT_LIST);
   if (n_out != NULL)
     *n_out = v ? v->list.n : 0;
   return v ? v->list.v : NULL;

@@ -58,17 +58,15 @@ sift_policy_reset (SiftPolicy *policy)
     policy->ops->reset (policy);
 }
 
-/* The size of the ops table each minor defines: a plugin built against
- * minor m must cover at least ops_size_for_minor[m]. */
+/* The size of the ops table each minor of ABI 2 defines: a plugin built
+ * against minor m must cover at least ops_size_for_minor[m]. */
 static const gsize ops_size_for_minor[] = {
-  [0] = G_STRUCT_OFFSET (SiftPolicyOps, on_decode_offload) + sizeof (gpointer),
-  [1] = G_STRUCT_OFFSET (SiftPolicyOps, score_eviction) + sizeof (gpointer),
+  [0] = G_STRUCT_OFFSET (SiftPolicyOps, score_eviction) + sizeof (gpointer),
 };
 
 /* The flags each minor knows. */
 static const guint32 flags_for_minor[] = {
-  [0] = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
-  [1] = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION
+  [0] = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION
         | SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION,
 };
 G_STATIC_ASSERT (G_N_ELEMENTS (flags_for_minor) == SIFT_POLICY_ABI_MINOR + 1);

@@ -334,8 +334,8 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
   for (gint64 i = 0; i < m; i++)
     {
       gint64 id = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
-      SiftView k = { (void *) p[i], e->config.compute_dtype, s->n_kv_heads, s->head_dim, meta[id].n_valid,
-                     (gint64) s->block_size * s->head_dim, s->head_dim };
+      SiftView k = sift_view_strided ((void *) p[i], e->config.compute_dtype, s->n_kv_heads, meta[id].n_valid, s->head_dim,
+                                      (gint64) s->block_size * s->head_dim, s->head_dim);
       SiftView v = k;
       v.data = (void *) (p[i] + e->store->k_bytes);
       batch_add (e, b, &k, &v, block_heads (e, selection, id, flags));

@@ -21,11 +21,9 @@
  * calling them. */
 #define SIFT_BACKEND_VERSION 1
 
-/* Where a piece of compute-side memory lives. */
-typedef enum {
-  SIFT_MEMORY_HOST,    /* the host reads and writes it (RAM, pinned RAM) */
-  SIFT_MEMORY_DEVICE,  /* only this backend's copies and kernels reach it */
-} SiftMemorySpace;
+/* Where a piece of compute-side memory lives: SiftMemorySpace of
+ * <sift/view.h> (SIFT_MEMORY_HOST, SIFT_MEMORY_DEVICE), the space of the
+ * views made of it. */
 
 /* Compute-side memory a backend allocated. `data` is a host pointer in
  * HOST space and an address only the backend interprets in DEVICE space

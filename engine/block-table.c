@@ -125,6 +125,7 @@ sift_engine_sync (SiftEngine *e, GError **error)
 void
 sift_engine_fill_context (SiftEngine *e, SiftPolicyContext *ctx, gint32 layer)
 {
+  ctx->struct_size = sizeof (SiftPolicyContext);
   ctx->layer = layer;
   ctx->block_size = e->config.shape.block_size;
   ctx->shape = &e->config.shape;
@@ -218,10 +219,13 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
       return FALSE;
     }
   SiftBlockInfo info = {
+    .struct_size = sizeof (SiftBlockInfo),
     .block_id = logical,
     .meta = &g_array_index (e->meta[layer], SiftBlockMeta, logical),
-    .k = { k, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
-    .v = { v, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size, cap * s->head_dim, s->head_dim },
+    .k = sift_view_strided (k, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+                            cap * s->head_dim, s->head_dim),
+    .v = sift_view_strided (v, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+                            cap * s->head_dim, s->head_dim),
   };
   /* The block table may have moved (appended above, evicted before): the
    * hooks see it as it is now, the new block past n_blocks. */
@@ -448,7 +452,7 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
   g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
   const SiftModelShape *s = &e->config.shape;
   const gint32 l = ctx->layer;
-  SiftView kv = { NULL, e->config.compute_dtype, s->n_kv_heads, s->head_dim, 0, 0, s->head_dim };
+  SiftView kv = sift_view_strided (NULL, e->config.compute_dtype, s->n_kv_heads, 0, s->head_dim, 0, s->head_dim);
   guint8 *kd, *vd;
   if (ctx->phase == SIFT_PHASE_PREFILL)
     {

@@ -117,8 +117,9 @@ sift_engine_pipeline_get (SiftEngine *e, gint32 layer, const SiftSelection *next
     }
   if (layer + 1 < s->n_layers && !xl_queue (e, (layer + 1) & 1, layer + 1, next_selection, error))
     return FALSE;
-  SiftView kv = { x->k.data, e->config.compute_dtype, s->n_kv_heads, s->head_dim, x->n_blocks * s->block_size,
-                  x->cap_blocks * s->block_size * s->head_dim, s->head_dim };
+  SiftView kv = sift_view_strided (x->k.data, e->config.compute_dtype, s->n_kv_heads, x->n_blocks * s->block_size,
+                                   s->head_dim, x->cap_blocks * s->block_size * s->head_dim, s->head_dim);
+  kv.space = x->k.space;
   *k = kv;
   *v = kv;
   v->data = x->v.data;

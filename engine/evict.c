@@ -233,12 +233,13 @@ reoffload (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const pol[2]
   sift_engine_fill_context (e, &c, l);
   const SiftBlockMeta *m = &g_array_index (e->meta[l], SiftBlockMeta, b);
   SiftBlockInfo info = {
+    .struct_size = sizeof (SiftBlockInfo),
     .block_id = b,
     .meta = m,
-    .k = { kbuf, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size,
-           (gint64) s->block_size * s->head_dim, s->head_dim },
-    .v = { vbuf, e->config.compute_dtype, s->n_kv_heads, s->head_dim, s->block_size,
-           (gint64) s->block_size * s->head_dim, s->head_dim },
+    .k = sift_view_strided (kbuf, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+                            (gint64) s->block_size * s->head_dim, s->head_dim),
+    .v = sift_view_strided (vbuf, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+                            (gint64) s->block_size * s->head_dim, s->head_dim),
   };
   /* Each of the layer's policies once, through the hook of the block's
    * phase, as when it was first stored. */
@@ -392,13 +393,13 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
   const gint32 bs = e->config.shape.block_size, kvh = e->config.shape.n_kv_heads;
   /* A policy that computes attention its own way may take block i for
    * tokens [i * block_size, ...): unless it knows eviction (it has
-   * score_eviction, ABI 1.1) it must not see a compacted cache. The
+   * score_eviction) it must not see a compacted cache. The
    * prefill policy computes no more once decoding runs. */
   SiftPolicy *const users[2] = { scorer, ctx->phase == SIFT_PHASE_PREFILL ? decode : NULL };
   for (int i = 0; i < 2; i++)
     {
       SiftPolicy *p = users[i];
-      if (p == NULL || SIFT_POLICY_OPS_HAS (p->ops, score_eviction, 1))
+      if (p == NULL || p->ops->score_eviction != NULL)
         continue;
       if (p->ops->compute_chunked_prefill != NULL || p->ops->compute_chunked_decode != NULL)
         {
@@ -450,7 +451,7 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
     .block_ids = (const gint64 *) (const void *) cblock->data, .accumulated = accum, .n_evict = n_evict,
     .granularity = c->granularity,
   };
-  if (scorer != NULL && SIFT_POLICY_OPS_HAS (scorer->ops, score_eviction, 1))
+  if (scorer != NULL && scorer->ops->score_eviction != NULL)
     {
       SiftPolicyContext pc = *ctx;
       sift_engine_fill_context (e, &pc, l);

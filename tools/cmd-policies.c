@@ -31,7 +31,7 @@ flag_text (guint32 flags)
 static const char *
 type_text (SiftParamType type)
 {
-  static const char *const names[] = { "int", "float", "bool", "string", "int-list" };
+  static const char *const names[] = { "int", "float", "bool", "string", "choice", "int-list" };
   return (guint) type < G_N_ELEMENTS (names) ? names[type] : "?";
 }
 
@@ -88,7 +88,7 @@ info (SiftRegistry *registry, const char *name)
     { "compute_chunked_decode", ops->compute_chunked_decode != NULL },
     { "on_prefill_offload", ops->on_prefill_offload != NULL },
     { "on_decode_offload", ops->on_decode_offload != NULL },
-    { "score_eviction", SIFT_POLICY_OPS_HAS (ops, score_eviction, 1) },
+    { "score_eviction", ops->score_eviction != NULL },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (methods); i++)
     if (methods[i].set)
@@ -103,15 +103,16 @@ info (SiftRegistry *registry, const char *name)
   for (const SiftParamSpec *p = ops->params; p->name; p++)
     {
       g_autofree char *range = NULL;
-      if (p->choices != NULL)
-        range = g_strdup (p->choices);
-      else if (p->min <= p->max && p->type != SIFT_PARAM_BOOL && p->type != SIFT_PARAM_STRING)
-        range = p->type == SIFT_PARAM_FLOAT ? g_strdup_printf ("[%g, %g]", p->min, p->max)
-                                            : g_strdup_printf ("[%.0f, %.0f]", p->min, p->max);
+      g_autofree char *def = sift_param_spec_default_text (p);
+      if (p->type == SIFT_PARAM_TYPE_CHOICE)
+        range = g_strjoinv ("|", (char **) p->choices);
+      else if (p->type == SIFT_PARAM_TYPE_FLOAT)
+        range = g_strdup_printf ("[%g, %g]", p->min, p->max);
+      else if (p->type == SIFT_PARAM_TYPE_INT || p->type == SIFT_PARAM_TYPE_INT_LIST)
+        range = g_strdup_printf ("[%.0f, %.0f]", p->min, p->max);
       else
         range = g_strdup ("-");
-      printf ("    %-20s %-9s %-12s %-22s %s\n", p->name, type_text (p->type), p->default_value, range,
-              p->doc ? p->doc : "");
+      printf ("    %-20s %-9s %-12s %-22s %s\n", p->name, type_text (p->type), def, range, p->doc ? p->doc : "");
     }
   return SIFT_EXIT_OK;
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/view.h>
 
 G_BEGIN_DECLS
@@ -26,25 +27,25 @@ typedef struct {
 /* Dense attention of n_q queries against n_kv keys, tiled with an online
  * softmax. For a prefill chunk at positions kv_len..kv_len+n_q-1 against
  * keys 0..kv_len+n_q-1: causal = TRUE, q_offset = kv_len. */
-gboolean sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
-                          const SiftAttnOpts *opts, SiftView *out, float *lse,
-                          GError **error);
+SIFT_API gboolean sift_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
+                                   const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                   GError **error);
 
 /* Decode: 1..16 query rows. Reads each K/V row once for all query heads of
  * its group and splits the KV length over threads, merging by LSE. Same
  * results as sift_attn_dense. Memory-bound on long contexts: K/V from
  * sift_mem_alloc (huge pages) streams faster than on 4 KiB pages. */
 #define SIFT_ATTN_DECODE_MAX_ROWS 16
-gboolean sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
-                           const SiftAttnOpts *opts, SiftView *out, float *lse,
-                           GError **error);
+SIFT_API gboolean sift_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
+                                    const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                    GError **error);
 
 /* Attention over an explicit list of key rows: rows[0..n_rows) index the
  * token axis of k and v (any order, no duplicates). With opts->causal, query
  * row i skips rows r > q_offset + i. */
-gboolean sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v,
-                           const gint64 *rows, gsize n_rows, const SiftAttnOpts *opts,
-                           SiftView *out, float *lse, GError **error);
+SIFT_API gboolean sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView *v,
+                                    const gint64 *rows, gsize n_rows, const SiftAttnOpts *opts,
+                                    SiftView *out, float *lse, GError **error);
 
 /* Paged attention: K and V given as a list of blocks rather than one view.
  * k_blocks[b] and v_blocks[b] are [kv_heads][n_b][head_dim] (strided, f32,
@@ -57,16 +58,16 @@ gboolean sift_attn_gather (const SiftView *q, const SiftView *k, const SiftView 
  * split over threads, merged by LSE; same results as sift_attn_decode on the
  * concatenation), more rows the tiled dense path (same results as
  * sift_attn_dense). n_blocks = 0: no key, every row o = 0 and lse = -inf. */
-gboolean sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
-                          gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
-                          GError **error);
+SIFT_API gboolean sift_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftView *v_blocks,
+                                   gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                   GError **error);
 
 /* Merges partial result (o2, lse2) into (o1, lse1), in place:
  *   m = max(l1, l2); o = (e^(l1-m) o1 + e^(l2-m) o2) / (e^(l1-m) + e^(l2-m));
  *   l = m + log(e^(l1-m) + e^(l2-m)).
  * o1 and o2 are f32 views of one shape; lse1, lse2 contiguous [heads][tokens]. */
-gboolean sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
-                          GError **error);
+SIFT_API gboolean sift_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
+                                   GError **error);
 
 /* Instruction sets of the kernels. */
 typedef enum {
@@ -76,12 +77,12 @@ typedef enum {
 } SiftIsa;
 
 /* The best ISA this CPU supports (detected once). */
-SiftIsa sift_isa_detect (void);
+SIFT_API SiftIsa sift_isa_detect (void);
 /* The ISA kernels use now: the detected one unless forced. */
-SiftIsa sift_isa_active (void);
+SIFT_API SiftIsa sift_isa_active (void);
 /* Forces kernels to an ISA (tests compare paths); FALSE if the CPU lacks it.
  * SIFT_ISA env var ("scalar", "avx2", "avx512") does the same at start. */
-gboolean sift_isa_force (SiftIsa isa);
-const char *sift_isa_name (SiftIsa isa);
+SIFT_API gboolean sift_isa_force (SiftIsa isa);
+SIFT_API const char *sift_isa_name (SiftIsa isa);
 
 G_END_DECLS

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/dtype.h>
 #include <sift/engine.h>
 #include <sift/params.h>
@@ -126,32 +127,32 @@ typedef struct {
 /* Parses one file. With registry non-NULL, policy names are resolved and
  * their params validated against the plugins' declarations (loading only
  * the modules named); with NULL they are only checked syntactically. */
-SiftConfig *sift_config_load (const char *path, SiftRegistry *registry, GError **error);
+SIFT_API SiftConfig *sift_config_load (const char *path, SiftRegistry *registry, GError **error);
 /* Parses YAML text; `name` stands for the file in error messages. */
-SiftConfig *sift_config_load_string (const char *name, const char *text, SiftRegistry *registry,
-                                     GError **error);
+SIFT_API SiftConfig *sift_config_load_string (const char *name, const char *text, SiftRegistry *registry,
+                                              GError **error);
 /* The defaults alone (one setup: full in both phases). */
-SiftConfig *sift_config_new_default (SiftRegistry *registry, GError **error);
+SIFT_API SiftConfig *sift_config_new_default (SiftRegistry *registry, GError **error);
 /* Reads another file over a config: its keys replace earlier values, its
  * `policy`/`policies` setups are appended (labels must stay distinct). */
-gboolean sift_config_merge_file (SiftConfig *config, const char *path, SiftRegistry *registry, GError **error);
+SIFT_API gboolean sift_config_merge_file (SiftConfig *config, const char *path, SiftRegistry *registry, GError **error);
 /* Applies several assignments, then checks the combination once (so
  * "kv.block_size=100" and "kv.chunk_size=500" may be given together).
  * After an error the config may be partly changed: free it. */
-gboolean sift_config_apply (SiftConfig *config, const char *const *assignments, SiftRegistry *registry,
-                            GError **error);
+SIFT_API gboolean sift_config_apply (SiftConfig *config, const char *const *assignments, SiftRegistry *registry,
+                                     GError **error);
 /* Applies "section.key=value" (e.g. "kv.block_size=128",
  * "policy.decode.params.token_budget=1024"), checked like the file. */
-gboolean sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *registry, GError **error);
+SIFT_API gboolean sift_config_set (SiftConfig *config, const char *assignment, SiftRegistry *registry, GError **error);
 /* For checks made after loading (the harness, the model source): the
  * message placed at whichever of `keys` (dotted paths such as
  * "harness.lengths" or "model.synthetic.sink_tokens", NULL-terminated) was
  * written last, as "file:line:col: message" with the source line and a
  * caret; "file: message" when every one of them holds its default. */
-char *sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message);
+SIFT_API char *sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message);
 /* The resolved config as YAML (every key, defaults filled). */
-char *sift_config_to_yaml (const SiftConfig *config);
-void sift_config_free (SiftConfig *config);
+SIFT_API char *sift_config_to_yaml (const SiftConfig *config);
+SIFT_API void sift_config_free (SiftConfig *config);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftConfig, sift_config_free)
 
 G_END_DECLS

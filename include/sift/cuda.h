@@ -19,12 +19,13 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/attn.h>
 
 G_BEGIN_DECLS
 
 #define SIFT_CUDA_ERROR (sift_cuda_error_quark ())
-GQuark sift_cuda_error_quark (void);
+SIFT_API GQuark sift_cuda_error_quark (void);
 
 typedef enum {
   SIFT_CUDA_ERROR_UNAVAILABLE, /* built without CUDA, no GPU, or a GPU too old */
@@ -33,43 +34,43 @@ typedef enum {
 } SiftCudaError;
 
 /* TRUE if this library was built with CUDA (it may still find no GPU). */
-gboolean sift_cuda_built (void);
+SIFT_API gboolean sift_cuda_built (void);
 
 /* Finds a GPU (device 0) once; FALSE with SIFT_CUDA_ERROR_UNAVAILABLE
  * saying why when there is none. Every other call does this first. */
-gboolean sift_cuda_init (GError **error);
+SIFT_API gboolean sift_cuda_init (GError **error);
 
 /* "NVIDIA H100 80GB HBM3, compute 9.0, 132 SMs" (static string), or NULL. */
-const char *sift_cuda_device_name (void);
+SIFT_API const char *sift_cuda_device_name (void);
 
 /* Device memory: uninitialised, 256-byte aligned. */
-void *sift_cuda_malloc (gsize bytes, GError **error);
-void sift_cuda_free (void *ptr);
-gboolean sift_cuda_memcpy_to_device (void *dst, const void *src, gsize bytes, GError **error);
-gboolean sift_cuda_memcpy_to_host (void *dst, const void *src, gsize bytes, GError **error);
+SIFT_API void *sift_cuda_malloc (gsize bytes, GError **error);
+SIFT_API void sift_cuda_free (void *ptr);
+SIFT_API gboolean sift_cuda_memcpy_to_device (void *dst, const void *src, gsize bytes, GError **error);
+SIFT_API gboolean sift_cuda_memcpy_to_host (void *dst, const void *src, gsize bytes, GError **error);
 /* Every byte of [ptr, ptr + bytes) set to `byte`. */
-gboolean sift_cuda_memset (void *ptr, int byte, gsize bytes, GError **error);
+SIFT_API gboolean sift_cuda_memset (void *ptr, int byte, gsize bytes, GError **error);
 /* Waits for every call issued so far; reports a fault that happened in one. */
-gboolean sift_cuda_synchronize (GError **error);
+SIFT_API gboolean sift_cuda_synchronize (GError **error);
 
 /* The kernels: what their CPU namesakes in <sift/attn.h> compute, on
  * device views. Shape and argument errors are SIFT_ATTN_ERROR as on the
  * CPU; f32 K/V or another head_dim is SIFT_CUDA_ERROR_UNSUPPORTED. */
-gboolean sift_cuda_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
-                               const SiftAttnOpts *opts, SiftView *out, float *lse,
-                               GError **error);
+SIFT_API gboolean sift_cuda_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
+                                        const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                        GError **error);
 /* 1..SIFT_ATTN_DECODE_MAX_ROWS query rows: the keys split over thread
  * blocks (flash-decoding), merged by LSE. */
-gboolean sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
-                                const SiftAttnOpts *opts, SiftView *out, float *lse,
-                                GError **error);
+SIFT_API gboolean sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
+                                         const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                         GError **error);
 /* k_blocks / v_blocks: a host array of views whose data are device
  * pointers (ring slots, blocks of a device cache). */
-gboolean sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks,
-                               const SiftView *v_blocks, gsize n_blocks,
-                               const SiftAttnOpts *opts, SiftView *out, float *lse,
-                               GError **error);
-gboolean sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
-                               GError **error);
+SIFT_API gboolean sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks,
+                                        const SiftView *v_blocks, gsize n_blocks,
+                                        const SiftAttnOpts *opts, SiftView *out, float *lse,
+                                        GError **error);
+SIFT_API gboolean sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
+                                        GError **error);
 
 G_END_DECLS

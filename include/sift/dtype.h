@@ -2,6 +2,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 
 G_BEGIN_DECLS
 
@@ -19,22 +20,22 @@ typedef struct {
   gint8 qs[SIFT_Q8_0_BLOCK];
 } SiftBlockQ8_0;
 
-const char *sift_dtype_name (SiftDType dtype);
+SIFT_API const char *sift_dtype_name (SiftDType dtype);
 /* Parses "f32", "f16", "bf16", "q8_0"; FALSE for anything else. */
-gboolean sift_dtype_from_name (const char *name, SiftDType *out);
+SIFT_API gboolean sift_dtype_from_name (const char *name, SiftDType *out);
 /* Bytes of one element; 0 for q8_0 (use sift_dtype_row_bytes). */
-gsize sift_dtype_size (SiftDType dtype);
+SIFT_API gsize sift_dtype_size (SiftDType dtype);
 /* Bytes of n elements; for q8_0 n must be a multiple of 32. */
-gsize sift_dtype_row_bytes (SiftDType dtype, gsize n);
+SIFT_API gsize sift_dtype_row_bytes (SiftDType dtype, gsize n);
 
 /* Round-to-nearest-even conversions, exact for every input (NaN stays NaN,
  * overflow goes to infinity, subnormals are kept). */
-guint16 sift_f32_to_f16 (float x);
-float sift_f16_to_f32 (guint16 h);
-guint16 sift_f32_to_bf16 (float x);
-float sift_bf16_to_f32 (guint16 h);
+SIFT_API guint16 sift_f32_to_f16 (float x);
+SIFT_API float sift_f16_to_f32 (guint16 h);
+SIFT_API guint16 sift_f32_to_bf16 (float x);
+SIFT_API float sift_bf16_to_f32 (guint16 h);
 
 /* Converts n elements from one dtype to another (any pair; q8_0 needs n % 32 == 0). */
-void sift_convert (const void *src, SiftDType src_dtype, void *dst, SiftDType dst_dtype, gsize n);
+SIFT_API void sift_convert (const void *src, SiftDType src_dtype, void *dst, SiftDType dst_dtype, gsize n);
 
 G_END_DECLS

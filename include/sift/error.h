@@ -2,6 +2,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 
 G_BEGIN_DECLS
 
@@ -13,13 +14,13 @@ G_BEGIN_DECLS
 #define SIFT_MODEL_ERROR (sift_model_error_quark ())
 #define SIFT_HARNESS_ERROR (sift_harness_error_quark ())
 
-GQuark sift_attn_error_quark (void);
-GQuark sift_config_error_quark (void);
-GQuark sift_plugin_error_quark (void);
-GQuark sift_engine_error_quark (void);
-GQuark sift_store_error_quark (void);
-GQuark sift_model_error_quark (void);
-GQuark sift_harness_error_quark (void);
+SIFT_API GQuark sift_attn_error_quark (void);
+SIFT_API GQuark sift_config_error_quark (void);
+SIFT_API GQuark sift_plugin_error_quark (void);
+SIFT_API GQuark sift_engine_error_quark (void);
+SIFT_API GQuark sift_store_error_quark (void);
+SIFT_API GQuark sift_model_error_quark (void);
+SIFT_API GQuark sift_harness_error_quark (void);
 
 /* Kernels and tensor views: a call the shapes or arguments make impossible. */
 typedef enum {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 
 G_BEGIN_DECLS
 
@@ -17,12 +18,12 @@ G_BEGIN_DECLS
  * prefetches wait on the page walks (docs/benchmarks.md, "Huge pages").
  * Returns NULL when out of memory or past PTRDIFF_MAX (no object is that
  * large). Free with sift_mem_free. */
-void *sift_mem_alloc (gsize bytes);
+SIFT_API void *sift_mem_alloc (gsize bytes);
 
 /* As sift_mem_alloc, zero-filled. */
-void *sift_mem_alloc0 (gsize bytes);
+SIFT_API void *sift_mem_alloc0 (gsize bytes);
 
 /* Frees what sift_mem_alloc returned; NULL is ignored. */
-void sift_mem_free (void *p);
+SIFT_API void sift_mem_free (void *p);
 
 G_END_DECLS

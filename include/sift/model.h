@@ -7,6 +7,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/error.h>
 #include <sift/policy.h>
 
@@ -28,12 +29,12 @@ struct _SiftModelSource {
   SiftModelShape shape;
 };
 
-gboolean sift_model_source_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n,
-                                float *q, float *k, float *v, GError **error);
-void sift_model_source_free (SiftModelSource *src);
+SIFT_API gboolean sift_model_source_qkv (SiftModelSource *src, gint32 layer, gint64 pos0, gint64 n,
+                                         float *q, float *k, float *v, GError **error);
+SIFT_API void sift_model_source_free (SiftModelSource *src);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftModelSource, sift_model_source_free)
 
 /* Independent N(0, 1) values seeded by (seed, layer, position): for tests. */
-SiftModelSource *sift_model_random_new (const SiftModelShape *shape, guint64 seed);
+SIFT_API SiftModelSource *sift_model_random_new (const SiftModelShape *shape, guint64 seed);
 
 G_END_DECLS

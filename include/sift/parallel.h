@@ -2,6 +2,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 
 G_BEGIN_DECLS
 
@@ -12,11 +13,11 @@ typedef void (*SiftParallelFunc) (gint64 begin, gint64 end, gint worker, gpointe
 /* Runs fn over [0, n) split into contiguous ranges of at least `grain`
  * items, on the pool's threads and the caller's; returns when all are done.
  * Nested calls run serially on the calling thread. */
-void sift_parallel_for (gint64 n, gint64 grain, SiftParallelFunc fn, gpointer user_data);
+SIFT_API void sift_parallel_for (gint64 n, gint64 grain, SiftParallelFunc fn, gpointer user_data);
 
 /* Threads used by parallel loops (the caller included). Default: the
  * SIFT_THREADS environment variable, else the number of online CPUs. */
-gint sift_parallel_n_threads (void);
-void sift_parallel_set_n_threads (gint n);
+SIFT_API gint sift_parallel_n_threads (void);
+SIFT_API void sift_parallel_set_n_threads (gint n);
 
 G_END_DECLS

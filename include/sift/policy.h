@@ -8,6 +8,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <gmodule.h>
 #include <sift/error.h>
 #include <sift/params.h>
@@ -16,9 +17,11 @@
 G_BEGIN_DECLS
 
 /* Major changes break plugins (the host refuses a different major); minor
- * additions append methods marked "since N" at the end of SiftPolicyOps. */
-#define SIFT_POLICY_ABI_MAJOR 1
-#define SIFT_POLICY_ABI_MINOR 1
+ * additions append methods marked "since N" at the end of SiftPolicyOps,
+ * and fields at the end of the structs below (their reserved words or
+ * struct_size say so). 2.0: docs/abi.md, "ABI 2.0". */
+#define SIFT_POLICY_ABI_MAJOR 2
+#define SIFT_POLICY_ABI_MINOR 0
 
 typedef struct _SiftEngine SiftEngine;
 typedef struct _SiftSelection SiftSelection;
@@ -34,12 +37,12 @@ typedef enum {
   SIFT_POLICY_SUPPORTS_PREFILL = 1u << 0,
   SIFT_POLICY_SUPPORTS_DECODE = 1u << 1,
   SIFT_POLICY_REQUIRES_BLOCK_SELECTION = 1u << 2, /* engine calls select_blocks before loading */
-  /* Since 1: the engine keeps H2O accumulated attention for the layers this
-   * policy serves and passes it to score_eviction (docs/eviction.md). */
+  /* The engine keeps H2O accumulated attention for the layers this policy
+   * serves and passes it to score_eviction (docs/eviction.md). */
   SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION = 1u << 3,
 } SiftPolicyFlags;
 
-/* Since 1: what a KV eviction removes (kv.evict_granularity). */
+/* What a KV eviction removes (kv.evict_granularity). */
 typedef enum {
   SIFT_EVICT_TOKEN = 0, /* single tokens; blocks are compacted afterwards */
   SIFT_EVICT_BLOCK = 1, /* whole stored blocks (a block's score: the sum of its tokens') */
@@ -64,13 +67,16 @@ typedef struct {
   SiftPhase phase;     /* phase that stored it */
 } SiftBlockMeta;
 
-/* What a policy method sees of the current call. */
+/* What a policy method sees of the current call, filled by the host. A
+ * later minor appends fields: one is there when struct_size reaches past
+ * it (SIFT_STRUCT_HAS). */
 typedef struct {
+  guint32 struct_size;         /* sizeof (SiftPolicyContext) as the host was built */
   SiftPhase phase;
   gint32 layer;
+  gint32 block_size;
   gint64 chunk_index;          /* prefill: chunk number; decode: step number */
   gint64 n_chunks;             /* prefill: chunks in the prompt; decode: 0 */
-  gint32 block_size;
   gint64 kv_len;               /* tokens in stored blocks before this call */
   gint64 q_pos;                /* position of query row 0 */
   gint32 n_q;                  /* query rows: the chunk's tokens, or 1..16 decode rows (causal among themselves) */
@@ -78,19 +84,28 @@ typedef struct {
   const SiftModelShape *shape;
   const SiftBlockMeta *blocks; /* [n_blocks], indexed by logical block id */
   gint64 n_blocks;
-  SiftEngine *engine;          /* reach KV only through <sift/engine.h> calls */
+  SiftEngine *engine;          /* reach KV only through <sift/engine-calls.h> */
+  gpointer reserved[4];        /* zero */
 } SiftPolicyContext;
 
 /* A block as it is offloaded, seen by on_prefill_offload / on_decode_offload
- * before it is stored. Rows at or past meta->n_valid are undefined. */
+ * before it is stored. Rows at or past meta->n_valid are undefined. Filled
+ * by the host; grows like SiftPolicyContext. */
 typedef struct {
+  guint32 struct_size;         /* sizeof (SiftBlockInfo) as the host was built */
   gint64 block_id;
   const SiftBlockMeta *meta;
   SiftView k;                  /* [n_kv_heads][block_size][head_dim], compute dtype */
   SiftView v;
+  gpointer reserved[4];        /* zero */
 } SiftBlockInfo;
 
-/* Since 1: the stored tokens a KV eviction may remove, seen by
+/* Whether a host-filled struct (SiftPolicyContext, SiftBlockInfo) that `p`
+ * points to has `member`, a field a later minor appended. */
+#define SIFT_STRUCT_HAS(p, type, member)                                       \
+  ((p)->struct_size >= G_STRUCT_OFFSET (type, member) + G_SIZEOF_MEMBER (type, member))
+
+/* The stored tokens a KV eviction may remove, seen by
  * score_eviction. Tokens protected by the engine (the first sink tokens and
  * the recent window) are not among them: they are never evicted. */
 typedef struct {
@@ -108,11 +123,14 @@ typedef struct {
 
 /* The base of every policy instance: a plugin's instance struct starts with
  * a SiftPolicy (`struct { SiftPolicy parent; ... }`). The host allocates
- * ops->instance_size zeroed bytes and fills these fields before init. */
+ * ops->instance_size zeroed bytes and fills these fields before init; the
+ * reserved words let a later minor add base fields without moving the
+ * plugin's own. */
 struct _SiftPolicy {
   const SiftPolicyOps *ops;
   const SiftModelShape *shape;
   gpointer host_data;          /* the host's; do not touch */
+  gpointer reserved[4];        /* the host's; zero */
 };
 
 struct _SiftPolicyOps {
@@ -159,9 +177,7 @@ struct _SiftPolicyOps {
   gboolean (*on_decode_offload) (SiftPolicy *self, const SiftPolicyContext *ctx,
                                  const SiftBlockInfo *block, GError **error);
 
-  /* Methods added in later minors go below, each marked "since N". */
-
-  /* Since 1. Optional. When a layer's stored KV passes kv.capacity_tokens
+  /* Optional. When a layer's stored KV passes kv.capacity_tokens
    * the engine asks the layer's policy (of the current phase) to score the
    * candidates: write scores[i] for candidates->positions[i]; the lowest go
    * first (block granularity: the lowest block sums). NULL: the oldest go
@@ -169,10 +185,14 @@ struct _SiftPolicyOps {
    * rewritten blocks and calls on_*_offload again for each (docs/eviction.md). */
   gboolean (*score_eviction) (SiftPolicy *self, const SiftPolicyContext *ctx,
                               const SiftEvictCandidates *candidates, float *scores, GError **error);
+
+  /* Methods added in later minors of ABI 2 go below, each marked "since N". */
 };
 
 /* Whether the host may call an optional method of `ops` added in minor
- * `since`: the plugin's minor and struct_size cover it and it is set. */
+ * `since` (1 or later): the plugin's minor and struct_size cover it and it
+ * is set. The methods of 2.0 are in every table the loader accepts: test
+ * them against NULL. */
 #define SIFT_POLICY_OPS_HAS(ops, member, since)                                 \
   ((ops)->abi_minor >= (since)                                                 \
    && (ops)->struct_size >= G_STRUCT_OFFSET (SiftPolicyOps, member) + sizeof (gpointer) \
@@ -203,37 +223,37 @@ typedef const SiftPolicyOps *const *(*SiftPluginEntryFunc) (void);
  * select_blocks returns the engine checks every id is in `available` and
  * that no (block, head) pair was added twice; a bad answer is a
  * SIFT_ENGINE_ERROR_SELECTION naming the policy. */
-void sift_selection_add (SiftSelection *sel, gint64 block_id);
-void sift_selection_add_q_head (SiftSelection *sel, gint64 block_id, gint32 q_head);
-void sift_selection_add_kv_head (SiftSelection *sel, gint64 block_id, gint32 kv_head);
+SIFT_API void sift_selection_add (SiftSelection *sel, gint64 block_id);
+SIFT_API void sift_selection_add_q_head (SiftSelection *sel, gint64 block_id, gint32 q_head);
+SIFT_API void sift_selection_add_kv_head (SiftSelection *sel, gint64 block_id, gint32 kv_head);
 
 /* Read side (for the host, tests and policies that inspect a validated
  * selection): distinct blocks in ascending id order, and per-head membership. */
-gsize sift_selection_n_blocks (const SiftSelection *sel);
-gint64 sift_selection_block (const SiftSelection *sel, gsize i);
-gboolean sift_selection_has (const SiftSelection *sel, gint64 block_id, gint32 q_head);
+SIFT_API gsize sift_selection_n_blocks (const SiftSelection *sel);
+SIFT_API gint64 sift_selection_block (const SiftSelection *sel, gsize i);
+SIFT_API gboolean sift_selection_has (const SiftSelection *sel, gint64 block_id, gint32 q_head);
 
 /* Host side. */
-SiftSelection *sift_selection_new (gint32 n_q_heads, gint32 n_kv_heads);
-void sift_selection_free (SiftSelection *sel);
-void sift_selection_clear (SiftSelection *sel);
+SIFT_API SiftSelection *sift_selection_new (gint32 n_q_heads, gint32 n_kv_heads);
+SIFT_API void sift_selection_free (SiftSelection *sel);
+SIFT_API void sift_selection_clear (SiftSelection *sel);
 /* Validates what was added against `available` (ascending ids) and
  * compacts it into the read-side form. */
-gboolean sift_selection_validate (SiftSelection *sel, const gint64 *available, gsize n_available,
-                                  const char *policy_name, GError **error);
+SIFT_API gboolean sift_selection_validate (SiftSelection *sel, const gint64 *available, gsize n_available,
+                                           const char *policy_name, GError **error);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftSelection, sift_selection_free)
 
 /* Instances (host side): allocate, fill the base, init; the plugin's own
  * error message is kept (SIFT_PLUGIN_ERROR_INIT). */
-SiftPolicy *sift_policy_new (const SiftPolicyOps *ops, const SiftParams *params,
-                             const SiftModelShape *shape, GError **error);
-void sift_policy_free (SiftPolicy *policy);
-void sift_policy_reset (SiftPolicy *policy);
+SIFT_API SiftPolicy *sift_policy_new (const SiftPolicyOps *ops, const SiftParams *params,
+                                      const SiftModelShape *shape, GError **error);
+SIFT_API void sift_policy_free (SiftPolicy *policy);
+SIFT_API void sift_policy_reset (SiftPolicy *policy);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftPolicy, sift_policy_free)
 
 /* Checks an ops table the way the loader does (versions, struct_size,
  * name, required methods for the declared flags, parameter table and its
  * defaults); `file` names it in the error. */
-gboolean sift_policy_ops_check (const SiftPolicyOps *ops, const char *file, GError **error);
+SIFT_API gboolean sift_policy_ops_check (const SiftPolicyOps *ops, const char *file, GError **error);
 
 G_END_DECLS

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/error.h>
 #include <sift/policy.h>
 
@@ -23,21 +24,21 @@ typedef struct {
   const char *file;           /* the module's path */
 } SiftPolicyInfo;
 
-SiftRegistry *sift_registry_new (const char *const *extra_dirs);
-void sift_registry_free (SiftRegistry *registry);
+SIFT_API SiftRegistry *sift_registry_new (const char *const *extra_dirs);
+SIFT_API void sift_registry_free (SiftRegistry *registry);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftRegistry, sift_registry_free)
 
 /* The directories searched, in order (NULL-terminated, owned by the registry). */
-const char *const *sift_registry_search_path (SiftRegistry *registry);
+SIFT_API const char *const *sift_registry_search_path (SiftRegistry *registry);
 /* The installed policy directory compiled into the library. */
-const char *sift_registry_installed_dir (void);
+SIFT_API const char *sift_registry_installed_dir (void);
 
 /* Finds a policy by name. SIFT_PLUGIN_ERROR_UNKNOWN names the nearest known
  * names; load failures keep their own codes (OPEN, NOT_PLUGIN, ABI, ...). */
-const SiftPolicyInfo *sift_registry_lookup (SiftRegistry *registry, const char *name, GError **error);
+SIFT_API const SiftPolicyInfo *sift_registry_lookup (SiftRegistry *registry, const char *name, GError **error);
 
 /* Every policy of every module (opening each); a module that fails to load
  * is reported in `failures` (GError * items, may be NULL) and skipped. */
-GPtrArray *sift_registry_list (SiftRegistry *registry, GPtrArray *failures, GError **error);
+SIFT_API GPtrArray *sift_registry_list (SiftRegistry *registry, GPtrArray *failures, GError **error);
 
 G_END_DECLS

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/engine.h>
 #include <sift/model.h>
 #include <sift/policy.h>
@@ -27,22 +28,22 @@ typedef struct {
  * ctx->layer). NULL means dense attention over every block through the
  * default pipeline (layers forced dense). Each policy must support the phase
  * it is placed in. */
-SiftRunner *sift_runner_new (SiftEngine *engine, SiftModelSource *source,
-                             SiftPolicy *const *prefill, SiftPolicy *const *decode,
-                             GError **error);
-void sift_runner_free (SiftRunner *runner);
+SIFT_API SiftRunner *sift_runner_new (SiftEngine *engine, SiftModelSource *source,
+                                      SiftPolicy *const *prefill, SiftPolicy *const *decode,
+                                      GError **error);
+SIFT_API void sift_runner_free (SiftRunner *runner);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftRunner, sift_runner_free)
 
-void sift_runner_set_observer (SiftRunner *runner, const SiftRunnerObserver *observer, gpointer user_data);
+SIFT_API void sift_runner_set_observer (SiftRunner *runner, const SiftRunnerObserver *observer, gpointer user_data);
 
 /* Prefills tokens [0, n_tokens) chunk by chunk (chunk_size tokens, the last
  * chunk possibly shorter). Only once per sequence. */
-gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, GError **error);
+SIFT_API gboolean sift_runner_prefill (SiftRunner *runner, gint64 n_tokens, GError **error);
 /* One decode step of n_rows (1..16) new tokens at the next positions. */
-gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, GError **error);
+SIFT_API gboolean sift_runner_decode (SiftRunner *runner, gint32 n_rows, GError **error);
 /* Tokens processed so far. */
-gint64 sift_runner_position (const SiftRunner *runner);
+SIFT_API gint64 sift_runner_position (const SiftRunner *runner);
 /* New sequence: resets the engine and every policy. */
-void sift_runner_reset (SiftRunner *runner);
+SIFT_API void sift_runner_reset (SiftRunner *runner);
 
 G_END_DECLS

@@ -1,15 +1,11 @@
-/* sift — long-context attention with pluggable sparse policies. */
+/* sift — long-context attention with pluggable sparse policies.
+ *
+ * The host umbrella: the plugin SDK (<sift/plugin.h>) and the host side
+ * (stores, the OffloadEngine, model sources, the runner, the YAML config,
+ * the policy registry). A policy includes <sift/plugin.h> only. */
 #pragma once
 
-#include <sift/version.h>
-#include <sift/error.h>
-#include <sift/dtype.h>
-#include <sift/view.h>
-#include <sift/attn.h>
-#include <sift/parallel.h>
-#include <sift/memory.h>
-#include <sift/params.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 #include <sift/store.h>
 #include <sift/engine.h>
 #include <sift/model.h>

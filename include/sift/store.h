@@ -9,6 +9,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/dtype.h>
 #include <sift/error.h>
 
@@ -39,18 +40,18 @@ typedef struct {
   void (*finalize) (SiftStore *store);
 } SiftStoreClass;
 
-SiftStore *sift_store_host_new (const SiftStoreConfig *config, GError **error);
-SiftStore *sift_store_file_new (const SiftStoreConfig *config, GError **error);
-void sift_store_free (SiftStore *store);
+SIFT_API SiftStore *sift_store_host_new (const SiftStoreConfig *config, GError **error);
+SIFT_API SiftStore *sift_store_file_new (const SiftStoreConfig *config, GError **error);
+SIFT_API void sift_store_free (SiftStore *store);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftStore, sift_store_free)
 
-const SiftStoreConfig *sift_store_config (const SiftStore *store);
-const char *sift_store_name (const SiftStore *store);
+SIFT_API const SiftStoreConfig *sift_store_config (const SiftStore *store);
+SIFT_API const char *sift_store_name (const SiftStore *store);
 /* Bytes of one stored block (K and V). */
-gsize sift_store_block_bytes (const SiftStore *store);
+SIFT_API gsize sift_store_block_bytes (const SiftStore *store);
 /* Allocates a block id (reusing freed ones first); release returns it. */
-gboolean sift_store_alloc (SiftStore *store, gint64 *id_out, GError **error);
-void sift_store_release (SiftStore *store, gint64 id);
-gint64 sift_store_blocks_in_use (const SiftStore *store);
+SIFT_API gboolean sift_store_alloc (SiftStore *store, gint64 *id_out, GError **error);
+SIFT_API void sift_store_release (SiftStore *store, gint64 id);
+SIFT_API gint64 sift_store_blocks_in_use (const SiftStore *store);
 
 G_END_DECLS

@@ -8,9 +8,16 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/api.h>
 #include <sift/dtype.h>
 
 G_BEGIN_DECLS
+
+/* Where a view's memory lives. */
+typedef enum {
+  SIFT_MEMORY_HOST = 0,   /* the CPU reads and writes it (RAM, pinned RAM) */
+  SIFT_MEMORY_DEVICE = 1, /* only the backend that allocated it reaches it: never dereference data */
+} SiftMemorySpace;
 
 typedef struct {
   void *data;           /* element (h, t, 0) at data + (h * head_stride + t * token_stride) elements */
@@ -20,22 +27,32 @@ typedef struct {
   gint64 n_tokens;
   gint64 head_stride;   /* elements from head h to h + 1 */
   gint64 token_stride;  /* elements from token t to t + 1 */
+  SiftMemorySpace space; /* SIFT_MEMORY_HOST unless a backend says otherwise; the CPU kernels refuse others */
+  guint32 reserved[5];  /* zero: room for later minors */
 } SiftView;
 
-/* A view of contiguous [tokens][heads][dim] memory. */
+/* A view of host memory with the given strides (in elements). */
 static inline SiftView
-sift_view_thd (void *data, SiftDType dtype, gint64 n_tokens, gint32 n_heads, gint32 head_dim)
+sift_view_strided (void *data, SiftDType dtype, gint32 n_heads, gint64 n_tokens, gint32 head_dim,
+                   gint64 head_stride, gint64 token_stride)
 {
-  SiftView v = { data, dtype, n_heads, head_dim, n_tokens, head_dim, (gint64) n_heads * head_dim };
+  SiftView v = { .data = data, .dtype = dtype, .n_heads = n_heads, .head_dim = head_dim, .n_tokens = n_tokens,
+                 .head_stride = head_stride, .token_stride = token_stride, .space = SIFT_MEMORY_HOST };
   return v;
 }
 
-/* A view of contiguous [heads][tokens][dim] memory. */
+/* A view of contiguous [tokens][heads][dim] host memory. */
+static inline SiftView
+sift_view_thd (void *data, SiftDType dtype, gint64 n_tokens, gint32 n_heads, gint32 head_dim)
+{
+  return sift_view_strided (data, dtype, n_heads, n_tokens, head_dim, head_dim, (gint64) n_heads * head_dim);
+}
+
+/* A view of contiguous [heads][tokens][dim] host memory. */
 static inline SiftView
 sift_view_htd (void *data, SiftDType dtype, gint32 n_heads, gint64 n_tokens, gint32 head_dim)
 {
-  SiftView v = { data, dtype, n_heads, head_dim, n_tokens, n_tokens * head_dim, head_dim };
-  return v;
+  return sift_view_strided (data, dtype, n_heads, n_tokens, head_dim, n_tokens * head_dim, head_dim);
 }
 
 /* Pointer to row (h, t). */
@@ -67,10 +84,10 @@ sift_view_tokens (const SiftView *v, gint64 t0, gint64 n)
 }
 
 /* Copies row (h, t) into dst[head_dim] as f32. */
-void sift_view_row_to_f32 (const SiftView *v, gint64 h, gint64 t, float *dst);
+SIFT_API void sift_view_row_to_f32 (const SiftView *v, gint64 h, gint64 t, float *dst);
 
 /* Checks that a view is usable: non-NULL data (unless empty), dtype f32/f16/bf16,
  * positive head_dim; `what` names it in the error ("q", "k", ...). */
-gboolean sift_view_check (const SiftView *v, const char *what, GError **error);
+SIFT_API gboolean sift_view_check (const SiftView *v, const char *what, GError **error);
 
 G_END_DECLS

@@ -12,7 +12,7 @@
  * example docs/writing-a-policy.md walks through. */
 #include <math.h>
 
-#include <sift/sift.h>
+#include <sift/plugin.h>
 
 typedef struct {
   SiftPolicy parent;
@@ -21,11 +21,11 @@ typedef struct {
 } StreamingPolicy;
 
 static const SiftParamSpec streaming_params[] = {
-  { "sink_tokens", SIFT_PARAM_INT, "4", 0, 1 << 20, NULL,
-    "tokens at the start of the sequence every query attends (attention sinks)" },
-  { "window_tokens", SIFT_PARAM_INT, "1024", 0, 1 << 30, NULL,
-    "recent tokens before the query that every query attends" },
-  { NULL, 0, NULL, 0, 0, NULL, NULL },
+  SIFT_PARAM_INT ("sink_tokens", 4, 0, 1 << 20,
+    "tokens at the start of the sequence every query attends (attention sinks)"),
+  SIFT_PARAM_INT ("window_tokens", 1024, 0, 1 << 30,
+    "recent tokens before the query that every query attends"),
+  SIFT_PARAM_END,
 };
 
 static gboolean
@@ -61,7 +61,7 @@ streaming_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx, const g
   return TRUE;
 }
 
-/* Since ABI 1.1, with a bounded KV cache (kv.capacity_tokens): when a
+/* With a bounded KV cache (kv.capacity_tokens): when a
  * layer holds more tokens than the capacity, the engine asks for a score
  * per stored token it may evict (never its protected sinks and recent
  * tokens) and evicts the lowest. A score of -inf asks it to evict a token
@@ -87,7 +87,7 @@ streaming_score_eviction (SiftPolicy *self, const SiftPolicyContext *ctx,
 static const SiftPolicyOps streaming_ops = {
   SIFT_POLICY_OPS_HEADER,
   .name = "streaming",
-  .version = "1.1",
+  .version = "2.0",
   .description = "StreamingLLM: attention sinks + recent window, selected by block",
   .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE
            | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,

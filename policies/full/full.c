@@ -5,7 +5,7 @@
  * without asking; select_blocks is still provided (every available block,
  * for every head) for hosts and tests that want the dense selection
  * explicitly. NULL compute methods: the engine's default pipelines. */
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 static gboolean
 full_select_blocks (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available,

@@ -10,9 +10,9 @@
  * (kv.protect_recent, kv.protect_sinks). See docs/eviction.md. */
 #include <math.h>
 
-#include <sift/sift.h>
+#include <sift/plugin.h>
 
-typedef enum { COMBINE_SUM, COMBINE_MAX } Combine;
+typedef enum { COMBINE_SUM, COMBINE_MAX } Combine; /* the order of the "heads" choices */
 
 typedef struct {
   SiftPolicy parent;
@@ -21,11 +21,11 @@ typedef struct {
 } H2oPolicy;
 
 static const SiftParamSpec h2o_params[] = {
-  { "heads", SIFT_PARAM_STRING, "sum", 1, 0, "sum|max",
-    "a token's score from its kv heads' accumulated attention: their sum or their maximum" },
-  { "normalize", SIFT_PARAM_BOOL, "false", 0, 0, NULL,
-    "divide the score by the number of queries since the token (mean instead of sum)" },
-  { NULL, 0, NULL, 0, 0, NULL, NULL },
+  SIFT_PARAM_CHOICE ("heads", "sum", SIFT_CHOICES ("sum", "max"),
+    "a token's score from its kv heads' accumulated attention: their sum or their maximum"),
+  SIFT_PARAM_BOOL ("normalize", FALSE,
+    "divide the score by the number of queries since the token (mean instead of sum)"),
+  SIFT_PARAM_END,
 };
 
 static gboolean
@@ -33,7 +33,7 @@ h2o_init (SiftPolicy *self, const SiftParams *params, GError **error)
 {
   H2oPolicy *hp = (H2oPolicy *) self;
   (void) error;
-  hp->combine = g_str_equal (sift_params_get_string (params, "heads"), "max") ? COMBINE_MAX : COMBINE_SUM;
+  hp->combine = (Combine) sift_params_get_choice (params, "heads");
   hp->normalize = sift_params_get_bool (params, "normalize");
   return TRUE;
 }

@@ -8,9 +8,7 @@
  * MInference exactly. See docs/policies/minference.md. */
 #include <math.h>
 
-#include <sift/attn.h>
-#include <sift/engine.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "pattern-file.h"
 #include "vs.h"
@@ -28,23 +26,23 @@ typedef struct {
 } MinferencePolicy;
 
 static const SiftParamSpec minference_params[] = {
-  { "last_q", SIFT_PARAM_INT, "64", 1, 4096, NULL,
-    "query rows (the chunk's last) the pattern is estimated from" },
-  { "vertical_size", SIFT_PARAM_INT, "1000", 1, G_MAXINT32, NULL,
-    "key columns kept per head (sinks included), unless budget > 0" },
-  { "slash_size", SIFT_PARAM_INT, "6096", 1, G_MAXINT32, NULL,
-    "diagonals kept per head (recent included), unless budget > 0" },
-  { "budget", SIFT_PARAM_FLOAT, "0", 0, 1, NULL,
-    "> 0: adaptive sizes, a fraction of the sequence split max(31, 0.2 b) columns / max(101, 0.8 b) diagonals" },
-  { "num_sink_tokens", SIFT_PARAM_INT, "30", 0, G_MAXINT32, NULL,
-    "first key columns always kept" },
-  { "num_recent_diags", SIFT_PARAM_INT, "100", 1, G_MAXINT32, NULL,
-    "nearest diagonals always kept (distance 0 is the token itself)" },
-  { "tile_rows", SIFT_PARAM_INT, "4", 1, VS_TILE_MAX, NULL,
-    "query rows per kernel tile: a slash diagonal covers this many keys per row (MInference's GPU kernel: 64)" },
-  { "pattern_file", SIFT_PARAM_STRING, "", 0, -1, NULL,
-    "per-head patterns, MInference's JSON (or YAML) format; heads not listed use the sizes above" },
-  { NULL },
+  SIFT_PARAM_INT ("last_q", 64, 1, 4096,
+    "query rows (the chunk's last) the pattern is estimated from"),
+  SIFT_PARAM_INT ("vertical_size", 1000, 1, G_MAXINT32,
+    "key columns kept per head (sinks included), unless budget > 0"),
+  SIFT_PARAM_INT ("slash_size", 6096, 1, G_MAXINT32,
+    "diagonals kept per head (recent included), unless budget > 0"),
+  SIFT_PARAM_FLOAT ("budget", 0.0, 0, 1,
+    "> 0: adaptive sizes, a fraction of the sequence split max(31, 0.2 b) columns / max(101, 0.8 b) diagonals"),
+  SIFT_PARAM_INT ("num_sink_tokens", 30, 0, G_MAXINT32,
+    "first key columns always kept"),
+  SIFT_PARAM_INT ("num_recent_diags", 100, 1, G_MAXINT32,
+    "nearest diagonals always kept (distance 0 is the token itself)"),
+  SIFT_PARAM_INT ("tile_rows", 4, 1, VS_TILE_MAX,
+    "query rows per kernel tile: a slash diagonal covers this many keys per row (MInference's GPU kernel: 64)"),
+  SIFT_PARAM_STRING ("pattern_file", "",
+    "per-head patterns, MInference's JSON (or YAML) format; heads not listed use the sizes above"),
+  SIFT_PARAM_END,
 };
 
 static gboolean

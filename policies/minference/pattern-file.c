@@ -4,7 +4,7 @@
 #include <string.h>
 #include <yaml.h>
 
-#include <sift/error.h>
+#include <sift/plugin.h>
 
 #include "pattern-file.h"
 

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/parallel.h>
+#include <sift/plugin.h>
 
 #include "vs.h"
 

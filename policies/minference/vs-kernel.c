@@ -10,9 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/attn.h>
-#include <sift/memory.h>
-#include <sift/parallel.h>
+#include <sift/plugin.h>
 
 #include "vs.h"
 

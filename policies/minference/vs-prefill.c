@@ -3,8 +3,7 @@
  * or the engine's stored blocks and then the chunk itself). */
 #include <math.h>
 
-#include <sift/attn.h>
-#include <sift/error.h>
+#include <sift/plugin.h>
 
 #include "vs.h"
 

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/error.h>
+#include <sift/plugin.h>
 
 #include "quest-core.h"
 

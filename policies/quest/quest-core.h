@@ -4,7 +4,7 @@
 #pragma once
 
 #include <glib.h>
-#include <sift/view.h>
+#include <sift/plugin.h>
 
 G_BEGIN_DECLS
 

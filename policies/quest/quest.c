@@ -4,10 +4,7 @@
  * current query. The math lives in quest-core.c; docs/policies/quest.md. */
 #include <string.h>
 
-#include <sift/engine.h>
-#include <sift/error.h>
-#include <sift/params.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "quest-core.h"
 
@@ -25,24 +22,24 @@ typedef struct {
 } Quest;
 
 static const SiftParamSpec quest_params[] = {
-  { "mode", SIFT_PARAM_STRING, "per_kv_head", 1, 0, "per_kv_head|per_q_head|shared",
+  SIFT_PARAM_CHOICE ("mode", "per_kv_head", SIFT_CHOICES ("per_kv_head", "per_q_head", "shared"),
     "per_kv_head: one ranking per kv head from its group's query heads; per_q_head: one per query head; "
-    "shared: one for all heads" },
-  { "gqa_reduce", SIFT_PARAM_STRING, "max", 1, 0, "max|mean",
-    "how the query heads reading one kv head (or all heads, shared) combine their bounds" },
-  { "token_budget", SIFT_PARAM_INT, "2048", 1, 1e12, NULL,
-    "stored tokens attended per head, sinks and recent included (token_budget / block_size blocks)" },
-  { "top_k", SIFT_PARAM_INT, "0", 0, 1e9, NULL,
-    "blocks attended per head, sinks and recent included; overrides token_budget when > 0" },
-  { "sink_blocks", SIFT_PARAM_INT, "0", 0, 1e9, NULL, "first stored blocks always kept (attention sinks)" },
-  { "recent_blocks", SIFT_PARAM_INT, "0", 0, 1e9, NULL, "last stored blocks always kept (locality)" },
-  { "dense_threshold_blocks", SIFT_PARAM_INT, "0", 0, 1e12, NULL,
-    "attend every block while a layer has at most this many stored blocks" },
-  { "dense_layers", SIFT_PARAM_INT_LIST, "[0, 1]", 0, 1e6, NULL,
-    "layers that attend every block (the paper keeps the first two dense); layers past the model are ignored" },
-  { "prefill", SIFT_PARAM_BOOL, "false", 1, 0, NULL,
-    "placed in prefill: select with the chunk's mean query (false: prefill attends every block)" },
-  { NULL },
+    "shared: one for all heads"),
+  SIFT_PARAM_CHOICE ("gqa_reduce", "max", SIFT_CHOICES ("max", "mean"),
+    "how the query heads reading one kv head (or all heads, shared) combine their bounds"),
+  SIFT_PARAM_INT ("token_budget", 2048, 1, 1e12,
+    "stored tokens attended per head, sinks and recent included (token_budget / block_size blocks)"),
+  SIFT_PARAM_INT ("top_k", 0, 0, 1e9,
+    "blocks attended per head, sinks and recent included; overrides token_budget when > 0"),
+  SIFT_PARAM_INT ("sink_blocks", 0, 0, 1e9, "first stored blocks always kept (attention sinks)"),
+  SIFT_PARAM_INT ("recent_blocks", 0, 0, 1e9, "last stored blocks always kept (locality)"),
+  SIFT_PARAM_INT ("dense_threshold_blocks", 0, 0, 1e12,
+    "attend every block while a layer has at most this many stored blocks"),
+  SIFT_PARAM_INT_LIST ("dense_layers", "[0, 1]", 0, 1e6,
+    "layers that attend every block (the paper keeps the first two dense); layers past the model are ignored"),
+  SIFT_PARAM_BOOL ("prefill", FALSE,
+    "placed in prefill: select with the chunk's mean query (false: prefill attends every block)"),
+  SIFT_PARAM_END,
 };
 
 static gboolean
@@ -51,17 +48,11 @@ quest_init (SiftPolicy *policy, const SiftParams *params, GError **error)
   Quest *self = (Quest *) policy;
   const SiftModelShape *shape = policy->shape;
 
-  static const struct {
-    const char *name;
-    QuestMode mode;
-  } modes[] = { { "per_kv_head", QUEST_MODE_PER_KV_HEAD }, { "per_q_head", QUEST_MODE_PER_Q_HEAD },
-                { "shared", QUEST_MODE_SHARED } };
-  const char *mode = sift_params_get_string (params, "mode");
-  for (gsize i = 0; i < G_N_ELEMENTS (modes); i++)
-    if (g_str_equal (mode, modes[i].name))
-      self->mode = modes[i].mode;
-  self->reduce = g_str_equal (sift_params_get_string (params, "gqa_reduce"), "mean") ? QUEST_REDUCE_MEAN
-                                                                                      : QUEST_REDUCE_MAX;
+  /* In the order of the choices declared above. */
+  static const QuestMode modes[] = { QUEST_MODE_PER_KV_HEAD, QUEST_MODE_PER_Q_HEAD, QUEST_MODE_SHARED };
+  static const QuestReduce reduces[] = { QUEST_REDUCE_MAX, QUEST_REDUCE_MEAN };
+  self->mode = modes[sift_params_get_choice (params, "mode")];
+  self->reduce = reduces[sift_params_get_choice (params, "gqa_reduce")];
   gint64 top_k = sift_params_get_int (params, "top_k");
   gint64 token_budget = sift_params_get_int (params, "token_budget");
   if (top_k == 0 && token_budget < shape->block_size)

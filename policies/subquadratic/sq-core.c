@@ -4,9 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sift/attn.h>
-#include <sift/error.h>
-#include <sift/parallel.h>
+#include <sift/plugin.h>
 
 #include "sq-core.h"
 #include "sq-simd.h"

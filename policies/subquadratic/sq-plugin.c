@@ -10,8 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sift/error.h>
-#include <sift/parallel.h>
+#include <sift/plugin.h>
 
 #include "sq-plugin.h"
 #include "sq-simd.h"

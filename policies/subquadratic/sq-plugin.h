@@ -2,8 +2,7 @@
  * wraps these in the ops table; tests drive them against a fake engine. */
 #pragma once
 
-#include <sift/engine.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "sq-core.h"
 

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/attn.h>
+#include <sift/plugin.h>
 
 #include "sq-simd.h"
 

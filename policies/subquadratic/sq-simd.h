@@ -2,7 +2,7 @@
  * from sift_isa_active (), so SIFT_ISA=scalar forces the plain path. */
 #pragma once
 
-#include <sift/attn.h>
+#include <sift/plugin.h>
 
 #include "sq-core.h"
 

@@ -1,19 +1,19 @@
 /* The subquadratic policy: local window, global tokens, log-stride and
  * landmarks (docs/policies/subquadratic.md). Declares its parameters and
  * wraps sq-plugin.c in the ops table. */
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "sq-plugin.h"
 
 static const SiftParamSpec params[] = {
-  { "window", SIFT_PARAM_INT, "128", 0, 1 << 20, NULL, "recent tokens before each query it attends (j in [i - window, i])" },
-  { "block_size", SIFT_PARAM_INT, "64", 1, 1 << 16, NULL, "tokens per landmark block (its mean key and value), independent of kv.block_size" },
-  { "globals", SIFT_PARAM_INT_LIST, "[0]", 0, (double) G_MAXINT32, NULL, "global (anchor) token positions every later query attends; positions past the sequence are ignored" },
-  { "log_stride", SIFT_PARAM_BOOL, "true", 0, -1, NULL, "attend tokens i - 2^k and landmark blocks pivot - 2^k" },
-  { "landmarks", SIFT_PARAM_BOOL, "true", 0, -1, NULL, "attend block means of far blocks" },
-  { "sort_candidates", SIFT_PARAM_BOOL, "false", 0, -1, NULL, "visit each row's candidates in ascending position order" },
-  { "landmark_dtype", SIFT_PARAM_STRING, "f32", 0, -1, "f32|f16", "storage of the policy's landmark memory" },
-  { NULL },
+  SIFT_PARAM_INT ("window", 128, 0, 1 << 20, "recent tokens before each query it attends (j in [i - window, i])"),
+  SIFT_PARAM_INT ("block_size", 64, 1, 1 << 16, "tokens per landmark block (its mean key and value), independent of kv.block_size"),
+  SIFT_PARAM_INT_LIST ("globals", "[0]", 0, (double) G_MAXINT32, "global (anchor) token positions every later query attends; positions past the sequence are ignored"),
+  SIFT_PARAM_BOOL ("log_stride", TRUE, "attend tokens i - 2^k and landmark blocks pivot - 2^k"),
+  SIFT_PARAM_BOOL ("landmarks", TRUE, "attend block means of far blocks"),
+  SIFT_PARAM_BOOL ("sort_candidates", FALSE, "visit each row's candidates in ascending position order"),
+  SIFT_PARAM_CHOICE ("landmark_dtype", "f32", SIFT_CHOICES ("f32", "f16"), "storage of the policy's landmark memory"),
+  SIFT_PARAM_END,
 };
 
 static gboolean
@@ -29,8 +29,8 @@ sq_init (SiftPolicy *policy, const SiftParams *p, GError **error)
   config.log_stride = sift_params_get_bool (p, "log_stride");
   config.landmarks = sift_params_get_bool (p, "landmarks");
   config.sort_candidates = sift_params_get_bool (p, "sort_candidates");
-  SiftDType dtype = SIFT_DTYPE_F32;
-  sift_dtype_from_name (sift_params_get_string (p, "landmark_dtype"), &dtype);
+  static const SiftDType dtypes[] = { SIFT_DTYPE_F32, SIFT_DTYPE_F16 }; /* the landmark_dtype choices */
+  SiftDType dtype = dtypes[sift_params_get_choice (p, "landmark_dtype")];
   return sq_policy_setup ((SqPolicy *) policy, &config, dtype, error);
 }
 

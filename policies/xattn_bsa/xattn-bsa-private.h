@@ -3,7 +3,7 @@
  * the host's parameter parsing. */
 #pragma once
 
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "xattn-score.h"
 

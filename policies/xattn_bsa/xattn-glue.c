@@ -6,10 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/engine.h>
-#include <sift/error.h>
-#include <sift/parallel.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #include "xattn-bsa-private.h"
 

@@ -3,8 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sift/memory.h>
-#include <sift/parallel.h>
+#include <sift/plugin.h>
 
 #include "xattn-score.h"
 
@@ -592,8 +591,8 @@ stage_flush (XattnScorer *s)
       score_columns (s, &t, n);
       return;
     }
-  SiftView v = { s->stage, SIFT_DTYPE_F32, g->n_kv_heads, g->head_dim, s->stage_n,
-                 (gint64) XATTN_STAGE_TOKENS * g->head_dim, g->head_dim };
+  SiftView v = sift_view_strided (s->stage, SIFT_DTYPE_F32, g->n_kv_heads, s->stage_n, g->head_dim,
+                                  (gint64) XATTN_STAGE_TOKENS * g->head_dim, g->head_dim);
   s->stage_n = 0;
   xattn_scorer_add_keys (s, &v, s->stage_pos0, v.n_tokens);
 }

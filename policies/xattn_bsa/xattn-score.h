@@ -5,9 +5,7 @@
 #pragma once
 
 #include <glib.h>
-#include <sift/attn.h>
-#include <sift/policy.h>
-#include <sift/view.h>
+#include <sift/plugin.h>
 
 G_BEGIN_DECLS
 

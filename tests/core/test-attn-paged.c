@@ -346,11 +346,51 @@ test_paged_misuse (void **state)
                 SIFT_ATTN_ERROR_SHAPE);
 }
 
+/* Views say where their memory is; the CPU kernels read host memory only
+ * and refuse a device view, naming it, before touching any data. Device
+ * data here is a pointer no CPU may follow. */
+static void
+test_device_views_refused (void **state)
+{
+  (void) state;
+  float q[4 * 64], o[4 * 64], lse[4], kf[2 * 8 * 64], o2[4 * 64], lse2[4];
+  memset (q, 0, sizeof q);
+  memset (kf, 0, sizeof kf);
+  memset (o2, 0, sizeof o2);
+  memset (lse2, 0, sizeof lse2);
+  SiftView qv = sift_view_htd (q, SIFT_DTYPE_F32, 4, 1, 64);
+  SiftView ov = sift_view_htd (o, SIFT_DTYPE_F32, 4, 1, 64);
+  SiftView o2v = sift_view_htd (o2, SIFT_DTYPE_F32, 4, 1, 64);
+  SiftView kv = sift_view_htd (kf, SIFT_DTYPE_F32, 2, 8, 64);
+  assert_int_equal (kv.space, SIFT_MEMORY_HOST);
+  SiftView dev = sift_view_htd ((void *) (guintptr) 0x10, SIFT_DTYPE_F32, 2, 8, 64);
+  dev.space = SIFT_MEMORY_DEVICE;
+  SiftView qdev = sift_view_htd ((void *) (guintptr) 0x10, SIFT_DTYPE_F32, 4, 1, 64);
+  qdev.space = SIFT_MEMORY_DEVICE;
+  const gint64 rows[] = { 0, 1 };
+  SiftView blocks[2] = { kv, dev };
+  GError *error = NULL;
+
+  /* The host views alone work. */
+  assert_true (sift_attn_dense (&qv, &kv, &kv, NULL, &ov, lse, &error));
+  expect_error (sift_attn_dense (&qv, &dev, &kv, NULL, &ov, lse, &error), &error, SIFT_ATTN_ERROR_INVALID);
+  expect_error (sift_attn_dense (&qv, &kv, &dev, NULL, &ov, lse, &error), &error, SIFT_ATTN_ERROR_INVALID);
+  expect_error (sift_attn_decode (&qdev, &kv, &kv, NULL, &ov, lse, &error), &error, SIFT_ATTN_ERROR_INVALID);
+  expect_error (sift_attn_gather (&qv, &dev, &kv, rows, 2, NULL, &ov, lse, &error), &error,
+                SIFT_ATTN_ERROR_INVALID);
+  assert_false (sift_attn_paged (&qv, blocks, blocks, 2, NULL, &ov, lse, &error));
+  assert_true (g_error_matches (error, SIFT_ATTN_ERROR, SIFT_ATTN_ERROR_INVALID));
+  assert_non_null (strstr (error->message, "k_blocks[1]: view is in device memory"));
+  g_clear_error (&error);
+  expect_error (sift_attn_merge (&qdev, lse, &o2v, lse2, &error), &error, SIFT_ATTN_ERROR_INVALID);
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_paged_misuse),
+    cmocka_unit_test (test_device_views_refused),
     cmocka_unit_test (test_paged_no_keys),
     cmocka_unit_test (test_paged_few_rows),
     cmocka_unit_test (test_paged_many_rows),

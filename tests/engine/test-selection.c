@@ -112,6 +112,12 @@ test_offload (SiftPolicy *self, const SiftPolicyContext *ctx, const SiftBlockInf
 {
   (void) error;
   TestPolicy *p = (TestPolicy *) self;
+  /* ABI 2.0: the host says how large the structs it filled are, and the
+   * views it hands a policy are host memory. */
+  assert_int_equal (ctx->struct_size, sizeof (SiftPolicyContext));
+  assert_int_equal (b->struct_size, sizeof (SiftBlockInfo));
+  assert_true (SIFT_STRUCT_HAS (ctx, SiftPolicyContext, engine));
+  assert_true (b->k.space == SIFT_MEMORY_HOST && b->v.space == SIFT_MEMORY_HOST && ctx->q.space == SIFT_MEMORY_HOST);
   if (ctx->phase == SIFT_PHASE_PREFILL)
     p->prefill_offloads++;
   else

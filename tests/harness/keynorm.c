@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include <sift/sift.h>
+#include <sift/plugin.h>
 
 typedef struct {
   SiftPolicy parent;
@@ -14,8 +14,8 @@ typedef struct {
 } KeyNorm;
 
 static const SiftParamSpec keynorm_params[] = {
-  { "token_budget", SIFT_PARAM_INT, "2048", 1, 1 << 30, NULL, "stored tokens kept per kv head" },
-  { NULL, 0, NULL, 0, 0, NULL, NULL },
+  SIFT_PARAM_INT ("token_budget", 2048, 1, 1 << 30, "stored tokens kept per kv head"),
+  SIFT_PARAM_END,
 };
 
 static gboolean

@@ -1,7 +1,7 @@
 /* Test plugin "sinkwindow": attention sinks + a recent window, selected by
  * block, the sanity check of the needle harness. It must fail needles that
  * lie outside what it keeps and pass those inside. */
-#include <sift/sift.h>
+#include <sift/plugin.h>
 
 typedef struct {
   SiftPolicy parent;
@@ -10,9 +10,9 @@ typedef struct {
 } SinkWindow;
 
 static const SiftParamSpec sinkwindow_params[] = {
-  { "sink_tokens", SIFT_PARAM_INT, "4", 0, 1 << 20, NULL, "first tokens always kept" },
-  { "window_tokens", SIFT_PARAM_INT, "256", 0, 1 << 30, NULL, "tokens before the query rows always kept" },
-  { NULL, 0, NULL, 0, 0, NULL, NULL },
+  SIFT_PARAM_INT ("sink_tokens", 4, 0, 1 << 20, "first tokens always kept"),
+  SIFT_PARAM_INT ("window_tokens", 256, 0, 1 << 30, "tokens before the query rows always kept"),
+  SIFT_PARAM_END,
 };
 
 static gboolean

@@ -8,7 +8,7 @@
 #include <stddef.h>
 
 #include <cmocka.h>
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 #define PIN_SIZE(type, n) assert_int_equal (sizeof (type), n)
 #define PIN_OFF(type, field, n) assert_int_equal (offsetof (type, field), n)
@@ -17,8 +17,8 @@ static void
 test_versions (void **state)
 {
   (void) state;
-  assert_int_equal (SIFT_POLICY_ABI_MAJOR, 1);
-  assert_int_equal (SIFT_POLICY_ABI_MINOR, 1);
+  assert_int_equal (SIFT_POLICY_ABI_MAJOR, 2);
+  assert_int_equal (SIFT_POLICY_ABI_MINOR, 0);
   assert_string_equal (SIFT_PLUGIN_ENTRY_SYMBOL, "sift_plugin_policies");
   assert_int_equal (SIFT_POLICY_SUPPORTS_PREFILL, 1);
   assert_int_equal (SIFT_POLICY_SUPPORTS_DECODE, 2);
@@ -28,8 +28,14 @@ test_versions (void **state)
   assert_int_equal (SIFT_EVICT_BLOCK, 1);
   assert_int_equal (SIFT_PHASE_PREFILL, 1);
   assert_int_equal (SIFT_PHASE_DECODE, 2);
-  assert_int_equal (SIFT_PARAM_INT, 0);
-  assert_int_equal (SIFT_PARAM_INT_LIST, 4);
+  assert_int_equal (SIFT_PARAM_TYPE_INT, 0);
+  assert_int_equal (SIFT_PARAM_TYPE_FLOAT, 1);
+  assert_int_equal (SIFT_PARAM_TYPE_BOOL, 2);
+  assert_int_equal (SIFT_PARAM_TYPE_STRING, 3);
+  assert_int_equal (SIFT_PARAM_TYPE_CHOICE, 4);
+  assert_int_equal (SIFT_PARAM_TYPE_INT_LIST, 5);
+  assert_int_equal (SIFT_MEMORY_HOST, 0);
+  assert_int_equal (SIFT_MEMORY_DEVICE, 1);
 }
 
 static void
@@ -53,7 +59,7 @@ test_ops (void **state)
   PIN_OFF (SiftPolicyOps, compute_chunked_decode, 104);
   PIN_OFF (SiftPolicyOps, on_prefill_offload, 112);
   PIN_OFF (SiftPolicyOps, on_decode_offload, 120);
-  PIN_OFF (SiftPolicyOps, score_eviction, 128); /* since 1; 1.0 tables end at 128 */
+  PIN_OFF (SiftPolicyOps, score_eviction, 128);
   PIN_SIZE (SiftPolicyOps, 136);
   PIN_OFF (SiftEvictCandidates, n, 0);
   PIN_OFF (SiftEvictCandidates, positions, 8);
@@ -65,7 +71,8 @@ test_ops (void **state)
   PIN_OFF (SiftPolicy, ops, 0);
   PIN_OFF (SiftPolicy, shape, 8);
   PIN_OFF (SiftPolicy, host_data, 16);
-  PIN_SIZE (SiftPolicy, 24);
+  PIN_OFF (SiftPolicy, reserved, 24);
+  PIN_SIZE (SiftPolicy, 56);
 }
 
 static void
@@ -79,28 +86,34 @@ test_context (void **state)
   PIN_OFF (SiftView, n_tokens, 24);
   PIN_OFF (SiftView, head_stride, 32);
   PIN_OFF (SiftView, token_stride, 40);
-  PIN_SIZE (SiftView, 48);
+  PIN_OFF (SiftView, space, 48);
+  PIN_OFF (SiftView, reserved, 52);
+  PIN_SIZE (SiftView, 72);
 
-  PIN_OFF (SiftPolicyContext, phase, 0);
-  PIN_OFF (SiftPolicyContext, layer, 4);
-  PIN_OFF (SiftPolicyContext, chunk_index, 8);
-  PIN_OFF (SiftPolicyContext, n_chunks, 16);
-  PIN_OFF (SiftPolicyContext, block_size, 24);
+  PIN_OFF (SiftPolicyContext, struct_size, 0);
+  PIN_OFF (SiftPolicyContext, phase, 4);
+  PIN_OFF (SiftPolicyContext, layer, 8);
+  PIN_OFF (SiftPolicyContext, block_size, 12);
+  PIN_OFF (SiftPolicyContext, chunk_index, 16);
+  PIN_OFF (SiftPolicyContext, n_chunks, 24);
   PIN_OFF (SiftPolicyContext, kv_len, 32);
   PIN_OFF (SiftPolicyContext, q_pos, 40);
   PIN_OFF (SiftPolicyContext, n_q, 48);
   PIN_OFF (SiftPolicyContext, q, 56);
-  PIN_OFF (SiftPolicyContext, shape, 104);
-  PIN_OFF (SiftPolicyContext, blocks, 112);
-  PIN_OFF (SiftPolicyContext, n_blocks, 120);
-  PIN_OFF (SiftPolicyContext, engine, 128);
-  PIN_SIZE (SiftPolicyContext, 136);
+  PIN_OFF (SiftPolicyContext, shape, 128);
+  PIN_OFF (SiftPolicyContext, blocks, 136);
+  PIN_OFF (SiftPolicyContext, n_blocks, 144);
+  PIN_OFF (SiftPolicyContext, engine, 152);
+  PIN_OFF (SiftPolicyContext, reserved, 160);
+  PIN_SIZE (SiftPolicyContext, 192);
 
-  PIN_OFF (SiftBlockInfo, block_id, 0);
-  PIN_OFF (SiftBlockInfo, meta, 8);
-  PIN_OFF (SiftBlockInfo, k, 16);
-  PIN_OFF (SiftBlockInfo, v, 64);
-  PIN_SIZE (SiftBlockInfo, 112);
+  PIN_OFF (SiftBlockInfo, struct_size, 0);
+  PIN_OFF (SiftBlockInfo, block_id, 8);
+  PIN_OFF (SiftBlockInfo, meta, 16);
+  PIN_OFF (SiftBlockInfo, k, 24);
+  PIN_OFF (SiftBlockInfo, v, 96);
+  PIN_OFF (SiftBlockInfo, reserved, 168);
+  PIN_SIZE (SiftBlockInfo, 200);
 
   PIN_OFF (SiftBlockMeta, first_token, 0);
   PIN_OFF (SiftBlockMeta, n_valid, 8);
@@ -123,12 +136,16 @@ test_shape_and_params (void **state)
 
   PIN_OFF (SiftParamSpec, name, 0);
   PIN_OFF (SiftParamSpec, type, 8);
-  PIN_OFF (SiftParamSpec, default_value, 16);
-  PIN_OFF (SiftParamSpec, min, 24);
-  PIN_OFF (SiftParamSpec, max, 32);
-  PIN_OFF (SiftParamSpec, choices, 40);
-  PIN_OFF (SiftParamSpec, doc, 48);
-  PIN_SIZE (SiftParamSpec, 56);
+  PIN_OFF (SiftParamSpec, default_bool, 12);
+  PIN_OFF (SiftParamSpec, doc, 16);
+  PIN_OFF (SiftParamSpec, default_int, 24);
+  PIN_OFF (SiftParamSpec, default_float, 32);
+  PIN_OFF (SiftParamSpec, default_text, 40);
+  PIN_OFF (SiftParamSpec, min, 48);
+  PIN_OFF (SiftParamSpec, max, 56);
+  PIN_OFF (SiftParamSpec, choices, 64);
+  PIN_OFF (SiftParamSpec, reserved, 72);
+  PIN_SIZE (SiftParamSpec, 104);
 }
 
 int

@@ -9,14 +9,14 @@
 #include <sift/params.h>
 
 static const SiftParamSpec specs[] = {
-  { "budget", SIFT_PARAM_INT, "1024", 16, 1 << 20, NULL, "tokens kept" },
-  { "ratio", SIFT_PARAM_FLOAT, "0.9", 0.0, 1.0, NULL, "a fraction" },
-  { "verbose", SIFT_PARAM_BOOL, "false", 1, 0, NULL, "a switch" },
-  { "score", SIFT_PARAM_STRING, "max", 1, 0, "max|mean", "scoring" },
-  { "tag", SIFT_PARAM_STRING, "any text", 1, 0, NULL, "free text" },
-  { "layers", SIFT_PARAM_INT_LIST, "[0, 1]", 0, 31, NULL, "layers" },
-  { "offsets", SIFT_PARAM_INT, "-5", 1, 0, NULL, "no range (min > max)" },
-  { NULL },
+  SIFT_PARAM_INT ("budget", 1024, 16, 1 << 20, "tokens kept"),
+  SIFT_PARAM_FLOAT ("ratio", 0.9, 0.0, 1.0, "a fraction"),
+  SIFT_PARAM_BOOL ("verbose", FALSE, "a switch"),
+  SIFT_PARAM_CHOICE ("score", "max", SIFT_CHOICES ("max", "mean", "min"), "scoring"),
+  SIFT_PARAM_STRING ("tag", "any text", "free text"),
+  SIFT_PARAM_INT_LIST ("layers", "[0, 1]", 0, 31, "layers"),
+  SIFT_PARAM_INT ("offsets", -5, G_MININT64, G_MAXINT64, "the widest range"),
+  SIFT_PARAM_END,
 };
 
 static void
@@ -41,6 +41,7 @@ test_defaults (void **state)
   assert_float_equal (sift_params_get_float (p, "ratio"), 0.9, 0);
   assert_false (sift_params_get_bool (p, "verbose"));
   assert_string_equal (sift_params_get_string (p, "score"), "max");
+  assert_int_equal (sift_params_get_choice (p, "score"), 0);
   assert_string_equal (sift_params_get_string (p, "tag"), "any text");
   gsize n = 0;
   const gint64 *layers = sift_params_get_int_list (p, "layers", &n);
@@ -71,6 +72,9 @@ test_set_valid (void **state)
   assert_float_equal (sift_params_get_float (p, "ratio"), 1.0, 0);
   assert_true (sift_params_get_bool (p, "verbose"));
   assert_string_equal (sift_params_get_string (p, "score"), "mean");
+  assert_int_equal (sift_params_get_choice (p, "score"), 1);
+  assert_true (sift_params_set_text (p, "score", "min", &error));
+  assert_int_equal (sift_params_get_choice (p, "score"), 2);
   gsize n;
   const gint64 *l = sift_params_get_int_list (p, "layers", &n);
   assert_int_equal (n, 3);
@@ -127,7 +131,7 @@ test_set_errors (void **state)
   error = NULL;
   ok = sift_params_set_text (p, "score", "maxx", &error);
   expect_error (ok, error, SIFT_CONFIG_ERROR,
-                SIFT_CONFIG_ERROR_RANGE, "not one of max|mean; did you mean 'max'?");
+                SIFT_CONFIG_ERROR_RANGE, "not one of max|mean|min; did you mean 'max'?");
   error = NULL;
   ok = sift_params_set_text (p, "layers", "[1, x]", &error);
   expect_error (ok, error, SIFT_CONFIG_ERROR,
@@ -154,27 +158,33 @@ static void
 test_bad_specs (void **state)
 {
   (void) state;
-  static const struct {
+  const char *const no_choices[] = { NULL };
+  const struct {
     SiftParamSpec spec;
     const char *part;
   } cases[] = {
-    { { "budget", SIFT_PARAM_INT, "0", 1, 100, NULL, "" }, "invalid default '0': parameter 'budget' = 0 is out of range" },
-    { { "budget", SIFT_PARAM_INT, "lots", 1, 100, NULL, "" }, "invalid default 'lots'" },
-    { { "budget", SIFT_PARAM_INT, NULL, 1, 100, NULL, "" }, "has no default" },
-    { { "Budget", SIFT_PARAM_INT, "1", 1, 100, NULL, "" }, "invalid name 'Budget'" },
-    { { "score", SIFT_PARAM_STRING, "min", 1, 0, "max|mean", "" }, "is not one of max|mean" },
-    { { "budget", SIFT_PARAM_INT, "1", 1, 0, "a|b", "" }, "has choices but is not a string" },
-    { { "budget", (SiftParamType) 9, "1", 1, 0, NULL, "" }, "unknown type 9" },
+    { SIFT_PARAM_INT ("budget", 0, 1, 100, ""), "invalid default '0': parameter 'budget' = 0 is out of range" },
+    { SIFT_PARAM_FLOAT ("ratio", 1.5, 0, 1, ""), "invalid default '1.5'" },
+    { SIFT_PARAM_INT_LIST ("layers", "[1, x]", 0, 9, ""), "invalid default '[1, x]'" },
+    { SIFT_PARAM_STRING ("tag", NULL, ""), "has no default" },
+    { SIFT_PARAM_INT ("Budget", 1, 1, 100, ""), "invalid name 'Budget'" },
+    { SIFT_PARAM_INT ("budget", 5, 10, 1, ""), "has an empty range (min > max)" },
+    { SIFT_PARAM_CHOICE ("score", "min", SIFT_CHOICES ("max", "mean"), ""), "is not one of max|mean" },
+    { SIFT_PARAM_CHOICE ("score", "max", no_choices, ""), "has no choices" },
+    { SIFT_PARAM_CHOICE ("score", "max", NULL, ""), "is a choice without choices" },
+    { { .name = "budget", .type = SIFT_PARAM_TYPE_STRING, .default_text = "a", .choices = SIFT_CHOICES ("a") },
+      "has choices but is not a choice" },
+    { { .name = "budget", .type = (SiftParamType) 9 }, "unknown type 9" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      SiftParamSpec table[2] = { cases[i].spec, { NULL } };
+      SiftParamSpec table[2] = { cases[i].spec, SIFT_PARAM_END };
       GError *error = NULL;
       SiftParams *p = sift_params_new (table, &error);
       assert_null (p);
       expect_error (FALSE, error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID, cases[i].part);
     }
-  SiftParamSpec twice[] = { specs[0], specs[0], { NULL } };
+  SiftParamSpec twice[] = { specs[0], specs[0], SIFT_PARAM_END };
   GError *error = NULL;
   assert_null (sift_params_new (twice, &error));
   expect_error (FALSE, error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_INVALID, "declared twice");
@@ -199,7 +209,7 @@ test_copy_and_text (void **state)
   for (const SiftParamSpec *s = specs; s->name; s++)
     {
       g_autofree char *text = sift_params_to_text (q, s->name);
-      if (s->type == SIFT_PARAM_STRING && text[0] == '"')
+      if (s->type == SIFT_PARAM_TYPE_STRING && text[0] == '"')
         {
           assert_string_equal (text, "\"a: b\"");
           continue;
@@ -216,6 +226,22 @@ test_copy_and_text (void **state)
   assert_string_equal (score, "max");
 }
 
+/* Each constructor's default as the text `sift policies info` prints, and
+ * as the value init reads. */
+static void
+test_default_text (void **state)
+{
+  (void) state;
+  static const char *const expected[] = { "1024", "0.9", "false", "max", "any text", "[0, 1]", "-5" };
+  gsize i = 0;
+  for (const SiftParamSpec *s = specs; s->name; s++, i++)
+    {
+      g_autofree char *text = sift_param_spec_default_text (s);
+      assert_string_equal (text, expected[i]);
+    }
+  assert_int_equal (i, G_N_ELEMENTS (expected));
+}
+
 int
 main (void)
 {
@@ -225,6 +251,7 @@ main (void)
     cmocka_unit_test (test_set_errors),
     cmocka_unit_test (test_bad_specs),
     cmocka_unit_test (test_copy_and_text),
+    cmocka_unit_test (test_default_text),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -58,9 +58,9 @@ static const Broken not_shared_object = { "not-elf", SIFT_PLUGIN_ERROR_OPEN,
 static const Broken no_entry = { "no-entry", SIFT_PLUGIN_ERROR_NOT_PLUGIN,
                                  BROKEN_DIR "/no-entry.so: not a sift plugin", "sift_plugin_policies" };
 static const Broken abi_major = { "abi_major", SIFT_PLUGIN_ERROR_ABI,
-                                  BROKEN_DIR "/abi-major.so: built for policy ABI 2.0", "this sift has ABI 1.1" };
+                                  BROKEN_DIR "/abi-major.so: built for policy ABI 3.0", "this sift has ABI 2.0" };
 static const Broken abi_minor = { "abi_minor", SIFT_PLUGIN_ERROR_ABI,
-                                  BROKEN_DIR "/abi-minor.so: built for policy ABI 1.2", "needs a newer sift" };
+                                  BROKEN_DIR "/abi-minor.so: built for policy ABI 2.1", "needs a newer sift" };
 static const Broken missing_method = { "no_select", SIFT_PLUGIN_ERROR_MISSING_METHOD, BROKEN_DIR "/no-select.so",
                                        "REQUIRES_BLOCK_SELECTION but select_blocks is NULL" };
 static const Broken bad_default = { "bad_default", SIFT_PLUGIN_ERROR_INVALID, BROKEN_DIR "/bad-default.so",
@@ -246,40 +246,43 @@ static void
 test_ops_check (void **state)
 {
   (void) state;
-  static const SiftParamSpec bad_params[] = { { "x", SIFT_PARAM_FLOAT, "2.0", 0, 1, NULL, "" }, { NULL } };
+  static const SiftParamSpec bad_params[] = { SIFT_PARAM_FLOAT ("x", 2.0, 0, 1, ""), SIFT_PARAM_END };
   const SiftPolicyOps good = {
     SIFT_POLICY_OPS_HEADER, .name = "ok-1_x", .flags = SIFT_POLICY_SUPPORTS_DECODE,
     .instance_size = sizeof (SiftPolicy),
   };
   assert_true (sift_policy_ops_check (&good, "here.so", NULL));
-  /* A 1.0 table (128 bytes) still passes. */
+  /* Plugins built for ABI 1 are refused since 2.0, however complete. */
   SiftPolicyOps old = good;
-  old.abi_minor = 0;
-  old.struct_size = 128;
-  assert_true (sift_policy_ops_check (&old, "here.so", NULL));
+  old.abi_major = 1;
+  old.abi_minor = 1;
+  g_autoptr (GError) old_error = NULL;
+  assert_false (sift_policy_ops_check (&old, "here.so", &old_error));
+  assert_error (old_error, SIFT_PLUGIN_ERROR, SIFT_PLUGIN_ERROR_ABI,
+                "here.so: built for policy ABI 1.1, but this sift has ABI 2.0", "major versions differ");
   struct {
     SiftPolicyOps ops;
     gint code;
     const char *part;
   } cases[] = {
-    { good, SIFT_PLUGIN_ERROR_ABI, "ops table is 64 bytes, but ABI 1.1 needs at least 136" },
-    { good, SIFT_PLUGIN_ERROR_ABI, "ops table is 128 bytes, but ABI 1.1 needs at least 136" },
+    { good, SIFT_PLUGIN_ERROR_ABI, "ops table is 64 bytes, but ABI 2.0 needs at least 136" },
+    { good, SIFT_PLUGIN_ERROR_ABI, "ops table is 128 bytes, but ABI 2.0 needs at least 136" },
     { good, SIFT_PLUGIN_ERROR_INVALID, "policy name 'Bad Name' is not of the form" },
     { good, SIFT_PLUGIN_ERROR_INVALID, "supports neither prefill nor decode" },
-    { good, SIFT_PLUGIN_ERROR_INVALID, "sets unknown flags 0x10 (ABI 1.1)" },
-    { good, SIFT_PLUGIN_ERROR_INVALID, "sets unknown flags 0x8 (ABI 1.0)" },
-    { good, SIFT_PLUGIN_ERROR_INVALID, "instance_size 8, less than sizeof (SiftPolicy) = 24" },
+    { good, SIFT_PLUGIN_ERROR_INVALID, "sets unknown flags 0x10 (ABI 2.0)" },
+    { good, SIFT_PLUGIN_ERROR_ABI, "built for policy ABI 1.0, but this sift has ABI 2.0 (major versions differ)" },
+    { good, SIFT_PLUGIN_ERROR_INVALID, "instance_size 8, less than sizeof (SiftPolicy) = 56" },
     { good, SIFT_PLUGIN_ERROR_INVALID, "invalid default '2.0'" },
     { good, SIFT_PLUGIN_ERROR_INVALID, "policy name '(null)'" },
   };
   cases[0].ops.struct_size = 64;
-  cases[1].ops.struct_size = 128; /* the 1.0 size, claiming minor 1 */
+  cases[1].ops.struct_size = 128; /* the 1.0 size, claiming 2.0 */
   cases[2].ops.name = "Bad Name";
   cases[3].ops.flags = 0;
   cases[4].ops.flags |= 1u << 4;
-  cases[5].ops.abi_minor = 0;     /* a 1.0 table cannot ask for accumulated attention (since 1) */
+  cases[5].ops.abi_major = 1;     /* a 1.0 table */
+  cases[5].ops.abi_minor = 0;
   cases[5].ops.struct_size = 128;
-  cases[5].ops.flags |= SIFT_POLICY_WANTS_ACCUMULATED_ATTENTION;
   cases[6].ops.instance_size = 8;
   cases[7].ops.params = bad_params;
   cases[8].ops.name = NULL;

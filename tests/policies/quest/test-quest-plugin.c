@@ -121,8 +121,9 @@ offload_all (SiftPolicy *policy, const Fixture *f)
     for (gint64 b = 0; b < f->n_blocks; b++)
       {
         SiftPolicyContext ctx = context (f, b % 2 ? SIFT_PHASE_DECODE : SIFT_PHASE_PREFILL, l);
-        SiftBlockInfo info = { b, &f->metas[b], sift_view_htd (block_keys (f, l, b), SIFT_DTYPE_F32, NKV, BS, D),
-                               sift_view_htd (block_keys (f, l, b), SIFT_DTYPE_F32, NKV, BS, D) };
+        SiftBlockInfo info = { .struct_size = sizeof (SiftBlockInfo), .block_id = b, .meta = &f->metas[b],
+                               .k = sift_view_htd (block_keys (f, l, b), SIFT_DTYPE_F32, NKV, BS, D),
+                               .v = sift_view_htd (block_keys (f, l, b), SIFT_DTYPE_F32, NKV, BS, D) };
         GError *error = NULL;
         gboolean (*hook) (SiftPolicy *, const SiftPolicyContext *, const SiftBlockInfo *, GError **)
           = b % 2 ? policy->ops->on_decode_offload : policy->ops->on_prefill_offload;
@@ -242,7 +243,7 @@ test_ops (void **state)
   /* sift's additions are off by default: the paper keeps no sink or recent page. */
   for (const SiftParamSpec *p = ops->params; p->name != NULL; p++)
     if (g_str_equal (p->name, "sink_blocks") || g_str_equal (p->name, "recent_blocks"))
-      assert_string_equal (p->default_value, "0");
+      assert_int_equal (p->default_int, 0);
 }
 
 /* Every mode and reduction, decode with 1 and 3 rows: the selection per

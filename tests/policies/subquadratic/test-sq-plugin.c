@@ -102,8 +102,8 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
 {
   assert_int_equal (ctx->kv_len, e->n_stored);
   gint64 n = ctx->q_pos + ctx->n_q - ctx->kv_len;
-  *k = (SiftView) { e->k + ctx->kv_len * e->d, SIFT_DTYPE_F32, e->kvh, e->d, n, e->seq * e->d, e->d };
-  *v = (SiftView) { e->v + ctx->kv_len * e->d, SIFT_DTYPE_F32, e->kvh, e->d, n, e->seq * e->d, e->d };
+  *k = sift_view_strided (e->k + ctx->kv_len * e->d, SIFT_DTYPE_F32, e->kvh, n, e->d, e->seq * e->d, e->d);
+  *v = sift_view_strided (e->v + ctx->kv_len * e->d, SIFT_DTYPE_F32, e->kvh, n, e->d, e->seq * e->d, e->d);
 }
 
 gboolean
@@ -154,8 +154,8 @@ offload (SqPolicy *p, SiftEngine *e, SiftPhase phase, gint64 n, gboolean call_ho
   SiftBlockInfo info = {
     .block_id = e->blocks->len - 1,
     .meta = &g_array_index (e->blocks, SiftBlockMeta, e->blocks->len - 1),
-    .k = { e->k + e->n_stored * e->d, SIFT_DTYPE_F32, e->kvh, e->d, e->bs, e->seq * e->d, e->d },
-    .v = { e->v + e->n_stored * e->d, SIFT_DTYPE_F32, e->kvh, e->d, e->bs, e->seq * e->d, e->d },
+    .k = sift_view_strided (e->k + e->n_stored * e->d, SIFT_DTYPE_F32, e->kvh, e->bs, e->d, e->seq * e->d, e->d),
+    .v = sift_view_strided (e->v + e->n_stored * e->d, SIFT_DTYPE_F32, e->kvh, e->bs, e->d, e->seq * e->d, e->d),
   };
   g_autoptr (GError) error = NULL;
   if (call_hook)
@@ -224,7 +224,7 @@ run (const Setup *s, SiftEngine *e, gint64 *max_step_rows)
         .kv_len = e->n_stored,
         .q_pos = pos,
         .n_q = (gint32) n,
-        .q = { q + pos * d, SIFT_DTYPE_F32, s->qh, d, n, seq * d, d },
+        .q = sift_view_strided (q + pos * d, SIFT_DTYPE_F32, s->qh, n, d, seq * d, d),
         .shape = p->parent.shape,
         .blocks = (const SiftBlockMeta *) e->blocks->data,
         .n_blocks = e->blocks->len,

@@ -1,7 +1,7 @@
 /* Deliberately broken policy plugins: one source, one failure per build
  * (BROKEN_<CASE> defined by meson). Each loads into a specific
  * SiftPluginError that tests/registry/test-registry.c asserts. */
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 G_GNUC_UNUSED static gboolean
 select_last (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
@@ -48,8 +48,8 @@ static const SiftPolicyOps ops = {
 #elif defined(BROKEN_BAD_DEFAULT)
   SIFT_POLICY_OPS_HEADER, .name = "bad_default",
   .params = (const SiftParamSpec[]) {
-    { "budget", SIFT_PARAM_INT, "0", 1, 100, NULL, "default below its own minimum" },
-    { NULL },
+    SIFT_PARAM_INT ("budget", 0, 1, 100, "default below its own minimum"),
+    SIFT_PARAM_END,
   },
 #elif defined(BROKEN_DUP_A) || defined(BROKEN_DUP_B)
   SIFT_POLICY_OPS_HEADER, .name = "dup",

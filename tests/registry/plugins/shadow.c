@@ -1,6 +1,6 @@
 /* One policy name, "shadow", built into two directories with one file name:
  * the first directory on the search path wins. SHADOW_DIR says which. */
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 static const SiftPolicyOps shadow_ops = {
   SIFT_POLICY_OPS_HEADER,

@@ -1,7 +1,7 @@
 /* Well-formed test policies in one module: "good" (both phases, one
  * parameter of every type, selects every other block) and "good_decode"
  * (decode only), for registry and config tests. */
-#include <sift/policy.h>
+#include <sift/plugin.h>
 
 typedef struct {
   SiftPolicy parent;
@@ -10,12 +10,12 @@ typedef struct {
 } Good;
 
 static const SiftParamSpec good_params[] = {
-  { "stride", SIFT_PARAM_INT, "2", 1, 64, NULL, "select every stride-th block" },
-  { "ratio", SIFT_PARAM_FLOAT, "0.5", 0.0, 1.0, NULL, "a fraction" },
-  { "verbose", SIFT_PARAM_BOOL, "false", 1, 0, NULL, "a switch" },
-  { "score", SIFT_PARAM_STRING, "max", 1, 0, "max|mean", "how blocks are scored" },
-  { "layers", SIFT_PARAM_INT_LIST, "[0, 1]", 0, 1024, NULL, "some layers" },
-  { NULL },
+  SIFT_PARAM_INT ("stride", 2, 1, 64, "select every stride-th block"),
+  SIFT_PARAM_FLOAT ("ratio", 0.5, 0.0, 1.0, "a fraction"),
+  SIFT_PARAM_BOOL ("verbose", FALSE, "a switch"),
+  SIFT_PARAM_CHOICE ("score", "max", SIFT_CHOICES ("max", "mean"), "how blocks are scored"),
+  SIFT_PARAM_INT_LIST ("layers", "[0, 1]", 0, 1024, "some layers"),
+  SIFT_PARAM_END,
 };
 
 static gboolean
