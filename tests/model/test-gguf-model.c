@@ -1,7 +1,7 @@
 /* A GGUF model behind the model protocol v2, driven by the runner and the
  * engine (host and file stores; f32, f16 and q8_0 blocks; ring and
  * cross-layer pipelines; chunks shorter than the prompt): the logits of
- * resident naive attention (naive-attention.h), within each store dtype's
+ * resident naive attention (dense-attention.h), within each store dtype's
  * rounding. */
 #include <math.h>
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 #include <sift/sift.h>
 
 #include "gguf-model.h"
-#include "naive-attention.h"
+#include "dense-attention.h"
 #include "random-model.h"
 
 static char *tmpdir;

@@ -3,7 +3,7 @@
  * forward of tiny random models (llama, qwen2, qwen3; each tensor type)
  * against an f64 reference written here; chunked prefill, and prefill then
  * decode, against one pass; bad models. Attention is the naive causal loop of
- * naive-attention.h, called between qkv() and attended() as the model protocol does. */
+ * dense-attention.h, called between qkv() and attended() as the model protocol does. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,10 +15,10 @@
 #include <glib/gstdio.h>
 #include <sift/sift.h>
 
+#include "dense-attention.h"
 #include "helpers.h"
 
 #include "llama.h"
-#include "naive-attention.h"
 #include "quant.h"
 #include "random-model.h"
 
@@ -535,16 +535,6 @@ type_named (const char *name)
   return GGUF_TENSOR_F32;
 }
 
-static gint32
-argmax (const float *x, gint32 n)
-{
-  gint32 best = 0;
-  for (gint32 i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
-}
-
 /* llama.cpp's greedy steps on the same fixtures (tests/model/data): each
  * step's top-1 id equal wherever llama.cpp's margin over the second is not a
  * near tie, and the logits of the first and last step close. Steps are
@@ -605,8 +595,7 @@ test_llamacpp_reference (void **state)
             worst = MAX (worst, fabs (mine_logits[(gsize) at * spec.n_vocab + j] - g_ascii_strtod (v[2 + j], NULL)));
         }
       assert_int_equal (n_compared, 2);
-      g_free (kc.k);
-      g_free (kc.v);
+      cache_clear (&kc);
       /* Float weights: llama.cpp rounds F16 / BF16 activations; quantised: both quantise activations. */
       gboolean quant = spec.type != GGUF_TENSOR_F32;
       if (worst > (quant ? 0.15 : 2e-2))

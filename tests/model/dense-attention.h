@@ -1,6 +1,7 @@
-/* The model tests' naive causal attention over their own KV cache, and a
- * driver that runs a LlamaModel step by step through it in the protocol's
- * order (qkv -> attention -> attended). */
+/* Shared by the forward-pass tests: a naive causal softmax attention over a
+ * KV cache of its own, called between llama_model_qkv() and
+ * llama_model_attended() as the model protocol does. Doubles throughout,
+ * so it is the slow, obvious reference the engine's kernels are not. */
 #pragma once
 
 #include <math.h>
@@ -10,7 +11,6 @@
 
 #include "llama.h"
 
-/* Naive causal attention over a KV cache of this file. */
 typedef struct {
   const LlamaConfig *c;
   float *k, *v; /* [n_layers][n_ctx][n_kv_heads][head_dim] */
@@ -28,9 +28,19 @@ cache_init (Cache *kc, const LlamaConfig *c, gint64 n_ctx)
 }
 
 static inline void
+cache_clear (Cache *kc)
+{
+  g_clear_pointer (&kc->k, g_free);
+  g_clear_pointer (&kc->v, g_free);
+}
+
+/* Stores layer's k, v [n][n_kv_heads][head_dim] at positions pos0.. and
+ * writes out [n][n_heads][head_dim]: each query attends to positions <= its own. */
+static inline void
 attend (Cache *kc, gint32 layer, gint64 pos0, gint64 n, const float *q, const float *k, const float *v, float *out)
 {
   const LlamaConfig *c = kc->c;
+  g_assert (pos0 + n <= kc->n_ctx);
   gint64 row = (gint64) c->n_kv_heads * c->head_dim;
   float *K = kc->k + layer * kc->n_ctx * row, *V = kc->v + layer * kc->n_ctx * row;
   memcpy (K + pos0 * row, k, sizeof (float) * (gsize) (n * row));
@@ -63,7 +73,8 @@ attend (Cache *kc, gint32 layer, gint64 pos0, gint64 n, const float *q, const fl
       }
 }
 
-/* One model step over the cache: tokens [pos0, pos0 + n), logits of the last or NULL. */
+/* One model step over the cache: tokens [pos0, pos0 + n), logits of the
+ * last or NULL. A failing call fails the cmocka test (include cmocka.h first). */
 static inline void
 step (LlamaModel *m, Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, float *logits)
 {
@@ -72,7 +83,8 @@ step (LlamaModel *m, Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, flo
   g_autofree float *q = g_new (float, n * nq), *k = g_new (float, n * nkv), *v = g_new (float, n * nkv);
   g_autofree float *o = g_new (float, n * nq);
   g_autoptr (GError) error = NULL;
-  assert_true (llama_model_begin (m, pos0, n, tokens, &error));
+  if (!llama_model_begin (m, pos0, n, tokens, &error))
+    fail_msg ("%s", error->message);
   for (gint32 l = 0; l < c->n_layers; l++)
     {
       assert_true (llama_model_qkv (m, l, q, k, v, &error));
@@ -82,8 +94,8 @@ step (LlamaModel *m, Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, flo
   assert_true (llama_model_end (m, logits, &error));
 }
 
-/* Runs tokens [0, n): a first step of `first` tokens, then steps of
- * `chunk`; returns the last step's logits. */
+/* Runs tokens [0, n) through a fresh cache: a first step of `first` tokens,
+ * then steps of `chunk`; returns the last step's logits (g_free them). */
 static inline float *
 run (LlamaModel *m, const gint32 *tokens, gint64 n, gint64 first, gint64 chunk)
 {
@@ -96,8 +108,6 @@ run (LlamaModel *m, const gint32 *tokens, gint64 n, gint64 first, gint64 chunk)
       len = MIN (p == 0 ? first : chunk, n - p);
       step (m, &kc, p, len, tokens + p, p + len == n ? logits : NULL);
     }
-  g_free (kc.k);
-  g_free (kc.v);
+  cache_clear (&kc);
   return logits;
 }
-
