@@ -1,5 +1,5 @@
-/* Shared by the model tests: seeded normal values and the NMSE of a result
- * against a double-precision reference. */
+/* Shared by the model tests: seeded normal values, the NMSE of a result
+ * against a double-precision reference, the argmax of logits. */
 #pragma once
 
 #include <math.h>
@@ -27,4 +27,15 @@ nmse (const float *y, const double *ref, gsize n)
       den += ref[i] * ref[i];
     }
   return num / MAX (den, 1e-300);
+}
+
+/* The first index of the largest x[i]. */
+static inline gint32
+argmax (const float *x, gint32 n)
+{
+  gint32 best = 0;
+  for (gint32 i = 1; i < n; i++)
+    if (x[i] > x[best])
+      best = i;
+  return best;
 }

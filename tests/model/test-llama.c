@@ -2,8 +2,8 @@
  * SwiGLU against naive loops and their defining properties; the whole
  * forward of tiny random models (llama, qwen2, qwen3; each tensor type)
  * against an f64 reference written here; chunked prefill, and prefill then
- * decode, against one pass; bad models. Attention is a naive causal loop of
- * this file, called between qkv() and attended() as the model protocol does. */
+ * decode, against one pass; bad models. Attention is the naive causal loop of
+ * dense-attention.h, called between qkv() and attended() as the model protocol does. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +15,7 @@
 #include <glib/gstdio.h>
 #include <sift/sift.h>
 
+#include "dense-attention.h"
 #include "helpers.h"
 
 #include "llama.h"
@@ -214,78 +215,6 @@ test_rope_scaling (void **state)
 
 /* ---- whole forward ---- */
 
-/* Naive causal attention over a KV cache of this file. */
-typedef struct {
-  const LlamaConfig *c;
-  float *k, *v; /* [n_layers][n_ctx][n_kv_heads][head_dim] */
-  gint64 n_ctx;
-} Cache;
-
-static void
-cache_init (Cache *kc, const LlamaConfig *c, gint64 n_ctx)
-{
-  kc->c = c;
-  kc->n_ctx = n_ctx;
-  gsize n = (gsize) c->n_layers * n_ctx * c->n_kv_heads * c->head_dim;
-  kc->k = g_new0 (float, n);
-  kc->v = g_new0 (float, n);
-}
-
-static void
-attend (Cache *kc, gint32 layer, gint64 pos0, gint64 n, const float *q, const float *k, const float *v, float *out)
-{
-  const LlamaConfig *c = kc->c;
-  gint64 row = (gint64) c->n_kv_heads * c->head_dim;
-  float *K = kc->k + layer * kc->n_ctx * row, *V = kc->v + layer * kc->n_ctx * row;
-  memcpy (K + pos0 * row, k, sizeof (float) * (gsize) (n * row));
-  memcpy (V + pos0 * row, v, sizeof (float) * (gsize) (n * row));
-  int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
-  g_autofree double *s = g_new (double, pos0 + n);
-  for (gint64 t = 0; t < n; t++)
-    for (int h = 0; h < c->n_heads; h++)
-      {
-        const float *qv = q + (t * c->n_heads + h) * hd;
-        int g = h / group;
-        double mx = -INFINITY, sum = 0;
-        for (gint64 j = 0; j <= pos0 + t; j++)
-          {
-            double dot = 0;
-            for (int i = 0; i < hd; i++)
-              dot += (double) qv[i] * K[j * row + g * hd + i];
-            s[j] = dot / sqrt (hd);
-            mx = MAX (mx, s[j]);
-          }
-        for (gint64 j = 0; j <= pos0 + t; j++)
-          sum += s[j] = exp (s[j] - mx);
-        for (int i = 0; i < hd; i++)
-          {
-            double o = 0;
-            for (gint64 j = 0; j <= pos0 + t; j++)
-              o += s[j] * V[j * row + g * hd + i];
-            out[(t * c->n_heads + h) * hd + i] = (float) (o / sum);
-          }
-      }
-}
-
-/* One model step over the cache: tokens [pos0, pos0 + n), logits of the last or NULL. */
-static void
-step (LlamaModel *m, Cache *kc, gint64 pos0, gint64 n, const gint32 *tokens, float *logits)
-{
-  const LlamaConfig *c = llama_model_config (m);
-  gint64 nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  g_autofree float *q = g_new (float, n * nq), *k = g_new (float, n * nkv), *v = g_new (float, n * nkv);
-  g_autofree float *o = g_new (float, n * nq);
-  g_autoptr (GError) error = NULL;
-  assert_true (llama_model_begin (m, pos0, n, tokens, &error));
-  for (gint32 l = 0; l < c->n_layers; l++)
-    {
-      assert_true (llama_model_qkv (m, l, q, k, v, &error));
-      attend (kc, l, pos0, n, q, k, v, o);
-      assert_true (llama_model_attended (m, l, o, &error));
-    }
-  assert_true (llama_model_end (m, logits, &error));
-}
-
 /* Runs tokens [0, n): a first step of `first` tokens, then steps of
  * `chunk`; returns the last step's logits. */
 static float *
@@ -300,8 +229,7 @@ run (LlamaModel *m, const gint32 *tokens, gint64 n, gint64 first, gint64 chunk)
       len = MIN (p == 0 ? first : chunk, n - p);
       step (m, &kc, p, len, tokens + p, p + len == n ? logits : NULL);
     }
-  g_free (kc.k);
-  g_free (kc.v);
+  cache_clear (&kc);
   return logits;
 }
 
@@ -627,16 +555,6 @@ type_named (const char *name)
   return GGUF_TENSOR_F32;
 }
 
-static gint32
-argmax (const float *x, gint32 n)
-{
-  gint32 best = 0;
-  for (gint32 i = 1; i < n; i++)
-    if (x[i] > x[best])
-      best = i;
-  return best;
-}
-
 /* llama.cpp's greedy steps on the same fixtures (tests/model/data): each
  * step's top-1 id equal wherever llama.cpp's margin over the second is not a
  * near tie, and the logits of the first and last step close. Steps are
@@ -697,8 +615,7 @@ test_llamacpp_reference (void **state)
             worst = MAX (worst, fabs (mine_logits[(gsize) at * spec.n_vocab + j] - g_ascii_strtod (v[2 + j], NULL)));
         }
       assert_int_equal (n_compared, 2);
-      g_free (kc.k);
-      g_free (kc.v);
+      cache_clear (&kc);
       /* Float weights: llama.cpp rounds F16 / BF16 activations; quantised: both quantise activations. */
       gboolean quant = spec.type != GGUF_TENSOR_F32;
       if (worst > (quant ? 0.15 : 2e-2))
