@@ -118,18 +118,10 @@ on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *
         c->unknown_calls[ctx->phase == SIFT_PHASE_DECODE]++;
       harness_calls_add (c->calls, ctx, NULL, dense);
     }
-  const SiftModelShape *s = c->shape;
-  gsize d = (gsize) s->head_dim;
-  for (gint32 i = 0; i < ctx->n_q; i++)
-    {
-      gint64 r = ctx->q_pos + i - c->row0;
-      if (r < 0 || r >= c->n_rows)
-        continue;
-      for (gint32 h = 0; h < s->n_q_heads; h++)
-        sift_view_row_to_f32 (out, h, i, c->out + (((gsize) ctx->layer * s->n_q_heads + h) * c->n_rows + r) * d);
-      if (++c->seen_layers[r] == s->n_layers)
-        c->seen[r] = TRUE;
-    }
+  harness_capture_rows (c->shape, ctx, out, c->row0, c->n_rows, c->out, c->seen_layers);
+  for (gint64 r = MAX (ctx->q_pos - c->row0, 0); r < MIN (ctx->q_pos + ctx->n_q - c->row0, c->n_rows); r++)
+    if (c->seen_layers[r] == c->shape->n_layers)
+      c->seen[r] = TRUE;
 }
 
 /* ||a - b|| / ||b|| over rows [r0, r1) of every layer and head. */

@@ -82,6 +82,11 @@ gboolean harness_run_cell (const SiftConfig *config, const SiftPolicySetup *setu
  * steps through a runner with dense attention in every layer (an f32
  * store); for every layer the attention output of rows [row0, row0 + n_rows).
  * ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
+/* Copies the attention output rows of ctx that fall in [row0, row0 + n_rows)
+ * into dst [n_layers][n_q_heads][n_rows][head_dim]; seen_layers (may be NULL)
+ * counts, per row, the layers that delivered it. */
+void harness_capture_rows (const SiftModelShape *s, const SiftPolicyContext *ctx, const SiftView *out,
+                           gint64 row0, gint64 n_rows, float *dst, gint32 *seen_layers);
 gboolean harness_dense_reference (const SiftConfig *config, SiftModel *model, gint64 length, gint64 steps,
                                   gint64 row0, gint64 n_rows, float *ref, GError **error);
 

@@ -21,15 +21,23 @@ on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *
 {
   Capture *c = user_data;
   (void) lse;
-  const SiftModelShape *s = c->shape;
+  harness_capture_rows (c->shape, ctx, out, c->row0, c->n_rows, c->ref, NULL);
+}
+
+void
+harness_capture_rows (const SiftModelShape *s, const SiftPolicyContext *ctx, const SiftView *out,
+                      gint64 row0, gint64 n_rows, float *dst, gint32 *seen_layers)
+{
   gsize d = (gsize) s->head_dim;
   for (gint32 i = 0; i < ctx->n_q; i++)
     {
-      gint64 r = ctx->q_pos + i - c->row0;
-      if (r < 0 || r >= c->n_rows)
+      gint64 r = ctx->q_pos + i - row0;
+      if (r < 0 || r >= n_rows)
         continue;
       for (gint32 h = 0; h < s->n_q_heads; h++)
-        sift_view_row_to_f32 (out, h, i, c->ref + (((gsize) ctx->layer * s->n_q_heads + h) * c->n_rows + r) * d);
+        sift_view_row_to_f32 (out, h, i, dst + (((gsize) ctx->layer * s->n_q_heads + h) * n_rows + r) * d);
+      if (seen_layers != NULL)
+        seen_layers[r]++;
     }
 }
 
