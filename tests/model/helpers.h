@@ -29,6 +29,16 @@ nmse (const float *y, const double *ref, gsize n)
   return num / MAX (den, 1e-300);
 }
 
+/* The largest |a[i] - b[i]|. */
+static inline double
+max_diff (const float *a, const float *b, gsize n)
+{
+  double m = 0;
+  for (gsize i = 0; i < n; i++)
+    m = MAX (m, fabs ((double) a[i] - b[i]));
+  return m;
+}
+
 /* The first index of the largest x[i]. */
 static inline gint32
 argmax (const float *x, gint32 n)

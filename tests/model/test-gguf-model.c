@@ -15,18 +15,11 @@
 
 #include "gguf-model.h"
 #include "dense-attention.h"
+#include "helpers.h"
 #include "random-model.h"
 
 static char *tmpdir;
 
-static double
-max_diff (const float *a, const float *b, gsize n)
-{
-  double m = 0;
-  for (gsize i = 0; i < n; i++)
-    m = MAX (m, fabs ((double) a[i] - b[i]));
-  return m;
-}
 static void
 test_through_engine (void **state)
 {

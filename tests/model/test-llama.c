@@ -375,15 +375,6 @@ ref_forward (const char *path, const GgufRandomModel *s, const gint32 *tokens, g
   return logits;
 }
 
-static double
-max_diff (const float *a, const float *b, gsize n)
-{
-  double m = 0;
-  for (gsize i = 0; i < n; i++)
-    m = MAX (m, fabs ((double) a[i] - b[i]));
-  return m;
-}
-
 static void
 check_model (const char *arch, GgufTensorType type, gboolean tied)
 {
