@@ -75,6 +75,7 @@ test_default_policies_above_random (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_default_policies_above_random),
   };
