@@ -210,7 +210,7 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
           return FALSE;
         }
     }
-  SiftBlockMeta m = { first_token, n_valid, phase };
+  SiftBlockMeta m = { .first_token = first_token, .n_valid = n_valid, .phase = phase };
   g_array_append_val (e->meta[layer], m);
   gint64 id = -1;
   if (!sift_engine_store_ok (e, error) || !sift_store_alloc (e->store, &id, error))
