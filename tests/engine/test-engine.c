@@ -107,7 +107,7 @@ run_open (Run *r, const Case *c, guint64 seed, SiftStore *shared)
       r->store = c->file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
       g_assert_no_error (error);
     }
-  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0 };
+  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0, SIFT_DEVICE_CPU };
   r->engine = sift_engine_new (&ec, r->store, &error);
   g_assert_no_error (error);
   r->src = test_source_new (&shape, seed, round);
@@ -417,7 +417,7 @@ test_config_errors (void **state)
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   assert_null (sift_engine_new (&ec, store, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
   assert_non_null (strstr (error->message, "chunk_size 96 is not a multiple of block_size 64"));
@@ -447,7 +447,7 @@ test_max_tokens (void **state)
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 1);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
