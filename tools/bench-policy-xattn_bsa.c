@@ -378,7 +378,7 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       g_autofree gint64 *ids = g_new (gint64, (gsize) MAX (n_blocks, 1));
       for (gint64 e = 0; e < n_blocks; e++)
         {
-          meta[e] = (SiftBlockMeta) { e * bs, bs, SIFT_PHASE_PREFILL };
+          meta[e] = (SiftBlockMeta) { .first_token = e * bs, .n_valid = bs, .phase = SIFT_PHASE_PREFILL };
           ids[e] = e;
         }
       XattnPlan plan;

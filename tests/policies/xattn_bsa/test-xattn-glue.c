@@ -208,7 +208,7 @@ fixture_init (Fixture *f, gint32 n_slots, gint64 n_blocks, gint64 n_q)
   f->ids = g_new (gint64, (gsize) MAX (n_blocks, 1));
   for (gint64 b = 0; b < n_blocks; b++)
     {
-      f->meta[b] = (SiftBlockMeta) { b * e->bs, e->bs, SIFT_PHASE_PREFILL };
+      f->meta[b] = (SiftBlockMeta) { .first_token = b * e->bs, .n_valid = e->bs, .phase = SIFT_PHASE_PREFILL };
       f->ids[b] = b;
     }
   f->ctx = (SiftPolicyContext) {

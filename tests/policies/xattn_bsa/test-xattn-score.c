@@ -762,7 +762,7 @@ test_vote_constructed (void **state)
   gint64 ids[8];
   for (gint64 e = 0; e < n_ids; e++)
     {
-      meta[e] = (SiftBlockMeta) { e * 8, 8, SIFT_PHASE_PREFILL };
+      meta[e] = (SiftBlockMeta) { .first_token = e * 8, .n_valid = 8, .phase = SIFT_PHASE_PREFILL };
       ids[e] = e;
     }
   guint8 sel[4 * 2 * 6] = { 0 };
@@ -845,7 +845,8 @@ test_vote_constructed (void **state)
 
   /* Engine blocks larger than B: ids 0, 1 of 32 tokens cover key blocks
    * {0, 1} and {2, 3}; a subset of ids (only id 1) is allowed. */
-  SiftBlockMeta big[2] = { { 0, 32, SIFT_PHASE_PREFILL }, { 32, 32, SIFT_PHASE_PREFILL } };
+  SiftBlockMeta big[2] = { { .first_token = 0, .n_valid = 32, .phase = SIFT_PHASE_PREFILL },
+                           { .first_token = 32, .n_valid = 32, .phase = SIFT_PHASE_PREFILL } };
   gint64 only1[1] = { 1 };
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
   xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
@@ -871,7 +872,7 @@ test_threshold_extremes_in_attention (void **state)
   gint64 ids[8];
   for (gint64 e = 0; e < n_ids; e++)
     {
-      meta[e] = (SiftBlockMeta) { e * bs, (gint32) bs, SIFT_PHASE_PREFILL };
+      meta[e] = (SiftBlockMeta) { .first_token = e * bs, .n_valid = (gint32) bs, .phase = SIFT_PHASE_PREFILL };
       ids[e] = e;
     }
   g_autofree guint8 *sel = g_new (guint8, (gsize) (geo.n_q_heads * n_qb * n_kb));
