@@ -188,3 +188,17 @@ sift_config_fail (const SiftConfig *config, GError **error, gint code, const cha
   g_set_error_literal (error, SIFT_CONFIG_ERROR, code, text);
   return FALSE;
 }
+
+gboolean
+sift_config_fail_setup (const SiftConfig *config, guint index, GError **error, gint code, const char *fmt, ...)
+{
+  g_return_val_if_fail (config != NULL && index < config->setups->len && fmt != NULL, FALSE);
+  const Setup *s = config->setups->pdata[index];
+  va_list ap;
+  va_start (ap, fmt);
+  g_autofree char *message = g_strdup_vprintf (fmt, ap);
+  va_end (ap);
+  sift_config_fail_at (error, SIFT_CONFIG_ERROR, code, s->at.src ? &s->at : NULL, config->file, "%s%s", s->where,
+                       message);
+  return FALSE;
+}

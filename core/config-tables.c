@@ -47,5 +47,6 @@ const Key sift_config_setup_keys[] = {
   { "prefill", KEY_CHOICE, SOFF (pub.prefill), 0, NO_RANGE, NULL, "full", "NAME or {name: NAME, params: {...}}" },
   { "decode", KEY_CHOICE, SOFF (pub.decode), 0, NO_RANGE, NULL, "full", "NAME or {name: NAME, params: {...}}" },
   { "dense_layers", KEY_INT_LIST, SOFF (pub.dense_layers), SOFF (pub.n_dense_layers), 0, 1 << 20, NULL, "[]", "layers forced dense in both phases" },
+  { "capacity_tokens", KEY_INT, SOFF (pub.capacity_tokens), 0, -1, 1e18, NULL, "-1", "this setup's KV budget (kv.capacity_tokens for it; -1: kv.capacity_tokens; 0: unbounded)" },
   { NULL },
 };

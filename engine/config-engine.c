@@ -68,6 +68,16 @@ check_kv (const SiftConfig *config, gconstpointer values, GError **error)
                              " blocks (at least %" G_GINT64_FORMAT " needed)",
                              kv->capacity_tokens, kv->protect_sinks, kv->protect_recent,
                              kv->evict_granularity == SIFT_EVICT_BLOCK ? "block" : "token", shape->block_size, need);
+  /* A setup's own KV budget likewise. */
+  for (guint i = 0; i < config->setups->len; i++)
+    {
+      const SiftPolicySetup *s = config->setups->pdata[i];
+      if (s->capacity_tokens > 0 && s->capacity_tokens < need)
+        return sift_config_fail_setup (config, i, error, SIFT_CONFIG_ERROR_INVALID,
+                                       ".capacity_tokens = %" G_GINT64_FORMAT " cannot hold the %" G_GINT64_FORMAT
+                                       " protected sink and recent tokens and one block (at least %" G_GINT64_FORMAT
+                                       " needed)", s->capacity_tokens, kv->protect_sinks + kv->protect_recent, need);
+    }
   return TRUE;
 }
 

@@ -102,6 +102,7 @@ typedef struct {
   SiftPolicyChoice prefill;           /* default: full */
   SiftPolicyChoice decode;            /* default: full */
   gint64 *dense_layers; gsize n_dense_layers; /* layers that use dense attention in both phases */
+  gint64 capacity_tokens;             /* -1: kv.capacity_tokens; else this setup's KV budget (0: unbounded) */
 } SiftPolicySetup;
 
 struct _SiftConfig {
@@ -144,6 +145,11 @@ SIFT_API char *sift_config_locate (const SiftConfig *config, const char *const *
  * message placed as sift_config_locate places it; returns FALSE. */
 SIFT_API gboolean sift_config_fail (const SiftConfig *config, GError **error, gint code, const char *const *keys,
                                     const char *fmt, ...) G_GNUC_PRINTF (5, 6);
+/* The same for a check of setup `index` (config->setups): placed at the
+ * setup's mapping; the message continues the setup's name ("policies[1]"),
+ * so it starts with its key (".capacity_tokens = ..."). */
+SIFT_API gboolean sift_config_fail_setup (const SiftConfig *config, guint index, GError **error, gint code,
+                                          const char *fmt, ...) G_GNUC_PRINTF (5, 6);
 /* The resolved config as YAML (every key, defaults filled). */
 SIFT_API char *sift_config_to_yaml (const SiftConfig *config);
 /* A copy with its own section values (the sources and setups are shared). */

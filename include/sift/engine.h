@@ -57,6 +57,12 @@ SIFT_API const SiftOffloadConfig *sift_offload_config (const SiftConfig *config)
 /* The smallest kv.capacity_tokens that eviction can keep to: the protected
  * sinks and recent window and the blocks one offload adds. */
 SIFT_API gint64 sift_kv_config_min_capacity (const SiftKvConfig *kv, const SiftModelShape *shape);
+/* Where the compute side runs (offload.device). */
+typedef enum {
+  SIFT_DEVICE_CPU = 0,   /* RAM buffers, the copy worker thread, the CPU kernels */
+  SIFT_DEVICE_CUDA = 1,  /* GPU buffers, pinned host memory, a copy stream and CUDA events,
+                          * the GPU kernels (f16 or bf16 compute, head_dim 64 or 128) */
+} SiftDevice;
 
 typedef struct {
   SiftModelShape shape;
@@ -64,6 +70,7 @@ typedef struct {
   gint32 n_slots;           /* >= 2 */
   SiftPipeline pipeline;
   gint64 max_tokens;        /* block table capacity per sequence; 0 = unbounded */
+  SiftDevice device;        /* SIFT_DEVICE_CPU (0) unless set */
 } SiftEngineConfig;
 
 SIFT_API SiftEngine *sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **error);
@@ -72,6 +79,8 @@ SIFT_API void sift_engine_free (SiftEngine *engine);
  * store) and the counters cleared. Policies are reset by the runner. */
 SIFT_API void sift_engine_reset (SiftEngine *engine);
 SIFT_API const SiftEngineConfig *sift_engine_config (const SiftEngine *engine);
+/* "cpu" or "cuda" (offload.device's values); NULL for another value. */
+SIFT_API const char *sift_device_name (SiftDevice device);
 /* Zero-copy slots (docs/engine.md): when the store keeps blocks in memory
  * in the compute dtype (host store, stored dtype == compute dtype), a ring
  * load maps the slot onto the stored bytes instead of copying them, and the

@@ -24,6 +24,11 @@ static const SiftConfigEnumValue needles[] = {
   { "multivalue", SIFT_NEEDLE_MULTIVALUE }, { "multiquery", SIFT_NEEDLE_MULTIQUERY }, { NULL, 0 },
 };
 
+static const SiftConfigEnumValue needle_values[] = {
+  { "number", SIFT_NEEDLE_VALUE_NUMBER }, { "word", SIFT_NEEDLE_VALUE_WORD }, { "uuid", SIFT_NEEDLE_VALUE_UUID },
+  { NULL, 0 },
+};
+
 static const SiftConfigKey harness_keys[] = {
   { "lengths", SIFT_CONFIG_KEY_INT_LIST, OFF (lengths), OFF (n_lengths), 1, BIG, NULL, "[1024, 2048, 4096]", "context lengths (length_spacing: explicit)" },
   { "length_spacing", SIFT_CONFIG_KEY_ENUM, OFF (length_spacing), 0, NO_RANGE, spacings, "explicit", "explicit | linear | sigmoid (from length_min, length_max, length_count)" },
@@ -39,6 +44,8 @@ static const SiftConfigKey harness_keys[] = {
   { "n_distractors", SIFT_CONFIG_KEY_INT, OFF (n_distractors), 0, 0, 64, NULL, "3", "distractor needles (multikey)" },
   { "n_values", SIFT_CONFIG_KEY_INT, OFF (n_values), 0, 1, 64, NULL, "3", "values of the one key (multivalue)" },
   { "n_queries", SIFT_CONFIG_KEY_INT, OFF (n_queries), 0, 1, 64, NULL, "2", "needles asked for (multiquery)" },
+  { "value", SIFT_CONFIG_KEY_ENUM, OFF (value), 0, NO_RANGE, needle_values, "number", "a text needle's value (model.source gguf): number | word | uuid" },
+  { "haystack", SIFT_CONFIG_KEY_STRING, OFF (haystack), 0, NO_RANGE, NULL, NULL, "a text file whose sentences fill a text haystack (model.source gguf; unset: the King James Bible from Debian's bible-kjv)" },
   { "question_tokens", SIFT_CONFIG_KEY_INT, OFF (question_tokens), 0, 1, 1 << 16, NULL, "4", "last tokens of the prompt that ask" },
   { "decode_steps", SIFT_CONFIG_KEY_INT, OFF (decode_steps), 0, 0, 1 << 24, NULL, "8", "decode steps after prefill" },
   { "capacities", SIFT_CONFIG_KEY_INT_LIST, OFF (capacities), OFF (n_capacities), 0, BIG, NULL, "[]", "KV budgets swept (kv.capacity_tokens per run; 0: unbounded); empty: kv.capacity_tokens alone" },

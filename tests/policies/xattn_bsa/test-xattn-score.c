@@ -778,7 +778,7 @@ test_vote_constructed (void **state)
 
   XattnPlan plan;
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   const gint64 want_votes[8] = { 0, 0, 3, 3, 1, 1, 2, 2 };
   assert_memory_equal (plan.votes, want_votes, sizeof want_votes);
 
@@ -804,7 +804,7 @@ test_vote_constructed (void **state)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, TRUE, &plan);
       assert_memory_equal (plan.load, cases[i].load, 8);
       assert_memory_equal (plan.attend, cases[i].attend, sizeof cases[i].attend);
       /* Per query block: loaded, and chosen for that query block (engine
@@ -815,6 +815,32 @@ test_vote_constructed (void **state)
             assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
                               cases[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0 || e == 7));
     }
+
+  /* Without last_block (the reference) the last block is one like the
+   * others: loaded and attended only where chosen (head 3, key block 3). */
+  static const struct {
+    XattnVote vote;
+    guint8 load[8];
+    guint8 attend[4][8];
+  } plain[] = {
+    { XATTN_VOTE_MAJORITY, { 1, 0, 1, 1, 0, 0, 0, 0 },
+      { { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 } } },
+    { XATTN_VOTE_ANY, { 1, 0, 1, 1, 1, 1, 1, 1 },
+      { { 1, 0, 1, 1, 1, 1, 0, 0 }, { 1, 0, 0, 0, 1, 1, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 1, 1 } } },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (plain); i++)
+    {
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, plain[i].vote, 0.5, FALSE, &plan);
+      assert_memory_equal (plan.load, plain[i].load, 8);
+      assert_memory_equal (plan.attend, plain[i].attend, sizeof plain[i].attend);
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        for (gint32 h = 0; h < 4; h++)
+          for (gint64 e = 0; e < n_ids; e++)
+            assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
+                              plain[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0));
+    }
   xattn_plan_clear (&plan);
 
   /* Engine blocks larger than B: ids 0, 1 of 32 tokens cover key blocks
@@ -823,7 +849,7 @@ test_vote_constructed (void **state)
                            { .first_token = 32, .n_valid = 32, .phase = SIFT_PHASE_PREFILL } };
   gint64 only1[1] = { 1 };
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   /* key blocks 2 and 3 together: (g0,qb0) (g1,qb0) (g1,qb1) = 3 votes. */
   assert_int_equal (plan.votes[0], 3);
   assert_int_equal (plan.load[0], 1);
@@ -858,7 +884,7 @@ test_threshold_extremes_in_attention (void **state)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, thresholds[ti], sel + row * n_kb, order);
       XattnPlan plan;
       xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
 
       /* Attention over the plan: per head, the attended blocks' rows and the chunk. */
       const gint64 n_q = kv_end - q_pos;
