@@ -79,6 +79,18 @@ validate_setups (Config *cfg, SiftRegistry *registry, GError **error)
                 return FALSE;
               }
         }
+      /* A setup's own KV budget holds the protected tokens, as kv.capacity_tokens must. */
+      const SiftConfig *p = &cfg->pub;
+      gint64 need = p->protect_sinks + p->protect_recent + p->shape.block_size
+                    + (p->evict_granularity == SIFT_EVICT_BLOCK ? 2 * (gint64) p->shape.block_size : 0);
+      if (s->pub.capacity_tokens > 0 && s->pub.capacity_tokens < need)
+        {
+          sift_config_fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_INVALID, s->at.src ? &s->at : NULL, file,
+                   "%s.capacity_tokens = %" G_GINT64_FORMAT " cannot hold the %" G_GINT64_FORMAT
+                   " protected sink and recent tokens and one block (at least %" G_GINT64_FORMAT " needed)",
+                   s->where, s->pub.capacity_tokens, p->protect_sinks + p->protect_recent, need);
+          return FALSE;
+        }
       for (int phase = 0; phase < 2 && registry != NULL; phase++)
         if (sift_config_setup_choice (s, phase)->ops == NULL && !sift_config_resolve_choice (s, phase, registry, file, error))
           return FALSE;

@@ -67,7 +67,7 @@ set_in_setup (Ctx *c, Setup *s, Part *parts, gsize n, yaml_node_t *value, const 
 {
   if (n == 0)
     {
-      FAIL (MISSING, &parts[-1].at, "%s: name a key of the setup (label, prefill, decode, dense_layers)", path);
+      FAIL (MISSING, &parts[-1].at, "%s: name a key of the setup (label, prefill, decode, dense_layers, capacity_tokens)", path);
       return FALSE;
     }
   const Key *k = find_key (sift_config_setup_keys, &parts[0], path, error);

@@ -31,6 +31,10 @@ static const EnumValue spacings[] = {
 static const EnumValue depth_spans[] = {
   { "interior", SIFT_DEPTH_INTERIOR }, { "full", SIFT_DEPTH_FULL }, { NULL, 0 },
 };
+static const EnumValue needle_values[] = {
+  { "number", SIFT_NEEDLE_VALUE_NUMBER }, { "word", SIFT_NEEDLE_VALUE_WORD }, { "uuid", SIFT_NEEDLE_VALUE_UUID },
+  { NULL, 0 },
+};
 static const EnumValue planted[] = { { "matched", FALSE }, { "exact", TRUE }, { NULL, 0 } };
 static const EnumValue needles[] = {
   { "single", SIFT_NEEDLE_SINGLE }, { "multikey", SIFT_NEEDLE_MULTIKEY },
@@ -107,6 +111,8 @@ static const Key harness_keys[] = {
   { "n_distractors", KEY_INT, OFF (pub.harness.n_distractors), 0, 0, 64, NULL, NULL, "3; distractor needles (multikey)" },
   { "n_values", KEY_INT, OFF (pub.harness.n_values), 0, 1, 64, NULL, NULL, "3; values of the one key (multivalue)" },
   { "n_queries", KEY_INT, OFF (pub.harness.n_queries), 0, 1, 64, NULL, NULL, "2; needles asked for (multiquery)" },
+  { "value", KEY_ENUM, OFF (pub.harness.value), 0, NO_RANGE, needle_values, NULL, "number; a text needle's value (model.source gguf): number | word | uuid" },
+  { "haystack", KEY_STRING, OFF (pub.harness.haystack), 0, NO_RANGE, NULL, NULL, "(none: the King James Bible from Debian's bible-kjv); a text file whose sentences fill a text haystack (model.source gguf)" },
   { "question_tokens", KEY_INT, OFF (pub.harness.question_tokens), 0, 1, 1 << 16, NULL, NULL, "4; last tokens of the prompt that ask" },
   { "decode_steps", KEY_INT, OFF (pub.harness.decode_steps), 0, 0, 1 << 24, NULL, NULL, "8; decode steps after prefill" },
   { "capacities", KEY_INT_LIST, OFF (pub.harness.capacities), OFF (pub.harness.n_capacities), 0, BIG, NULL, NULL, "[]; KV budgets swept (kv.capacity_tokens per run; 0: unbounded); empty: kv.capacity_tokens alone" },
@@ -131,6 +137,7 @@ const Key sift_config_setup_keys[] = {
   { "prefill", KEY_CHOICE, SOFF (pub.prefill), 0, NO_RANGE, NULL, NULL, "full; NAME or {name: NAME, params: {...}}" },
   { "decode", KEY_CHOICE, SOFF (pub.decode), 0, NO_RANGE, NULL, NULL, "full; NAME or {name: NAME, params: {...}}" },
   { "dense_layers", KEY_INT_LIST, SOFF (pub.dense_layers), SOFF (pub.n_dense_layers), 0, 1 << 20, NULL, NULL, "[]; layers forced dense in both phases" },
+  { "capacity_tokens", KEY_INT, SOFF (pub.capacity_tokens), 0, -1, BIG, NULL, NULL, "-1; this setup's KV budget (kv.capacity_tokens for it; -1: kv.capacity_tokens; 0: unbounded)" },
   { NULL },
 };
 

@@ -55,6 +55,7 @@ sift_config_free (SiftConfig *config)
   g_free (config->harness.depths);
   g_free (config->harness.capacities);
   g_free (config->harness.out_dir);
+  g_free (config->harness.haystack);
   g_clear_pointer (&config->setups, g_ptr_array_unref);
   g_clear_pointer (&cfg->origins, g_hash_table_unref);
   g_clear_pointer (&cfg->sources, g_ptr_array_unref);

@@ -47,6 +47,13 @@ typedef enum {
   SIFT_NEEDLE_MULTIQUERY = 3, /* several needles, each asked for */
 } SiftNeedleKind;
 
+/* What a text needle's value is (model.source gguf): RULER's kinds. */
+typedef enum {
+  SIFT_NEEDLE_VALUE_NUMBER = 0, /* 6 digits */
+  SIFT_NEEDLE_VALUE_WORD = 1,   /* a word of the haystack text */
+  SIFT_NEEDLE_VALUE_UUID = 2,   /* 8-4-4 hex digits */
+} SiftNeedleValue;
+
 typedef enum {
   SIFT_SPACING_EXPLICIT = 0,  /* the list as given */
   SIFT_SPACING_LINEAR = 1,
@@ -71,6 +78,8 @@ typedef struct {
   gint64 n_distractors;               /* 3 (multikey) */
   gint64 n_values;                    /* 3 (multivalue) */
   gint64 n_queries;                   /* 2 (multiquery) */
+  SiftNeedleValue value;              /* number (text needles: model.source gguf) */
+  char *haystack;                     /* NULL: the King James Bible from Debian's `bible`; else a text file */
   gint64 question_tokens;             /* 4: last tokens of the prompt that ask */
   gint64 decode_steps;                /* 8 */
   gint64 *capacities; gsize n_capacities; /* []: KV budgets swept (kv.capacity_tokens per run) */
@@ -93,6 +102,7 @@ typedef struct {
   SiftPolicyChoice prefill;           /* default: full */
   SiftPolicyChoice decode;            /* default: full */
   gint64 *dense_layers; gsize n_dense_layers; /* layers that use dense attention in both phases */
+  gint64 capacity_tokens;             /* -1: kv.capacity_tokens; else this setup's KV budget (0: unbounded) */
 } SiftPolicySetup;
 
 typedef struct {

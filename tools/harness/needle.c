@@ -84,6 +84,12 @@ results_free (HarnessSetupResult *results, gsize n)
   g_free (results);
 }
 
+static gint64
+setup_capacity (const SiftConfig *cfg, const SiftPolicySetup *setup)
+{
+  return setup->capacity_tokens >= 0 ? setup->capacity_tokens : cfg->capacity_tokens;
+}
+
 static gboolean
 run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, HarnessRecords *records,
           HarnessSetupResult *results, GError **error)
@@ -95,22 +101,25 @@ run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, 
     {
       const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
       HarnessSetupResult *res = &results[s];
+      /* A setup's own KV budget (policy.capacity_tokens) replaces kv's. */
+      SiftConfig own = *cfg;
+      own.capacity_tokens = setup_capacity (cfg, setup);
       for (gsize d = 0; ok && d < g->n_depths; d++)
         for (gsize l = 0; ok && l < g->n_lengths; l++)
           {
             HarnessCell *cell = &res->cells[d * g->n_lengths + l];
-            g_autofree char *key = harness_settings_key (cfg, setup, g->lengths[l], g->depths[d]);
+            g_autofree char *key = harness_settings_key (&own, setup, g->lengths[l], g->depths[d]);
             harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
             if (!harness_records_find (records, key, cell))
               {
-                ok = harness_run_cell (cfg, setup, g->lengths[l], g->depths[d], cell, error);
+                ok = harness_run_cell (&own, setup, g->lengths[l], g->depths[d], cell, error);
                 if (!ok)
                   {
                     g_prefix_error (error, "setup '%s', length %" G_GINT64_FORMAT ", depth %g: ", setup->label,
                                     g->lengths[l], g->depths[d]);
                     break;
                   }
-                g_autofree char *line = harness_record_json (cfg, setup, key, cell);
+                g_autofree char *line = harness_record_json (&own, setup, key, cell);
                 ok = harness_records_append (records, line, error);
                 fresh++;
               }
@@ -189,7 +198,9 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
           .config_file = cfg->file, .label = label, .grid = &grid,
           .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
           /* Full attention over a bounded cache is no yardstick. */
-          .is_full = is_full (setup) && (h->n_capacities > 0 ? h->capacities[ci] : cfg->capacity_tokens) == 0,
+          .is_full = is_full (setup)
+                     && (setup->capacity_tokens >= 0 ? setup->capacity_tokens
+                         : h->n_capacities > 0 ? h->capacities[ci] : cfg->capacity_tokens) == 0,
         };
       }
   /* A copy whose out_dir is the one used (the file store lives there). */
