@@ -95,7 +95,14 @@ on_selection (gpointer user_data, const SiftPolicyContext *ctx, const SiftSelect
     {
       count_recall (c, ctx, selection);
       c->selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
-      harness_calls_add (c->calls, ctx, selection, TRUE);
+      /* A policy that computes its own way over its selection (xattn_bsa:
+       * each query block attends only its own choice) attends at most the
+       * selection per row, often far less: its random baseline draws at the
+       * phase's measured density instead of the selection's size. */
+      SiftPolicy *p = (ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode)[ctx->layer];
+      gboolean custom = p != NULL && (ctx->phase == SIFT_PHASE_PREFILL ? p->ops->compute_chunked_prefill
+                                                                       : p->ops->compute_chunked_decode) != NULL;
+      harness_calls_add (c->calls, ctx, selection, !custom);
     }
 }
 
