@@ -186,7 +186,7 @@ sift_engine_accumulate (SiftEngine *e, const SiftPolicyContext *ctx, const float
     }
   /* Local tokens (the chunk, or the decode buffer with the step's rows). */
   SiftView lk;
-  sift_engine_local_kv (e, ctx, &lk, NULL);
+  sift_engine_local_kv_host (e, ctx, &lk, NULL);
   const gint64 n = lk.n_tokens, p0 = e->stored_tokens[l];
   g_autofree gint64 *pos = g_new (gint64, (gsize) MAX (n, 1));
   for (gint64 j = 0; j < n; j++)
@@ -323,7 +323,7 @@ compact_tokens (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const p
   for (gint64 i = 0; i < n_new; i++)
     {
       gint32 nv = (gint32) MIN ((gint64) bs, n_keep - i * bs);
-      g_array_index (meta, SiftBlockMeta, b0 + i) = (SiftBlockMeta) { npos[i * bs], nv, nphase[i] };
+      g_array_index (meta, SiftBlockMeta, b0 + i) = (SiftBlockMeta) { .first_token = npos[i * bs], .n_valid = nv, .phase = nphase[i] };
       for (gint32 t = 0; t < bs; t++)
         g_array_index (rp, gint64, (b0 + i) * bs + t) = t < nv ? npos[i * bs + t] : -1;
     }
@@ -448,7 +448,7 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
           accum[(gsize) g * n + i] = g_array_index (e->acc[l], float, g_array_index (crow, gsize, i) * kvh + g);
     }
   SiftEvictCandidates cand = {
-    .n = n, .positions = (const gint64 *) (const void *) cpos->data,
+    .struct_size = sizeof (SiftEvictCandidates), .n = n, .positions = (const gint64 *) (const void *) cpos->data,
     .block_ids = (const gint64 *) (const void *) cblock->data, .accumulated = accum, .n_evict = n_evict,
     .granularity = c->granularity,
   };

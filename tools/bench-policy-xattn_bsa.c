@@ -378,14 +378,14 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       g_autofree gint64 *ids = g_new (gint64, (gsize) MAX (n_blocks, 1));
       for (gint64 e = 0; e < n_blocks; e++)
         {
-          meta[e] = (SiftBlockMeta) { e * bs, bs, SIFT_PHASE_PREFILL };
+          meta[e] = (SiftBlockMeta) { .first_token = e * bs, .n_valid = bs, .phase = SIFT_PHASE_PREFILL };
           ids[e] = e;
         }
       XattnPlan plan;
       xattn_plan_init (&plan, H, n_qb, n_blocks);
       xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_blocks,
                        g_str_equal (o->vote, "majority") ? XATTN_VOTE_MAJORITY : XATTN_VOTE_ANY,
-                       o->vote_threshold, &plan);
+                       o->vote_threshold, FALSE, &plan);
       /* As xattn-glue.c: one call for the chunk, or one per run of query
        * blocks with identical choices. */
       gboolean per_qb = g_str_equal (o->granularity, "query_block");

@@ -60,11 +60,14 @@ typedef struct {
 
 /* One stored block of a layer, indexed by its logical id (0, 1, ... in
  * sequence order). A prompt whose length is not a multiple of block_size
- * ends in a partial block; decode tokens then start a new block. */
+ * ends in a partial block; decode tokens then start a new block. It is an
+ * array element (SiftPolicyContext.blocks), so its size is fixed: a later
+ * minor gives the reserved words a meaning instead of appending fields. */
 typedef struct {
   gint64 first_token;  /* position of the block's first token */
   gint32 n_valid;      /* valid tokens, 1..block_size */
   SiftPhase phase;     /* phase that stored it */
+  guint32 reserved[4]; /* zero */
 } SiftBlockMeta;
 
 /* What a policy method sees of the current call, filled by the host. A
@@ -100,15 +103,18 @@ typedef struct {
   gpointer reserved[4];        /* zero */
 } SiftBlockInfo;
 
-/* Whether a host-filled struct (SiftPolicyContext, SiftBlockInfo) that `p`
+/* Whether a host-filled struct (SiftPolicyContext, SiftBlockInfo,
+ * SiftEvictCandidates) that `p`
  * points to has `member`, a field a later minor appended. */
 #define SIFT_STRUCT_HAS(p, type, member)                                       \
   ((p)->struct_size >= G_STRUCT_OFFSET (type, member) + G_SIZEOF_MEMBER (type, member))
 
 /* The stored tokens a KV eviction may remove, seen by
  * score_eviction. Tokens protected by the engine (the first sink tokens and
- * the recent window) are not among them: they are never evicted. */
+ * the recent window) are not among them: they are never evicted. Filled by
+ * the host; grows like SiftPolicyContext. */
 typedef struct {
+  guint32 struct_size;         /* sizeof (SiftEvictCandidates) as the host was built */
   gsize n;                     /* candidates */
   const gint64 *positions;     /* [n] token positions, ascending */
   const gint64 *block_ids;     /* [n] logical block holding each */
@@ -119,6 +125,7 @@ typedef struct {
   const float *accumulated;
   gint64 n_evict;              /* tokens the engine must remove (block granularity: at least) */
   SiftEvictGranularity granularity;
+  gpointer reserved[4];        /* zero */
 } SiftEvictCandidates;
 
 /* The base of every policy instance: a plugin's instance struct starts with

@@ -144,11 +144,13 @@ void xattn_select_exact_rows (const float *mass, gint32 n_q_heads, gint64 n_rows
  *   load[e]: votes over (kv head, query block) pairs, where a kv head votes
  *     for e if any q head of its group chose it: VOTE_ANY keeps e with one
  *     vote, VOTE_MAJORITY with more than vote_threshold x (n_kv_heads x n_qb)
- *     votes; the first and last entries of `ids` are always loaded.
- *   attend[h][e]: load[e] and (head_any[h][e] or e is first or last);
+ *     votes; the first entry of `ids` (the sink) is always loaded, and with
+ *     last_block the last one too (sift's addition, not the reference's).
+ *   attend[h][e]: load[e] and (head_any[h][e] or e is first, or last
+ *     with last_block);
  *   qb_attend[qb][h][e]: the same for query block qb alone: load[e] and
- *     (h chose e for qb, or e is first or last) — what block-sparse
- *     attention per query block attends.
+ *     (h chose e for qb, or e is first, or last with last_block) — what
+ *     block-sparse attention per query block attends.
  * ids: the engine block ids considered (ascending), meta indexed by id. */
 typedef enum {
   XATTN_VOTE_ANY = 0,
@@ -170,6 +172,6 @@ void xattn_plan_clear (XattnPlan *plan);
 /* sel: guint8 [n_q_heads][n_qb][n_kb] from xattn_select_row. */
 void xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint64 n_kb,
                       const SiftBlockMeta *meta, const gint64 *ids, gint64 n_ids,
-                      XattnVote vote, double vote_threshold, XattnPlan *plan);
+                      XattnVote vote, double vote_threshold, gboolean last_block, XattnPlan *plan);
 
 G_END_DECLS

@@ -61,13 +61,15 @@ test_ops (void **state)
   PIN_OFF (SiftPolicyOps, on_decode_offload, 120);
   PIN_OFF (SiftPolicyOps, score_eviction, 128);
   PIN_SIZE (SiftPolicyOps, 136);
-  PIN_OFF (SiftEvictCandidates, n, 0);
-  PIN_OFF (SiftEvictCandidates, positions, 8);
-  PIN_OFF (SiftEvictCandidates, block_ids, 16);
-  PIN_OFF (SiftEvictCandidates, accumulated, 24);
-  PIN_OFF (SiftEvictCandidates, n_evict, 32);
-  PIN_OFF (SiftEvictCandidates, granularity, 40);
-  PIN_SIZE (SiftEvictCandidates, 48);
+  PIN_OFF (SiftEvictCandidates, struct_size, 0);
+  PIN_OFF (SiftEvictCandidates, n, 8);
+  PIN_OFF (SiftEvictCandidates, positions, 16);
+  PIN_OFF (SiftEvictCandidates, block_ids, 24);
+  PIN_OFF (SiftEvictCandidates, accumulated, 32);
+  PIN_OFF (SiftEvictCandidates, n_evict, 40);
+  PIN_OFF (SiftEvictCandidates, granularity, 48);
+  PIN_OFF (SiftEvictCandidates, reserved, 56);
+  PIN_SIZE (SiftEvictCandidates, 88);
   PIN_OFF (SiftPolicy, ops, 0);
   PIN_OFF (SiftPolicy, shape, 8);
   PIN_OFF (SiftPolicy, host_data, 16);
@@ -118,7 +120,8 @@ test_context (void **state)
   PIN_OFF (SiftBlockMeta, first_token, 0);
   PIN_OFF (SiftBlockMeta, n_valid, 8);
   PIN_OFF (SiftBlockMeta, phase, 12);
-  PIN_SIZE (SiftBlockMeta, 16);
+  PIN_OFF (SiftBlockMeta, reserved, 16);
+  PIN_SIZE (SiftBlockMeta, 32);
 }
 
 static void

@@ -39,7 +39,7 @@ test_full (void **state)
   const gint64 available[] = { 0, 1, 2, 5, 7, 8 };
   SiftBlockMeta metas[9];
   for (gint64 b = 0; b < 9; b++)
-    metas[b] = (SiftBlockMeta) { b * 64, 64, SIFT_PHASE_PREFILL };
+    metas[b] = (SiftBlockMeta) { .first_token = b * 64, .n_valid = 64, .phase = SIFT_PHASE_PREFILL };
   for (SiftPhase phase = SIFT_PHASE_PREFILL; phase <= SIFT_PHASE_DECODE; phase++)
     {
       SiftPolicyContext ctx = { .phase = phase, .layer = 1, .block_size = 64, .kv_len = 9 * 64,

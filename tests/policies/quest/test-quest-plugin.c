@@ -75,7 +75,7 @@ fixture_new (guint32 seed, gint64 n_blocks, gint32 last_valid, gint32 n_rows)
     f->keys[i] = normal (rng) * (float) (1 + (i / (NKV * BS * D)) % 3); /* blocks of different spread */
   f->metas = g_new (SiftBlockMeta, n_blocks);
   for (gint64 b = 0; b < n_blocks; b++)
-    f->metas[b] = (SiftBlockMeta) { b * BS, b == n_blocks - 1 ? last_valid : BS, SIFT_PHASE_PREFILL };
+    f->metas[b] = (SiftBlockMeta) { .first_token = b * BS, .n_valid = b == n_blocks - 1 ? last_valid : BS, .phase = SIFT_PHASE_PREFILL };
   for (gsize i = 0; i < G_N_ELEMENTS (f->q); i++)
     f->q[i] = normal (rng);
   return f;

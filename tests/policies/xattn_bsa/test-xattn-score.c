@@ -761,7 +761,7 @@ test_vote_constructed (void **state)
   gint64 ids[8];
   for (gint64 e = 0; e < n_ids; e++)
     {
-      meta[e] = (SiftBlockMeta) { e * 8, 8, SIFT_PHASE_PREFILL };
+      meta[e] = (SiftBlockMeta) { .first_token = e * 8, .n_valid = 8, .phase = SIFT_PHASE_PREFILL };
       ids[e] = e;
     }
   guint8 sel[4 * 2 * 6] = { 0 };
@@ -777,7 +777,7 @@ test_vote_constructed (void **state)
 
   XattnPlan plan;
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   const gint64 want_votes[8] = { 0, 0, 3, 3, 1, 1, 2, 2 };
   assert_memory_equal (plan.votes, want_votes, sizeof want_votes);
 
@@ -803,7 +803,7 @@ test_vote_constructed (void **state)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, TRUE, &plan);
       assert_memory_equal (plan.load, cases[i].load, 8);
       assert_memory_equal (plan.attend, cases[i].attend, sizeof cases[i].attend);
       /* Per query block: loaded, and chosen for that query block (engine
@@ -814,14 +814,41 @@ test_vote_constructed (void **state)
             assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
                               cases[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0 || e == 7));
     }
+
+  /* Without last_block (the reference) the last block is one like the
+   * others: loaded and attended only where chosen (head 3, key block 3). */
+  static const struct {
+    XattnVote vote;
+    guint8 load[8];
+    guint8 attend[4][8];
+  } plain[] = {
+    { XATTN_VOTE_MAJORITY, { 1, 0, 1, 1, 0, 0, 0, 0 },
+      { { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 } } },
+    { XATTN_VOTE_ANY, { 1, 0, 1, 1, 1, 1, 1, 1 },
+      { { 1, 0, 1, 1, 1, 1, 0, 0 }, { 1, 0, 0, 0, 1, 1, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 1, 1 } } },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (plain); i++)
+    {
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, plain[i].vote, 0.5, FALSE, &plan);
+      assert_memory_equal (plan.load, plain[i].load, 8);
+      assert_memory_equal (plan.attend, plain[i].attend, sizeof plain[i].attend);
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        for (gint32 h = 0; h < 4; h++)
+          for (gint64 e = 0; e < n_ids; e++)
+            assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
+                              plain[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0));
+    }
   xattn_plan_clear (&plan);
 
   /* Engine blocks larger than B: ids 0, 1 of 32 tokens cover key blocks
    * {0, 1} and {2, 3}; a subset of ids (only id 1) is allowed. */
-  SiftBlockMeta big[2] = { { 0, 32, SIFT_PHASE_PREFILL }, { 32, 32, SIFT_PHASE_PREFILL } };
+  SiftBlockMeta big[2] = { { .first_token = 0, .n_valid = 32, .phase = SIFT_PHASE_PREFILL },
+                           { .first_token = 32, .n_valid = 32, .phase = SIFT_PHASE_PREFILL } };
   gint64 only1[1] = { 1 };
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   /* key blocks 2 and 3 together: (g0,qb0) (g1,qb0) (g1,qb1) = 3 votes. */
   assert_int_equal (plan.votes[0], 3);
   assert_int_equal (plan.load[0], 1);
@@ -844,7 +871,7 @@ test_threshold_extremes_in_attention (void **state)
   gint64 ids[8];
   for (gint64 e = 0; e < n_ids; e++)
     {
-      meta[e] = (SiftBlockMeta) { e * bs, (gint32) bs, SIFT_PHASE_PREFILL };
+      meta[e] = (SiftBlockMeta) { .first_token = e * bs, .n_valid = (gint32) bs, .phase = SIFT_PHASE_PREFILL };
       ids[e] = e;
     }
   g_autofree guint8 *sel = g_new (guint8, (gsize) (geo.n_q_heads * n_qb * n_kb));
@@ -856,7 +883,7 @@ test_threshold_extremes_in_attention (void **state)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, thresholds[ti], sel + row * n_kb, order);
       XattnPlan plan;
       xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
 
       /* Attention over the plan: per head, the attended blocks' rows and the chunk. */
       const gint64 n_q = kv_end - q_pos;
