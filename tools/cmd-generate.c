@@ -36,7 +36,8 @@ open_model (const SiftConfig *cfg, const char *path, HarnessPipeline *p, GError 
                                                      cfg->shape.scale, error);
   if (model == NULL)
     return NULL;
-  g_autofree char *store = cfg->store_path != NULL ? g_strdup (cfg->store_path)
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
+  g_autofree char *store = off->store_path != NULL ? g_strdup (off->store_path)
                                                     : g_build_filename (g_get_tmp_dir (), "sift-generate-kv.store", NULL);
   /* The config's first setup, store and pipeline, as for the synthetic model. */
   if (!harness_pipeline_init (p, cfg, g_ptr_array_index (cfg->setups, 0), model, store, error))
@@ -98,8 +99,8 @@ generate (const SiftConfig *cfg, const char *path, const char *prompt, const cha
   gint64 positions = sift_runner_position (p.runner);
   printf ("memory  weights %.2f MiB, KV %.2f MiB (%" G_GINT64_FORMAT " positions, %s store)\n",
           llama_model_weight_bytes (sift_model_gguf_llama (model)) / 1048576.0,
-          (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim * sift_dtype_row_bytes (cfg->store_dtype, 32) / 32 / 1048576.0,
-          positions, sift_dtype_name (cfg->store_dtype));
+          (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim * sift_dtype_row_bytes (sift_kv_config (cfg)->store_dtype, 32) / 32 / 1048576.0,
+          positions, sift_dtype_name (sift_kv_config (cfg)->store_dtype));
   print_counters (p.engine, SIFT_PHASE_PREFILL, "prefill");
   print_counters (p.engine, SIFT_PHASE_DECODE, "decode");
   harness_generation_clear (&gen);
@@ -140,7 +141,7 @@ sift_cmd_generate (int argc, char **argv)
   sift_cli_options_clear (&opts);
   if (config == NULL)
     return sift_cli_fail ("generate", error);
-  const char *path = model != NULL ? model : config->model_path;
+  const char *path = model != NULL ? model : sift_gguf_config (config)->path;
   if (path == NULL || path[0] == 0)
     {
       fprintf (stderr, "sift generate: no model: give --model FILE.gguf (or model.source: gguf and model.path)\n");

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "gguf-model.h"
 #include "harness/harness.h"
 
 int
@@ -48,8 +49,9 @@ sift_cmd_needle (int argc, char **argv)
     {
       g_free (config->source);
       config->source = g_strdup ("gguf");
-      g_free (config->model_path);
-      config->model_path = g_strdup (model);
+      SiftGgufConfig *gguf = sift_config_edit_section (config, &sift_gguf_config_section);
+      g_free (gguf->path);
+      gguf->path = g_strdup (model);
     }
   HarnessOptions opts = { .out_dir = out_dir, .table = stdout, .log = stderr, .force_progress = progress };
   gboolean below = FALSE;

@@ -59,13 +59,13 @@ test_dense_passes_window_fails (void **state)
   g_autoptr (HarnessText) text = harness_text_new (cfg, &error);
   if (text == NULL)
     fail_msg ("%s", error->message);
-  SiftConfig local = *cfg;
-  local.shape = *harness_text_shape (text);
+  g_autoptr (SiftConfig) local = sift_config_copy (cfg);
+  local->shape = *harness_text_shape (text);
   const SiftPolicySetup *full = g_ptr_array_index (cfg->setups, 0);
   const SiftPolicySetup *window = g_ptr_array_index (cfg->setups, 1);
 
   HarnessCell cell;
-  if (!harness_text_run_cell (text, &local, full, TRUE, 2048, 0.25, &cell, &error))
+  if (!harness_text_run_cell (text, local, full, TRUE, 2048, 0.25, &cell, &error))
     fail_msg ("%s", error->message);
   /* The answer: the value, as trained (" 123456." then EOS). */
   assert_true (cell.pass);
@@ -84,8 +84,8 @@ test_dense_passes_window_fails (void **state)
   harness_cell_clear (&cell);
 
   /* Sinks + a recent window of 512 tokens: the needle was evicted. */
-  local.capacity_tokens = 512;
-  if (!harness_text_run_cell (text, &local, window, FALSE, 2048, 0.25, &cell, &error))
+  ((SiftKvConfig *) sift_config_edit_section (local, &sift_kv_config_section))->capacity_tokens = 512;
+  if (!harness_text_run_cell (text, local, window, FALSE, 2048, 0.25, &cell, &error))
     fail_msg ("%s", error->message);
   assert_true (needle + 512 < cell.question_start);
   assert_false (cell.pass);
@@ -209,6 +209,7 @@ remove_tree (const char *dir)
 int
 main (void)
 {
+  sift_harness_config_register ();
   out_dir = g_dir_make_tmp ("sift-text-XXXXXX", NULL);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_dense_passes_window_fails),

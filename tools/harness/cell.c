@@ -38,7 +38,14 @@ on_selection (gpointer user_data, const SiftPolicyContext *ctx, const SiftSelect
     {
       harness_recall_count (&c->recall, ctx, selection, c->targets, c->n_targets);
       c->recall.selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
-      harness_calls_add (c->calls, ctx, selection, TRUE);
+      /* A policy that computes its own way over its selection (xattn_bsa:
+       * each query block attends only its own choice) attends at most the
+       * selection per row, often far less: its random baseline draws at the
+       * phase's measured density instead of the selection's size. */
+      SiftPolicy *p = (ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode)[ctx->layer];
+      gboolean custom = p != NULL && (ctx->phase == SIFT_PHASE_PREFILL ? p->ops->compute_chunked_prefill
+                                                                       : p->ops->compute_chunked_decode) != NULL;
+      harness_calls_add (c->calls, ctx, selection, !custom);
     }
 }
 
@@ -106,16 +113,18 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       return FALSE;
     }
   SiftModelShape shape = cfg->shape;
-  const SiftHarnessConfig *h = &cfg->harness;
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens, cfg->shape.block_size,
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
+  const SiftSyntheticConfig *knobs = sift_synthetic_config (cfg);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, knobs->sink_tokens, cfg->shape.block_size,
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, knobs, plan, error);
   if (src == NULL)
     return FALSE;
 
-  g_autofree char *store_path = cfg->store_path != NULL ? g_strdup (cfg->store_path)
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
+  g_autofree char *store_path = off->store_path != NULL ? g_strdup (off->store_path)
                                                         : harness_store_path (cfg, "kv.store", error);
   HarnessPipeline pl = { 0 };
   gboolean ok = store_path != NULL && harness_pipeline_init (&pl, cfg, setup, src, store_path, error);
@@ -178,7 +187,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       cell->chance = chance[q - 1];
       cell->prefill_rel_error = rel_error (&shape, c.out, ref, c.n_rows, 0, q);
       cell->decode_rel_error = steps > 0 ? rel_error (&shape, c.out, ref, c.n_rows, q, c.n_rows) : NAN;
-      harness_recall_finish (&c.recall, cfg->capacity_tokens > 0, cell);
+      harness_recall_finish (&c.recall, sift_kv_config (cfg)->capacity_tokens > 0, cell);
       cell->decode_steps = steps;
       cell->n_needle_positions = plan->n_needles;
       cell->needle_positions = g_new (gint64, MAX (plan->n_needles, 1));

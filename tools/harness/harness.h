@@ -181,7 +181,8 @@ void harness_calls_free (HarnessCalls *calls);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (HarnessCalls, harness_calls_free)
 /* Keeps one call: its stored blocks and, per query head, how many the
  * policy attended (sel NULL: every one); known FALSE: the policy computed
- * its own way without a selection (its phase density stands in). */
+ * its own way, without a selection or over sub-selections of it that the
+ * harness does not see (its phase density stands in). */
 void harness_calls_add (HarnessCalls *calls, const SiftPolicyContext *ctx, const SiftSelection *sel,
                         gboolean known);
 /* The random baseline over n_seeds seeds (at most HARNESS_BASELINE_MAX_SEEDS)

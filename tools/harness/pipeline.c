@@ -10,22 +10,22 @@ static SiftStore *
 make_store (const SiftConfig *cfg, const SiftModelShape *shape, const char *path, GError **error)
 {
   SiftStoreConfig sc = {
-    .dtype = cfg->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
-    .head_dim = shape->head_dim, .path = path, .keep = cfg->store_keep, .direct = cfg->store_direct,
+    .dtype = sift_kv_config (cfg)->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
+    .head_dim = shape->head_dim, .path = path, .keep = sift_offload_config (cfg)->store_keep, .direct = sift_offload_config (cfg)->store_direct,
   };
-  return g_strcmp0 (cfg->store, "file") == 0 ? sift_store_file_new (&sc, error) : sift_store_host_new (&sc, error);
+  return g_strcmp0 (sift_offload_config (cfg)->store, "file") == 0 ? sift_store_file_new (&sc, error) : sift_store_host_new (&sc, error);
 }
 
 char *
 harness_store_path (const SiftConfig *cfg, const char *name, GError **error)
 {
-  if (g_strcmp0 (cfg->store, "file") == 0 && g_mkdir_with_parents (cfg->harness.out_dir, 0755) != 0)
+  if (g_strcmp0 (sift_offload_config (cfg)->store, "file") == 0 && g_mkdir_with_parents (sift_harness_config (cfg)->out_dir, 0755) != 0)
     {
-      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", cfg->harness.out_dir,
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", sift_harness_config (cfg)->out_dir,
                    g_strerror (errno));
       return NULL;
     }
-  return g_build_filename (cfg->harness.out_dir, name, NULL);
+  return g_build_filename (sift_harness_config (cfg)->out_dir, name, NULL);
 }
 
 static gboolean
@@ -48,15 +48,15 @@ harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, SiftModel
   p->decode = decode;
   p->store = make_store (cfg, shape, store_path, error);
   SiftEngineConfig ec = {
-    .shape = *shape, .compute_dtype = cfg->compute_dtype, .n_slots = cfg->ring_slots, .pipeline = cfg->pipeline,
+    .shape = *shape, .compute_dtype = sift_kv_config (cfg)->compute_dtype, .n_slots = sift_offload_config (cfg)->ring_slots, .pipeline = sift_offload_config (cfg)->pipeline,
   };
   /* kv.capacity_tokens bounds the cache: the engine evicts (docs/eviction.md). */
-  SiftEvictConfig ev = { cfg->capacity_tokens, cfg->evict_granularity, cfg->protect_sinks, cfg->protect_recent };
+  SiftEvictConfig ev = { sift_kv_config (cfg)->capacity_tokens, sift_kv_config (cfg)->evict_granularity, sift_kv_config (cfg)->protect_sinks, sift_kv_config (cfg)->protect_recent };
   if (p->store != NULL)
     p->engine = sift_engine_new (&ec, p->store, error);
   if (p->engine != NULL && sift_engine_set_eviction (p->engine, &ev, error))
     {
-      sift_engine_set_force_copy (p->engine, cfg->force_copy);
+      sift_engine_set_force_copy (p->engine, sift_offload_config (cfg)->force_copy);
       p->runner = sift_runner_new (p->engine, model, prefill, decode, error);
     }
   if (p->runner == NULL)

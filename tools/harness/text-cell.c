@@ -96,7 +96,7 @@ static const SiftPolicyOps random_ops = {
 static char *
 model_file (const SiftConfig *cfg)
 {
-  const char *p = cfg->model_path;
+  const char *p = sift_gguf_config (cfg)->path;
   if (g_path_is_absolute (p) || g_file_test (p, G_FILE_TEST_EXISTS) || cfg->file == NULL)
     return g_strdup (p);
   g_autofree char *dir = g_path_get_dirname (cfg->file);
@@ -109,7 +109,7 @@ harness_text_new (const SiftConfig *cfg, GError **error)
 {
   g_autoptr (HarnessText) t = g_new0 (HarnessText, 1);
   t->dense = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, dense_run_free);
-  if (cfg->model_path == NULL || cfg->model_path[0] == 0)
+  if (sift_gguf_config (cfg)->path == NULL || sift_gguf_config (cfg)->path[0] == 0)
     {
       g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
                    "%s: model.source is gguf but model.path is not set (give --model FILE.gguf)", cfg->file);
@@ -136,7 +136,7 @@ harness_text_new (const SiftConfig *cfg, GError **error)
     }
   if ((t->tok = llama_tokenizer_from_gguf (f, error)) == NULL)
     return NULL;
-  if ((t->corpus = harness_corpus_load (cfg->harness.haystack, error)) == NULL)
+  if ((t->corpus = harness_corpus_load (sift_harness_config (cfg)->haystack, error)) == NULL)
     return NULL;
   if ((t->source = harness_text_source_new (t->corpus, t->tok, error)) == NULL)
     return NULL;
@@ -178,8 +178,8 @@ harness_text_context_length (const HarnessText *t)
 gboolean
 harness_text_check (HarnessText *t, const SiftConfig *cfg, gint64 length, GError **error)
 {
-  g_autoptr (HarnessTextPrompt) p = harness_text_prompt_new (t->source, &cfg->harness, length, 0.0,
-                                                             cfg->harness.seed, error);
+  g_autoptr (HarnessTextPrompt) p = harness_text_prompt_new (t->source, sift_harness_config (cfg), length, 0.0,
+                                                             sift_harness_config (cfg)->seed, error);
   return p != NULL;
 }
 
@@ -275,6 +275,15 @@ keep_dense (const Capture *c, const HarnessGeneration *gen)
   return d;
 }
 
+/* A copy of cfg whose cache is unbounded. */
+static SiftConfig *
+unbounded (const SiftConfig *cfg)
+{
+  SiftConfig *c = sift_config_copy (cfg);
+  ((SiftKvConfig *) sift_config_edit_section (c, &sift_kv_config_section))->capacity_tokens = 0;
+  return c;
+}
+
 static char *
 cell_key (gint64 length, double depth)
 {
@@ -291,13 +300,12 @@ dense_run (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, gi
   DenseRun *d = g_hash_table_lookup (t->dense, key);
   if (d != NULL)
     return d;
-  SiftConfig dense = *cfg;
-  dense.capacity_tokens = 0;
+  g_autoptr (SiftConfig) dense = unbounded (cfg);
   g_autofree char *store = harness_store_path (cfg, "kv-reference.store", error);
   gint32 L = t->model->shape.n_layers;
   HarnessPipeline pl;
   if (store == NULL
-      || !harness_pipeline_init_with (&pl, &dense, t->model, g_new0 (SiftPolicy *, L), g_new0 (SiftPolicy *, L), store,
+      || !harness_pipeline_init_with (&pl, dense, t->model, g_new0 (SiftPolicy *, L), g_new0 (SiftPolicy *, L), store,
                                    error))
     return NULL;
   Capture c;
@@ -346,7 +354,7 @@ ratio (guint64 a, guint64 b)
 static gboolean
 baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, HarnessCell *cell, GError **error)
 {
-  const SiftHarnessConfig *h = &cfg->harness;
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
   HarnessBaseline *b = &cell->baseline;
   b->prefill_recall = b->decode_recall = NAN;
   b->n_seeds = (gsize) MIN (h->baseline_seeds, HARNESS_BASELINE_MAX_SEEDS);
@@ -378,9 +386,8 @@ baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, Har
           harness_pipeline_clear (&pl);
           return FALSE;
         }
-      SiftConfig unbounded = *cfg;
-      unbounded.capacity_tokens = 0;
-      if (!harness_pipeline_init_with (&pl, &unbounded, t->model, prefill, decode, store, error))
+      g_autoptr (SiftConfig) whole = unbounded (cfg);
+      if (!harness_pipeline_init_with (&pl, whole, t->model, prefill, decode, store, error))
         return FALSE;
       Capture c;
       capture_init (&c, shape, p, NULL, 0);
@@ -411,7 +418,7 @@ harness_text_run_cell (HarnessText *t, const SiftConfig *cfg, const SiftPolicySe
   memset (cell, 0, sizeof *cell);
   cell->length = length;
   cell->depth = depth;
-  const SiftHarnessConfig *h = &cfg->harness;
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
   g_autoptr (HarnessTextPrompt) p = harness_text_prompt_new (t->source, h, length, depth, h->seed, error);
   if (p == NULL)
     return FALSE;
@@ -422,7 +429,7 @@ harness_text_run_cell (HarnessText *t, const SiftConfig *cfg, const SiftPolicySe
       g_array_append_val (targets, pos);
 
   const SiftModelShape *shape = &t->model->shape;
-  g_autofree char *store = cfg->store_path != NULL ? g_strdup (cfg->store_path)
+  g_autofree char *store = sift_offload_config (cfg)->store_path != NULL ? g_strdup (sift_offload_config (cfg)->store_path)
                                                     : harness_store_path (cfg, "kv.store", error);
   HarnessPipeline pl;
   if (store == NULL || !harness_pipeline_init (&pl, cfg, setup, t->model, store, error))
@@ -445,7 +452,7 @@ harness_text_run_cell (HarnessText *t, const SiftConfig *cfg, const SiftPolicySe
       cell->decode_steps = gen.n_decoded;
       cell->generated_tokens = gen.ids->len;
       cell->question_start = p->question_start;
-      harness_recall_finish (&c.recall, cfg->capacity_tokens > 0, cell);
+      harness_recall_finish (&c.recall, sift_kv_config (cfg)->capacity_tokens > 0, cell);
       /* Needles whose key is asked first, then the distractors. */
       cell->n_needle_positions = p->n_needles;
       cell->needle_positions = g_new (gint64, p->n_needles);
@@ -487,7 +494,7 @@ harness_text_run_cell (HarnessText *t, const SiftConfig *cfg, const SiftPolicySe
        * over the whole cache: not for full attention or a bounded cache. */
       gboolean selects = c.recall.selection_calls[0] + c.recall.selection_calls[1] + c.recall.unknown_calls[0]
                          + c.recall.unknown_calls[1] > 0;
-      if (selects && cfg->capacity_tokens == 0 && h->baseline_seeds > 0)
+      if (selects && sift_kv_config (cfg)->capacity_tokens == 0 && h->baseline_seeds > 0)
         ok = baseline (t, cfg, p, cell, error);
     }
   harness_generation_clear (&gen);
