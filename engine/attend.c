@@ -177,6 +177,7 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const Sif
       return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &os, ls, error);
     }
   SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
+  part.space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
   SiftView ps = sift_view_heads (&part, q0, nqh);
   float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
   return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &ps, pl, error)
@@ -303,12 +304,93 @@ validate (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *sele
                                   e->policy_name ? e->policy_name : "(caller)", error);
 }
 
+/* Counts a call's attended tokens and its compute time: the host clock's
+ * from t0 on, or, where the backend times its own work (a GPU), the
+ * backend's seconds of attention, loads and stalls. */
 static void
 count_compute (SiftEngine *e, const SiftPolicyContext *ctx, gint64 t0, guint64 attended)
 {
   SiftCounters add = { .tokens_attended = attended,
                        .seconds_compute = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC };
+  SiftBackend *be = e->backend;
+  if (be->ops->timings != NULL)
+    {
+      SiftBackendTimes t = { 0 };
+      be->ops->timings (be, &t);
+      add.seconds_compute = t.compute;
+      add.seconds_stalled = t.stalled;
+      add.seconds_load = t.load;
+    }
   sift_engine_count (e, ctx->layer, ctx->phase, &add);
+}
+
+/* ---- A call on a backend whose compute memory is not host memory --------
+ * The policy's q and the caller's out and lse are host memory: q goes up
+ * into call_q before the call, and out and lse of the heads the call
+ * attended come down after it (the rest stay as clear_out left them). */
+
+typedef struct {
+  SiftPolicyContext ctx;  /* the caller's, q in compute memory */
+  SiftView out;           /* [n_q_heads][n_q][head_dim] in call_out */
+} DeviceCall;
+
+/* Writes view rows [h][t] of f32 host src into compact compute memory dst. */
+static void
+q_up (SiftEngine *e, const SiftView *src, float *dst)
+{
+  SiftBackend *be = e->backend;
+  const gsize row = (gsize) src->head_dim * sizeof (float);
+  const gsize head = (gsize) src->n_tokens * row;
+  if (src->token_stride == src->head_dim && src->head_stride == src->n_tokens * src->head_dim)
+    be->ops->buffer_write (be, (guint8 *) dst, src->data, head * (gsize) src->n_heads);
+  else
+    for (gint32 h = 0; h < src->n_heads; h++)
+      for (gint64 t = 0; t < src->n_tokens; t++)
+        be->ops->buffer_write (be, (guint8 *) dst + h * head + (gsize) t * row, sift_view_row (src, h, t), row);
+}
+
+static void
+device_begin (SiftEngine *e, const SiftPolicyContext *ctx, DeviceCall *dc)
+{
+  const SiftModelShape *s = &e->config.shape;
+  dc->ctx = *ctx;
+  q_up (e, &ctx->q, e->call_q);
+  dc->ctx.q = sift_view_htd (e->call_q, SIFT_DTYPE_F32, s->n_q_heads, ctx->n_q, s->head_dim);
+  dc->ctx.q.space = SIFT_MEMORY_DEVICE;
+  dc->out = sift_view_htd (e->call_out, SIFT_DTYPE_F32, s->n_q_heads, ctx->n_q, s->head_dim);
+  dc->out.space = SIFT_MEMORY_DEVICE;
+}
+
+/* Reads the attended heads' output and LSE back (waiting for the call). */
+static gboolean
+device_end (SiftEngine *e, const DeviceCall *dc, SiftView *out, float *lse, const gboolean *written, GError **error)
+{
+  SiftBackend *be = e->backend;
+  const gint64 nq = dc->ctx.n_q;
+  const gsize row = (gsize) out->head_dim * sizeof (float), head = (gsize) nq * row;
+  const gboolean compact = out->token_stride == out->head_dim && out->head_stride == nq * out->head_dim;
+  for (gint32 h = 0; h < out->n_heads; h++)
+    {
+      if (!written[h])
+        continue;
+      gint32 h1 = h + 1; /* a run of attended heads: one read each */
+      while (compact && h1 < out->n_heads && written[h1])
+        h1++;
+      const guint8 *src = (const guint8 *) e->call_out + (gsize) h * head;
+      gboolean ok = TRUE;
+      if (compact)
+        ok = be->ops->buffer_read (be, sift_view_row (out, h, 0), src, head * (gsize) (h1 - h), error);
+      else
+        for (gint64 t = 0; t < nq && ok; t++)
+          ok = be->ops->buffer_read (be, sift_view_row (out, h, t), src + (gsize) t * row, row, error);
+      ok = ok && be->ops->buffer_read (be, lse + (gsize) h * (gsize) nq,
+                                       (const guint8 *) (e->call_lse + (gsize) h * (gsize) nq),
+                                       sizeof (float) * (gsize) nq * (gsize) (h1 - h), error);
+      if (!ok)
+        return FALSE;
+      h = h1 - 1;
+    }
+  return TRUE;
 }
 
 /* Resident blocks (zero-copy): every selected block is read in place in
@@ -458,13 +540,25 @@ attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *select
   gint64 compute_us = 0, t0 = g_get_monotonic_time ();
   clear_out (out, lse, ctx->n_q);
   compute_us += g_get_monotonic_time () - t0;
+  DeviceCall dc;
+  SiftView *cout = out;
+  float *clse = lse;
+  if (!e->host_compute)
+    {
+      device_begin (e, ctx, &dc);
+      ctx = &dc.ctx;
+      cout = &dc.out;
+      clse = e->call_lse;
+    }
   SiftView lk, lv;
   sift_engine_local_kv (e, ctx, &lk, &lv);
   SiftBatch *b = batch_get (e);
   batch_clear (b);
   gboolean ok = e->maps && m > 0
-                  ? attend_mapped (e, ctx, selection, m, b, &lk, &lv, out, lse, written, &attended, &compute_us, error)
-                  : attend_ring (e, ctx, selection, m, b, &lk, &lv, out, lse, written, &attended, &compute_us, error);
+                  ? attend_mapped (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error)
+                  : attend_ring (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
+  if (ok && !e->host_compute)
+    ok = device_end (e, &dc, out, lse, written, error);
   if (ok)
     count_compute (e, ctx, g_get_monotonic_time () - compute_us, attended);
   return ok;
@@ -499,6 +593,16 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
   guint64 attended = 0;
   gint64 t0 = g_get_monotonic_time ();
   clear_out (out, lse, ctx->n_q);
+  DeviceCall dc;
+  SiftView *cout = out;
+  float *clse = lse;
+  if (!e->host_compute)
+    {
+      device_begin (e, ctx, &dc);
+      ctx = &dc.ctx;
+      cout = &dc.out;
+      clse = e->call_lse;
+    }
   /* The blocks lie side by side: each one a view, all in one batch with
    * the local tokens. */
   SiftBatch *b = batch_get (e);
@@ -515,7 +619,9 @@ sift_engine_attend_loaded (SiftEngine *e, const SiftPolicyContext *ctx, const Si
     }
   SiftView lk, lv;
   sift_engine_local_kv (e, ctx, &lk, &lv);
-  gboolean ok = batch_attend (e, ctx, b, &lk, &lv, out, lse, written, &attended, error);
+  gboolean ok = batch_attend (e, ctx, b, &lk, &lv, cout, clse, written, &attended, error);
+  if (ok && !e->host_compute)
+    ok = device_end (e, &dc, out, lse, written, error);
   count_compute (e, ctx, t0, attended);
   return ok;
 }

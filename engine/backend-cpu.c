@@ -95,6 +95,14 @@ cpu_merge (SiftBackend *backend, SiftView *out, float *lse, const SiftView *part
   return sift_attn_merge (out, lse, part, part_lse, error);
 }
 
+static gboolean
+cpu_buffer_read (SiftBackend *backend, void *dst, const guint8 *src, gsize n, GError **error)
+{
+  (void) backend, (void) error;
+  memcpy (dst, src, n);
+  return TRUE;
+}
+
 static void
 cpu_free (SiftBackend *backend)
 {
@@ -127,6 +135,8 @@ static const SiftBackendOps cpu_ops = {
   .drain = sift_cpu_drain,
   .attend = cpu_attend,
   .merge = cpu_merge,
+  .buffer_read = cpu_buffer_read,
+  .timings = NULL,
 };
 
 SiftBackend *

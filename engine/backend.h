@@ -19,7 +19,7 @@
 /* Bumped when a method changes meaning; methods added later are appended
  * and said "since N", and the engine checks version and struct_size before
  * calling them. */
-#define SIFT_BACKEND_VERSION 1
+#define SIFT_BACKEND_VERSION 2
 
 /* Where a piece of compute-side memory lives: SiftMemorySpace of
  * <sift/view.h> (SIFT_MEMORY_HOST, SIFT_MEMORY_DEVICE), the space of the
@@ -60,6 +60,11 @@ typedef struct {
   guint8 *k, *v;
   gint64 cap;
   SiftEvent *event;       /* completes once this transfer (and the earlier ones given it) finished */
+  /* Stores (since 2): the same bytes in the engine's host image of the
+   * buffer ([n_kv_heads][cap][head_dim] compute elements) when compute
+   * memory is not host memory; a backend may store from there instead of
+   * reading compute memory back. NULL on a host-memory backend. */
+  const guint8 *host_k, *host_v;
   gint32 layer;           /* handed back to the sink (the counters) */
   SiftPhase phase;
 } SiftTransfer;
@@ -74,6 +79,13 @@ typedef struct {
                 const GError *error);
   gpointer user;
 } SiftBackendSink;
+
+/* Seconds a backend timed on its own clocks (CUDA events) since the last
+ * timings call: the compute side waiting for loads, the loads, the
+ * attention and merges. */
+typedef struct {
+  gdouble stalled, load, compute;
+} SiftBackendTimes;
 
 /* What a backend is made for: one engine's shape, store and dtype. */
 typedef struct {
@@ -128,7 +140,11 @@ typedef struct {
   SiftEventState (*event_query) (SiftBackend *b, SiftEvent *ev);
   /* Waits for events[0..n) in order, stopping at the first one with a
    * failed transfer: its error is handed over (and cleared from the event),
-   * *n_ok (may be NULL) gets the events before it. */
+   * *n_ok (may be NULL) gets the events before it. "Waits" is the compute
+   * side's: on the CPU the calling thread blocks; a GPU backend makes its
+   * compute stream wait (the host goes on), which is all the attend and
+   * merge calls that follow need. The host reads compute memory only
+   * through buffer_read, which waits for the compute side. */
   gboolean (*event_wait) (SiftBackend *b, SiftEvent *const *events, gsize n, gsize *n_ok, GError **error);
   /* Waits for every transfer; forget: later stores run again after a
    * failed one (a new sequence). */
@@ -141,6 +157,14 @@ typedef struct {
                       const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error);
   gboolean (*merge) (SiftBackend *b, SiftView *out, float *lse, const SiftView *part, const float *part_lse,
                      GError **error);
+
+  /* Since 2. A synchronous copy out of compute memory into host memory,
+   * after every compute call made before it (a call's output). */
+  gboolean (*buffer_read) (SiftBackend *b, void *dst, const guint8 *src, gsize n, GError **error);
+  /* Seconds timed on the backend's own clocks since the last call (the
+   * engine adds them to its counters); NULL where the engine's host clock
+   * times the work (the CPU: its calls block until done). */
+  void (*timings) (SiftBackend *b, SiftBackendTimes *out);
 } SiftBackendOps;
 
 /* Every backend's instance starts with this. */
@@ -151,3 +175,8 @@ struct _SiftBackend {
 
 /* The CPU backend: RAM, one copy worker thread, the core kernels. */
 SiftBackend *sift_backend_cpu_new (const SiftBackendSetup *setup);
+/* The CUDA backend (backends/cuda/backend-cuda.c): device buffers, pinned
+ * host memory, a copy stream and CUDA events, the GPU kernels. NULL with
+ * SIFT_CUDA_ERROR_UNAVAILABLE without the cuda build or a usable GPU, or
+ * SIFT_CUDA_ERROR_UNSUPPORTED for a shape or dtype its kernels do not take. */
+SiftBackend *sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error);

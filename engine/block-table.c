@@ -182,8 +182,8 @@ note_rows (SiftEngine *e, gint32 layer, gint64 first_token, gint32 n_valid)
  * policies' offload hooks, queues the store. */
 static gboolean
 offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolicies *policies, gint32 layer,
-               SiftPhase phase, gint64 first_token, gint32 n_valid, guint8 *k, guint8 *v, gint64 cap,
-               GError **error)
+               SiftPhase phase, gint64 first_token, gint32 n_valid, guint8 *k, guint8 *v, const guint8 *hk,
+               const guint8 *hv, gint64 cap, GError **error)
 {
   const SiftModelShape *s = &e->config.shape;
   GArray *ids = e->store_ids[layer];
@@ -222,9 +222,10 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
     .struct_size = sizeof (SiftBlockInfo),
     .block_id = logical,
     .meta = &g_array_index (e->meta[layer], SiftBlockMeta, logical),
-    .k = sift_view_strided (k, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+    /* The hooks read the host image. */
+    .k = sift_view_strided ((void *) hk, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
                             cap * s->head_dim, s->head_dim),
-    .v = sift_view_strided (v, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
+    .v = sift_view_strided ((void *) hv, e->config.compute_dtype, s->n_kv_heads, s->block_size, s->head_dim,
                             cap * s->head_dim, s->head_dim),
   };
   /* The block table may have moved (appended above, evicted before): the
@@ -244,28 +245,40 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
   note_rows (e, layer, first_token, n_valid);
   e->stored_tokens[layer] = first_token + n_valid;
   SiftTransfer t = { .kind = SIFT_TRANSFER_STORE, .store_id = id, .what = SIFT_LOAD_KV, .k = k, .v = v,
-                     .cap = cap, .event = e->store_events[layer], .layer = layer, .phase = phase };
+                     .cap = cap, .event = e->store_events[layer], .layer = layer, .phase = phase,
+                     .host_k = e->host_compute ? NULL : hk, .host_v = e->host_compute ? NULL : hv };
   e->backend->ops->submit (e->backend, &t, 1);
   return TRUE;
 }
 
-/* Writes f32 token-major rows [n][n_kv_heads][head_dim] into a compute
- * buffer [n_kv_heads][cap][head_dim] at token t0. */
+/* Makes compute memory buf[off, off + n) equal to its host image (nothing
+ * to do when the image is the buffer). */
 static void
-put_rows (SiftEngine *e, const float *src, gint64 n, guint8 *dst, gint64 cap, gint64 t0)
+upload (SiftEngine *e, guint8 *buf, const guint8 *image, gsize off, gsize n)
+{
+  if (buf != image && n > 0)
+    e->backend->ops->buffer_write (e->backend, buf + off, image + off, n);
+}
+
+/* Writes f32 token-major rows [n][n_kv_heads][head_dim] into the host
+ * image of a compute buffer [n_kv_heads][cap][head_dim] at token t0, then
+ * the rows' span (head 0's first row to the last head's last) into the
+ * buffer: one write. */
+static void
+put_rows (SiftEngine *e, const float *src, gint64 n, guint8 *buf, guint8 *dst, gint64 cap, gint64 t0)
 {
   const SiftModelShape *s = &e->config.shape;
+  const gsize row = (gsize) s->head_dim * e->es;
   if (s->n_kv_heads == 1) /* token-major and head-major coincide: one run */
-    {
-      sift_convert (src, SIFT_DTYPE_F32, dst + (gsize) (t0 * s->head_dim) * e->es, e->config.compute_dtype,
-                    (gsize) (n * s->head_dim));
-      return;
-    }
-  for (gint64 t = 0; t < n; t++)
-    for (gint32 h = 0; h < s->n_kv_heads; h++)
-      sift_convert (src + (t * s->n_kv_heads + h) * s->head_dim, SIFT_DTYPE_F32,
-                    dst + (gsize) ((h * cap + t0 + t) * s->head_dim) * e->es, e->config.compute_dtype,
-                    (gsize) s->head_dim);
+    sift_convert (src, SIFT_DTYPE_F32, dst + (gsize) (t0 * s->head_dim) * e->es, e->config.compute_dtype,
+                  (gsize) (n * s->head_dim));
+  else
+    for (gint64 t = 0; t < n; t++)
+      for (gint32 h = 0; h < s->n_kv_heads; h++)
+        sift_convert (src + (t * s->n_kv_heads + h) * s->head_dim, SIFT_DTYPE_F32,
+                      dst + (gsize) ((h * cap + t0 + t) * s->head_dim) * e->es, e->config.compute_dtype,
+                      (gsize) s->head_dim);
+  upload (e, buf, dst, (gsize) t0 * row, ((gsize) (s->n_kv_heads - 1) * (gsize) cap + (gsize) n) * row);
 }
 
 gboolean
@@ -290,8 +303,8 @@ sift_engine_put_prefill (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, con
   sift_engine_wait_stores (e, layer);
   if (!sift_engine_store_ok (e, error))
     return FALSE;
-  put_rows (e, k, n, e->prefill_k[layer], s->chunk_size, 0);
-  put_rows (e, v, n, e->prefill_v[layer], s->chunk_size, 0);
+  put_rows (e, k, n, e->prefill_k[layer], e->prefill_hk[layer], s->chunk_size, 0);
+  put_rows (e, v, n, e->prefill_v[layer], e->prefill_hv[layer], s->chunk_size, 0);
   e->prefill_pos[layer] = pos0;
   e->prefill_len[layer] = (gint32) n;
   return TRUE;
@@ -311,7 +324,8 @@ sift_engine_offload_prefill (SiftEngine *e, const SiftPolicyContext *ctx,
       gsize off = (gsize) (t * s->head_dim) * e->es;
       if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_PREFILL, e->prefill_pos[layer] + t,
                           (gint32) MIN (s->block_size, n - t), e->prefill_k[layer] + off,
-                          e->prefill_v[layer] + off, s->chunk_size, error))
+                          e->prefill_v[layer] + off, e->prefill_hk[layer] + off, e->prefill_hv[layer] + off,
+                          s->chunk_size, error))
         return FALSE;
     }
   return TRUE;
@@ -345,18 +359,20 @@ sift_engine_put_decode (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, cons
       for (gint32 h = 0; h < s->n_kv_heads; h++)
         {
           gsize base = (gsize) h * (gsize) e->decode_cap * row;
-          e->backend->ops->buffer_move (e->backend, e->decode_k[layer] + base,
-                                        e->decode_k[layer] + base + (gsize) e->decode_start[layer] * row,
-                                        (gsize) e->decode_len[layer] * row);
-          e->backend->ops->buffer_move (e->backend, e->decode_v[layer] + base,
-                                        e->decode_v[layer] + base + (gsize) e->decode_start[layer] * row,
-                                        (gsize) e->decode_len[layer] * row);
+          gsize from = base + (gsize) e->decode_start[layer] * row, n = (gsize) e->decode_len[layer] * row;
+          e->backend->ops->buffer_move (e->backend, e->decode_k[layer] + base, e->decode_k[layer] + from, n);
+          e->backend->ops->buffer_move (e->backend, e->decode_v[layer] + base, e->decode_v[layer] + from, n);
+          if (!e->host_compute)
+            {
+              memmove (e->decode_hk[layer] + base, e->decode_hk[layer] + from, n);
+              memmove (e->decode_hv[layer] + base, e->decode_hv[layer] + from, n);
+            }
         }
       e->decode_start[layer] = 0;
     }
   g_assert (e->decode_len[layer] + n <= e->decode_cap);
-  put_rows (e, k, n, e->decode_k[layer], e->decode_cap, e->decode_len[layer]);
-  put_rows (e, v, n, e->decode_v[layer], e->decode_cap, e->decode_len[layer]);
+  put_rows (e, k, n, e->decode_k[layer], e->decode_hk[layer], e->decode_cap, e->decode_len[layer]);
+  put_rows (e, v, n, e->decode_v[layer], e->decode_hv[layer], e->decode_cap, e->decode_len[layer]);
   e->decode_len[layer] += (gint32) n;
   return TRUE;
 }
@@ -375,8 +391,8 @@ sift_engine_offload_decode (SiftEngine *e, const SiftPolicyContext *ctx,
     {
       gsize off = (gsize) e->decode_start[layer] * (gsize) s->head_dim * e->es;
       if (!offload_block (e, ctx, policies, layer, SIFT_PHASE_DECODE, e->stored_tokens[layer] /* before */,
-                          s->block_size, e->decode_k[layer] + off, e->decode_v[layer] + off, e->decode_cap,
-                          error))
+                          s->block_size, e->decode_k[layer] + off, e->decode_v[layer] + off,
+                          e->decode_hk[layer] + off, e->decode_hv[layer] + off, e->decode_cap, error))
         return FALSE;
       e->decode_start[layer] += s->block_size;
       e->decode_len[layer] -= s->block_size;
@@ -446,10 +462,10 @@ sift_engine_stored_positions (SiftEngine *e, gint32 layer, gint64 *out)
   return n;
 }
 
-void
-sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, SiftView *v)
+/* The local tokens' views in compute memory (host: in the host image). */
+static void
+local_kv (SiftEngine *e, const SiftPolicyContext *ctx, gboolean host, SiftView *k, SiftView *v)
 {
-  g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
   const SiftModelShape *s = &e->config.shape;
   const gint32 l = ctx->layer;
   SiftView kv = sift_view_strided (NULL, e->config.compute_dtype, s->n_kv_heads, 0, s->head_dim, 0, s->head_dim);
@@ -458,17 +474,19 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
     {
       kv.n_tokens = e->prefill_len[l];
       kv.head_stride = (gint64) s->chunk_size * s->head_dim;
-      kd = e->prefill_k[l];
-      vd = e->prefill_v[l];
+      kd = host ? e->prefill_hk[l] : e->prefill_k[l];
+      vd = host ? e->prefill_hv[l] : e->prefill_v[l];
     }
   else
     {
       gsize off = (gsize) e->decode_start[l] * (gsize) s->head_dim * e->es;
       kv.n_tokens = e->decode_len[l];
       kv.head_stride = (gint64) e->decode_cap * s->head_dim;
-      kd = e->decode_k[l] + off;
-      vd = e->decode_v[l] + off;
+      kd = (host ? e->decode_hk[l] : e->decode_k[l]) + off;
+      vd = (host ? e->decode_hv[l] : e->decode_v[l]) + off;
     }
+  if (!host && !e->host_compute)
+    kv.space = SIFT_MEMORY_DEVICE;
   if (k != NULL)
     {
       *k = kv;
@@ -479,6 +497,19 @@ sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, 
       *v = kv;
       v->data = vd;
     }
+}
+
+void
+sift_engine_local_kv (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, SiftView *v)
+{
+  g_return_if_fail (e != NULL && ctx != NULL && ctx->layer >= 0 && ctx->layer < e->config.shape.n_layers);
+  local_kv (e, ctx, FALSE, k, v);
+}
+
+void
+sift_engine_local_kv_host (SiftEngine *e, const SiftPolicyContext *ctx, SiftView *k, SiftView *v)
+{
+  local_kv (e, ctx, TRUE, k, v);
 }
 
 gboolean
@@ -542,14 +573,14 @@ sift_engine_gather_rows (SiftEngine *e, gint32 layer, const gint64 *positions, g
             float *dst = sift_view_row (which == 0 ? k_out : v_out, h, (gint64) i);
             if (p >= dec0 && p < dec1 && e->decode_len[layer] > 0)
               {
-                guint8 *buf = which == 0 ? e->decode_k[layer] : e->decode_v[layer];
+                guint8 *buf = which == 0 ? e->decode_hk[layer] : e->decode_hv[layer];
                 gint64 td = e->decode_start[layer] + (p - dec0);
                 sift_convert (buf + (gsize) (((gint64) h * e->decode_cap + td) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }
             else if (p >= pf0 && p < pf1)
               {
-                guint8 *buf = which == 0 ? e->prefill_k[layer] : e->prefill_v[layer];
+                guint8 *buf = which == 0 ? e->prefill_hk[layer] : e->prefill_hv[layer];
                 sift_convert (buf + (gsize) (((gint64) h * s->chunk_size + (p - pf0)) * s->head_dim) * e->es,
                               e->config.compute_dtype, dst, SIFT_DTYPE_F32, (gsize) s->head_dim);
               }

@@ -3,7 +3,7 @@
  * (construction, reset) calls every part; attend.c (the default attention)
  * and evict.c call block-table.c and ring.c; everything calls counters.c.
  * Transfers, events, compute memory and kernels go through the backend's
- * method table (backend.h); only engine.c names a backend (the CPU one). */
+ * method table (backend.h); only engine.c names a backend. */
 #pragma once
 
 #include <pthread.h>
@@ -76,14 +76,29 @@ struct _SiftEngine {
   float **acc_local;          /* [n_layers] -> [acc_local_cap][n_kv_heads], tokens from stored_tokens on */
   gint64 acc_local_cap;
 
-  /* Compute-side buffers, compute dtype, from the backend (host-visible:
-   * the engine writes rows into them and hands policies views of them). */
+  /* Compute-side buffers, compute dtype, from the backend. The engine
+   * reaches them through the backend only (backend.h: buffer_write,
+   * buffer_move, buffer_clear, buffer_read, transfers, kernels); views of
+   * them carry the backend's memory space. */
+  gboolean host_compute;      /* compute memory is host memory (the CPU backend) */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
   guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim] */
   gint64 *prefill_pos;        /* [n_layers] position of the buffer's token 0 */
   gint32 *prefill_len;        /* [n_layers] tokens in the buffer */
   guint8 **decode_k, **decode_v;   /* [n_layers] -> [n_kv_heads][decode_cap][head_dim] */
+  /* Host images of the prefill and decode buffers, same layout: what the
+   * engine reads on the host (offload hooks, H2O accumulation, gathered
+   * rows) and writes first (rows are converted here, then written through
+   * the backend). The buffers themselves when host_compute, else the
+   * backend's host memory kept equal to them. */
+  guint8 **prefill_hk, **prefill_hv, **decode_hk, **decode_hv;
+  GPtrArray *images;          /* the host images that are not the buffers, freed with the engine */
+  GArray *image_sizes;        /* gsize, their sizes */
+  /* A call's q, output and LSE in compute memory when it is not host
+   * memory ([n_q_heads][max_q][head_dim] f32, [n_q_heads][max_q]); NULL
+   * when host_compute. */
+  float *call_q, *call_out, *call_lse;
   gint32 *decode_start;       /* [n_layers] first valid token in the decode buffer */
   gint32 *decode_len;         /* [n_layers] valid tokens from decode_start */
   XlHalf xl[2];
@@ -169,6 +184,8 @@ void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
 
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
+/* Views of the local tokens (sift_engine_local_kv) in the host image. */
+void sift_engine_local_kv_host (SiftEngine *engine, const SiftPolicyContext *ctx, SiftView *k, SiftView *v);
 /* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
 

@@ -1,5 +1,6 @@
 /* The OffloadEngine's construction, reset and teardown: it checks the
- * configuration, makes the backend (backend.h; the CPU one), allocates the
+ * configuration, makes the backend (backend.h: the CPU one, or the CUDA
+ * one for offload.device cuda), allocates the
  * compute-side buffers from it and hands each part (block table, ring,
  * cross-layer buffer, eviction) its own setup. The parts live in their own
  * files (docs/engine.md, "Files"); this file calls them and none of them
@@ -32,6 +33,8 @@ check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
   if (c->compute_dtype != SIFT_DTYPE_F32 && c->compute_dtype != SIFT_DTYPE_F16
       && c->compute_dtype != SIFT_DTYPE_BF16)
     return sift_engine_invalid (error, "compute dtype %s is not f32, f16 or bf16", sift_dtype_name (c->compute_dtype));
+  if (sift_device_name (c->device) == NULL)
+    return sift_engine_invalid (error, "unknown device %d", (int) c->device);
   if (c->pipeline != SIFT_PIPELINE_RING && c->pipeline != SIFT_PIPELINE_CROSS_LAYER)
     return sift_engine_invalid (error, "unknown pipeline %d", (int) c->pipeline);
   if (c->max_tokens < 0)
@@ -82,21 +85,31 @@ buffer_new (SiftEngine *e, gsize size, GError **error)
   return buf.data;
 }
 
-/* The host may touch every buffer: the engine writes rows into the prefill
- * and decode buffers and hands policies views of them and of the slots
- * (docs/engine.md, "The backend seam"). */
-static gboolean
-buffers_on_host (SiftEngine *e, GError **error)
+/* The host image of a buffer (engine-private.h): the buffer itself when
+ * compute memory is host memory, else zeroed host memory of the backend
+ * (pinned on a GPU), freed with the engine. */
+static guint8 *
+image_new (SiftEngine *e, guint8 *buf, gsize size)
 {
-  for (guint i = 0; i < e->buffers->len; i++)
-    if (g_array_index (e->buffers, SiftBuffer, i).space != SIFT_MEMORY_HOST)
-      {
-        g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID,
-                     "engine: backend '%s' keeps compute buffers in device memory, which this engine cannot yet "
-                     "fill or hand to policies", e->backend->ops->name);
-        return FALSE;
-      }
-  return TRUE;
+  if (e->host_compute || buf == NULL)
+    return buf;
+  guint8 *p = e->backend->ops->host_alloc (e->backend, size);
+  g_ptr_array_add (e->images, p);
+  g_array_append_val (e->image_sizes, size);
+  return p;
+}
+
+const char *
+sift_device_name (SiftDevice device)
+{
+  switch (device)
+    {
+    case SIFT_DEVICE_CPU:
+      return "cpu";
+    case SIFT_DEVICE_CUDA:
+      return "cuda";
+    }
+  return NULL;
 }
 
 SiftEngine *
@@ -123,15 +136,27 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->phase = SIFT_PHASE_PREFILL;
   e->counters = g_new0 (SiftCounters, (gsize) L * 2);
   const SiftBackendSetup setup = { *s, config->compute_dtype, store, { sift_engine_transfer_done, e } };
-  e->backend = sift_backend_cpu_new (&setup);
+  e->backend = config->device == SIFT_DEVICE_CUDA ? sift_backend_cuda_new (&setup, error)
+                                                  : sift_backend_cpu_new (&setup);
+  if (e->backend == NULL)
+    {
+      g_prefix_error (error, "engine: offload.device cuda: ");
+      pthread_mutex_destroy (&e->lock);
+      g_free (e->counters);
+      g_free (e);
+      return NULL;
+    }
   g_assert (e->backend->ops->version == SIFT_BACKEND_VERSION
             && e->backend->ops->struct_size >= sizeof (SiftBackendOps));
   e->buffers = g_array_new (FALSE, FALSE, sizeof (SiftBuffer));
+  e->images = g_ptr_array_new ();
+  e->image_sizes = g_array_new (FALSE, FALSE, sizeof (gsize));
   sift_engine_set_force_copy (e, FALSE);
   GError *local = NULL;
 
   sift_engine_blocks_init (e);
   e->slots_mem = buffer_new (e, (gsize) config->n_slots * 2 * (gsize) e->block_elems * e->es, &local);
+  e->host_compute = e->buffers->len > 0 && g_array_index (e->buffers, SiftBuffer, 0).space == SIFT_MEMORY_HOST;
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
   e->prefill_k = g_new0 (guint8 *, L);
@@ -145,6 +170,17 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
       e->decode_k[l] = buffer_new (e, dc_bytes, &local);
       e->decode_v[l] = buffer_new (e, dc_bytes, &local);
     }
+  e->prefill_hk = g_new0 (guint8 *, L);
+  e->prefill_hv = g_new0 (guint8 *, L);
+  e->decode_hk = g_new0 (guint8 *, L);
+  e->decode_hv = g_new0 (guint8 *, L);
+  for (gint32 l = 0; l < L && local == NULL; l++)
+    {
+      e->prefill_hk[l] = image_new (e, e->prefill_k[l], pf_bytes);
+      e->prefill_hv[l] = image_new (e, e->prefill_v[l], pf_bytes);
+      e->decode_hk[l] = image_new (e, e->decode_k[l], dc_bytes);
+      e->decode_hv[l] = image_new (e, e->decode_v[l], dc_bytes);
+    }
   e->prefill_pos = g_new0 (gint64, L);
   e->prefill_len = g_new0 (gint32, L);
   e->decode_start = g_new0 (gint32, L);
@@ -153,10 +189,17 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->part_out = (float *) (void *) buffer_new (e, sizeof (float) * (gsize) s->n_q_heads * (gsize) e->max_q
                                                   * (gsize) s->head_dim, &local);
   e->part_lse = (float *) (void *) buffer_new (e, sizeof (float) * (gsize) s->n_q_heads * (gsize) e->max_q, &local);
+  if (!e->host_compute)
+    {
+      const gsize rows = (gsize) s->n_q_heads * (gsize) e->max_q;
+      e->call_q = (float *) (void *) buffer_new (e, sizeof (float) * rows * (gsize) s->head_dim, &local);
+      e->call_out = (float *) (void *) buffer_new (e, sizeof (float) * rows * (gsize) s->head_dim, &local);
+      e->call_lse = (float *) (void *) buffer_new (e, sizeof (float) * rows, &local);
+    }
   sift_engine_ring_init (e);
   sift_engine_xl_init (e);
   sift_engine_evict_init (e);
-  if (local != NULL || !buffers_on_host (e, &local))
+  if (local != NULL)
     {
       g_propagate_error (error, local);
       sift_engine_free (e);
@@ -181,6 +224,14 @@ sift_engine_free (SiftEngine *e)
   g_free (e->prefill_v);
   g_free (e->decode_k);
   g_free (e->decode_v);
+  for (guint i = 0; i < e->images->len; i++)
+    b->ops->host_free (b, g_ptr_array_index (e->images, i), g_array_index (e->image_sizes, gsize, i));
+  g_ptr_array_unref (e->images);
+  g_array_unref (e->image_sizes);
+  g_free (e->prefill_hk);
+  g_free (e->prefill_hv);
+  g_free (e->decode_hk);
+  g_free (e->decode_hv);
   g_free (e->prefill_pos);
   g_free (e->prefill_len);
   g_free (e->decode_start);
@@ -214,6 +265,13 @@ sift_engine_reset (SiftEngine *e)
       e->backend->ops->buffer_clear (e->backend, e->prefill_v[l], pf_bytes);
       e->backend->ops->buffer_clear (e->backend, e->decode_k[l], dc_bytes);
       e->backend->ops->buffer_clear (e->backend, e->decode_v[l], dc_bytes);
+      if (!e->host_compute)
+        {
+          memset (e->prefill_hk[l], 0, pf_bytes);
+          memset (e->prefill_hv[l], 0, pf_bytes);
+          memset (e->decode_hk[l], 0, dc_bytes);
+          memset (e->decode_hv[l], 0, dc_bytes);
+        }
       e->prefill_pos[l] = 0;
       e->prefill_len[l] = e->decode_start[l] = e->decode_len[l] = 0;
     }

@@ -186,7 +186,7 @@ sift_engine_accumulate (SiftEngine *e, const SiftPolicyContext *ctx, const float
     }
   /* Local tokens (the chunk, or the decode buffer with the step's rows). */
   SiftView lk;
-  sift_engine_local_kv (e, ctx, &lk, NULL);
+  sift_engine_local_kv_host (e, ctx, &lk, NULL);
   const gint64 n = lk.n_tokens, p0 = e->stored_tokens[l];
   g_autofree gint64 *pos = g_new (gint64, (gsize) MAX (n, 1));
   for (gint64 j = 0; j < n; j++)

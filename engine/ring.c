@@ -295,6 +295,8 @@ sift_engine_slots_kv (SiftEngine *e, gint32 slot, gint64 n_tokens, SiftView *k, 
   const Slot *sl = &e->slots[slot];
   SiftView kv = sift_view_strided (sl->map_k != NULL ? (void *) sl->map_k : slot_data (e, slot, 0), e->config.compute_dtype,
                                    s->n_kv_heads, n_tokens, s->head_dim, (gint64) s->block_size * s->head_dim, s->head_dim);
+  if (sl->map_k == NULL && !e->host_compute)
+    kv.space = SIFT_MEMORY_DEVICE;
   if (k != NULL)
     *k = kv;
   if (v != NULL)

@@ -14,7 +14,11 @@
 typedef struct {
   SiftStore parent;
   GPtrArray *blocks;  /* void * [reserved], block_bytes each, inside chunks; guarded by parent.lock */
-  GPtrArray *chunks;  /* sift_mem_alloc'd runs of blocks, owned */
+  GPtrArray *chunks;  /* runs of blocks, owned: sift_mem_alloc'd, or from memory_alloc */
+  GArray *chunk_sizes; /* gsize [chunks] */
+  /* Where chunks come from once set (a GPU backend's pinned memory); NULL: sift_mem_alloc0. */
+  void *(*memory_alloc) (gsize size);
+  void (*memory_free) (void *p, gsize size);
 } HostStore;
 
 static void *
@@ -62,7 +66,9 @@ host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
     return TRUE;
   const gsize n_new = (gsize) (n_blocks - (gint64) self->blocks->len);
   const gsize stride = (store->block_bytes + 63) / 64 * 64; /* each block 64-byte aligned */
-  guint8 *chunk = n_new <= G_MAXSIZE / stride ? sift_mem_alloc0 (n_new * stride) : NULL;
+  guint8 *chunk = NULL;
+  if (n_new <= G_MAXSIZE / stride)
+    chunk = self->memory_alloc != NULL ? self->memory_alloc (n_new * stride) : sift_mem_alloc0 (n_new * stride);
   if (chunk == NULL)
     {
       g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
@@ -71,6 +77,8 @@ host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
       return FALSE;
     }
   g_ptr_array_add (self->chunks, chunk);
+  const gsize size = n_new * stride;
+  g_array_append_val (self->chunk_sizes, size);
   for (gsize i = 0; i < n_new; i++)
     g_ptr_array_add (self->blocks, chunk + i * stride);
   return TRUE;
@@ -79,8 +87,18 @@ host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
 static void
 host_finalize (SiftStore *store)
 {
-  g_ptr_array_unref (((HostStore *) store)->blocks);
-  g_ptr_array_unref (((HostStore *) store)->chunks);
+  HostStore *self = (HostStore *) store;
+  for (guint i = 0; i < self->chunks->len; i++)
+    {
+      void *chunk = g_ptr_array_index (self->chunks, i);
+      if (self->memory_alloc != NULL)
+        self->memory_free (chunk, g_array_index (self->chunk_sizes, gsize, i));
+      else
+        sift_mem_free (chunk);
+    }
+  g_ptr_array_unref (self->blocks);
+  g_ptr_array_unref (self->chunks);
+  g_array_unref (self->chunk_sizes);
 }
 
 static const SiftStoreClass host_class = {
@@ -90,6 +108,23 @@ static const SiftStoreClass host_class = {
   .reserve = host_reserve,
   .finalize = host_finalize,
 };
+
+gboolean
+sift_store_host_use_memory (SiftStore *store, void *(*alloc) (gsize size), void (*release) (void *p, gsize size))
+{
+  if (store->klass != &host_class)
+    return FALSE;
+  HostStore *self = (HostStore *) store;
+  pthread_mutex_lock (&store->lock);
+  gboolean ok = self->chunks->len == 0 || self->memory_alloc == alloc;
+  if (self->chunks->len == 0)
+    {
+      self->memory_alloc = alloc;
+      self->memory_free = release;
+    }
+  pthread_mutex_unlock (&store->lock);
+  return ok;
+}
 
 gboolean
 sift_store_can_map (const SiftStore *store)
@@ -128,6 +163,7 @@ sift_store_host_new (const SiftStoreConfig *config, GError **error)
   if (self == NULL)
     return NULL;
   self->blocks = g_ptr_array_new ();
-  self->chunks = g_ptr_array_new_with_free_func (sift_mem_free);
+  self->chunks = g_ptr_array_new ();
+  self->chunk_sizes = g_array_new (FALSE, FALSE, sizeof (gsize));
   return &self->parent;
 }

@@ -41,3 +41,9 @@ gboolean sift_store_map_many (SiftStore *store, const gint64 *ids, gsize n, cons
 gboolean sift_store_can_map (const SiftStore *store);
 /* Whether a file store's I/O goes through io_uring (FALSE for other stores). */
 gboolean sift_store_file_uses_uring (const SiftStore *store);
+/* Host store: the chunks it reserves from now on come from alloc (zeroed)
+ * and go back through release (a GPU backend's pinned memory, so copies
+ * run straight from the stored blocks). FALSE when it is no host store or
+ * already holds chunks of other memory (then nothing changes). */
+gboolean sift_store_host_use_memory (SiftStore *store, void *(*alloc) (gsize size),
+                                     void (*release) (void *p, gsize size));

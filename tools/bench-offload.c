@@ -238,7 +238,7 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
         }
       g_autoptr (GError) error = NULL;
       g_autoptr (SiftStore) store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
-      SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0 };
+      SiftEngineConfig ec = { shape, compute, o->slots, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
       g_autoptr (SiftEngine) engine = store ? sift_engine_new (&ec, store, &error) : NULL;
       if (engine != NULL) /* the copy worker is what is measured */
         sift_engine_set_force_copy (engine, TRUE);
@@ -360,7 +360,7 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   printf ("  prefill selects the first and the last %d blocks (--prefill-budget), decode %s (--decode-budget)\n",
           o->prefill_budget, o->decode_budget > 0 ? "the first and last blocks" : "every block");
   g_autoptr (GError) error = NULL;
-  SiftEngineConfig ec = { shape, compute, o->slots, pipe, 0 };
+  SiftEngineConfig ec = { shape, compute, o->slots, pipe, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   if (engine == NULL)
     return sift_cli_fail ("bench offload", error);

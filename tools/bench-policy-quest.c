@@ -88,7 +88,7 @@ run_one (const Options *o, const SiftModelShape *shape, gint64 length, SiftPolic
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, error);
   if (store == NULL)
     return FALSE;
-  SiftEngineConfig ec = { *shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { *shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
   if (engine == NULL)
     return FALSE;

@@ -80,3 +80,14 @@ sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float
   (void) o1, (void) lse1, (void) o2, (void) lse2;
   return unavailable (error);
 }
+
+/* The engine's CUDA backend (engine/backend.h) is not built either. */
+#include "backend.h"
+
+SiftBackend *
+sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
+{
+  (void) setup;
+  unavailable (error);
+  return NULL;
+}

@@ -10,6 +10,7 @@
 #include <sift/error.h>
 
 #include "attn-private.h"
+#include "cuda-private.h"
 #include "kernels.h"
 
 G_DEFINE_QUARK (sift-cuda-error-quark, sift_cuda_error)
@@ -124,27 +125,32 @@ sift_cuda_synchronize (GError **error)
 /* Device scratch for the block table and the split partials, grown on
  * demand. Calls run in order on one stream, so a call's scratch is free
  * again once the next call's work starts; growing frees the old buffer,
- * which cudaFree does only after the work in flight is done. */
+ * which cudaFree does only after the work in flight is done. The public
+ * calls share one (on the legacy default stream), each engine backend
+ * has its own (on its compute stream). */
 static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *scratch;
-static gsize scratch_size;
+static SiftCudaScratch default_scratch;
 
 static void *
-scratch_get (gsize bytes, GError **error)
+scratch_get (SiftCudaScratch *sc, gsize bytes, GError **error)
 {
-  pthread_mutex_lock (&scratch_lock);
-  if (scratch_size < bytes)
+  if (sc->size < bytes)
     {
-      cudaFree (scratch);
-      scratch = NULL;
-      scratch_size = 0;
+      cudaFree (sc->ptr);
+      sc->ptr = NULL;
+      sc->size = 0;
       gsize n = MAX (bytes, 1 << 20);
-      if (check (cudaMalloc (&scratch, n), "cudaMalloc (attention scratch)", error))
-        scratch_size = n;
+      if (check (cudaMalloc (&sc->ptr, n), "cudaMalloc (attention scratch)", error))
+        sc->size = n;
     }
-  void *p = scratch;
-  pthread_mutex_unlock (&scratch_lock);
-  return p;
+  return sc->ptr;
+}
+
+void
+sift_cuda_scratch_clear (SiftCudaScratch *sc)
+{
+  cudaFree (sc->ptr);
+  *sc = (SiftCudaScratch) { 0 };
 }
 
 static gboolean
@@ -192,7 +198,7 @@ kv_block (const SiftView *k, const SiftView *v, gint64 start)
 /* Launches a checked call: picks the splits of the key axis, uploads the
  * block table of a paged call, launches. */
 static gboolean
-run (const SiftAttnArgs *a, GError **error)
+run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **error)
 {
   const SiftView *q = a->q;
   const gint32 d = q->head_dim;
@@ -241,7 +247,7 @@ run (const SiftAttnArgs *a, GError **error)
   gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
   if (table + part > 0)
     {
-      char *s = scratch_get (table + part, error);
+      char *s = scratch_get (sc, table + part, error);
       if (s == NULL)
         return FALSE;
       if (table > 0)
@@ -249,7 +255,7 @@ run (const SiftAttnArgs *a, GError **error)
           g_autofree SiftCudaKvBlock *t = g_new (SiftCudaKvBlock, a->n_blocks);
           for (gsize b = 0; b < a->n_blocks; b++)
             t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
-          if (!check (cudaMemcpyAsync (s, t, a->n_blocks * sizeof *t, cudaMemcpyHostToDevice, 0),
+          if (!check (cudaMemcpyAsync (s, t, a->n_blocks * sizeof *t, cudaMemcpyHostToDevice, stream),
                       "copy of the block table", error))
             return FALSE;
           c.blocks = (const SiftCudaKvBlock *) s;
@@ -259,7 +265,17 @@ run (const SiftAttnArgs *a, GError **error)
       c.part_o = (float *) (s + table);
       c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
     }
-  return check (sift_cuda_attn_launch (&c, NULL), "attention kernel launch", error);
+  return check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error);
+}
+
+/* run() on the shared scratch and the legacy default stream. */
+static gboolean
+run_default (const SiftAttnArgs *a, GError **error)
+{
+  pthread_mutex_lock (&scratch_lock);
+  gboolean ok = run (a, NULL, &default_scratch, error);
+  pthread_mutex_unlock (&scratch_lock);
+  return ok;
 }
 
 gboolean
@@ -268,7 +284,7 @@ sift_cuda_attn_dense (const SiftView *q, const SiftView *k, const SiftView *v,
 {
   SiftAttnArgs a;
   return sift_cuda_init (error) && sift_attn_prepare (&a, q, k, v, opts, out, lse, error)
-         && run (&a, error);
+         && run_default (&a, error);
 }
 
 gboolean
@@ -285,7 +301,25 @@ sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
                    SIFT_ATTN_DECODE_MAX_ROWS, q->n_tokens);
       return FALSE;
     }
-  return run (&a, error);
+  return run_default (&a, error);
+}
+
+gboolean
+sift_cuda_attn_paged_on (void *stream, SiftCudaScratch *scratch, const SiftView *q, const SiftView *k_blocks,
+                         const SiftView *v_blocks, gsize n_blocks, const SiftAttnOpts *opts, SiftView *out,
+                         float *lse, GError **error)
+{
+  if (!sift_cuda_init (error))
+    return FALSE;
+  SiftView k_all, v_all;
+  g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
+  SiftAttnArgs a;
+  if (!sift_attn_prepare_paged (&a, &k_all, &v_all, block_start, q, k_blocks, v_blocks, n_blocks, opts, out, lse,
+                                error))
+    return FALSE;
+  if (scratch != NULL)
+    return run (&a, stream, scratch, error);
+  return run_default (&a, error);
 }
 
 gboolean
@@ -293,18 +327,12 @@ sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftVie
                       gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                       GError **error)
 {
-  if (!sift_cuda_init (error))
-    return FALSE;
-  SiftView k_all, v_all;
-  g_autofree gint64 *block_start = g_new (gint64, n_blocks + 1);
-  SiftAttnArgs a;
-  return sift_attn_prepare_paged (&a, &k_all, &v_all, block_start, q, k_blocks, v_blocks, n_blocks,
-                                  opts, out, lse, error)
-         && run (&a, error);
+  return sift_cuda_attn_paged_on (NULL, NULL, q, k_blocks, v_blocks, n_blocks, opts, out, lse, error);
 }
 
 gboolean
-sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
+sift_cuda_attn_merge_on (void *stream, SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
+                         GError **error)
 {
   if (!sift_cuda_init (error) || !sift_view_check (o1, "o1", error) || !sift_view_check (o2, "o2", error))
     return FALSE;
@@ -328,6 +356,12 @@ sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float
                         o1->n_heads, o1->n_tokens);
   return check (sift_cuda_merge_launch (o1->data, o1->head_stride, o1->token_stride, lse1, o2->data,
                                         o2->head_stride, o2->token_stride, lse2, o1->n_heads,
-                                        (int32_t) o1->n_tokens, o1->head_dim, NULL),
+                                        (int32_t) o1->n_tokens, o1->head_dim, stream),
                 "merge kernel launch", error);
+}
+
+gboolean
+sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2, GError **error)
+{
+  return sift_cuda_attn_merge_on (NULL, o1, lse1, o2, lse2, error);
 }

@@ -2,7 +2,13 @@
  * every attention call equals a naive double-precision reference within
  * 1e-5 relative, across slots, block and chunk sizes, stores, stored and
  * compute dtypes, MHA / GQA and both decode pipelines; reset leaves no
- * trace; several sequences share one store. */
+ * trace; several sequences share one store.
+ *
+ * Built a second time with SIFT_TEST_CUDA (tests/cuda: test-cuda-engine)
+ * the same properties hold for an engine on the GPU (offload.device cuda):
+ * its own grid of the shapes and dtypes the GPU kernels take, within the
+ * kernels' error bounds (docs/kernels.md); it exits 77 (skipped) without
+ * a GPU. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +19,29 @@
 #include <cmocka.h>
 
 #include "helpers.h"
+
+#ifdef SIFT_TEST_CUDA
+#include <sift/cuda.h>
+#define TEST_DEVICE SIFT_DEVICE_CUDA
+/* The CPU-only tests below are not run here. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#define T_DIM 64                      /* head_dim of the shared cases */
+#define T_COMPUTE SIFT_DTYPE_F16      /* their compute dtype */
+#else
+#define TEST_DEVICE SIFT_DEVICE_CPU
+#define T_DIM 32
+#define T_COMPUTE SIFT_DTYPE_F32
+#endif
+
+/* The error bound of a compute dtype: the CPU kernels compute in f32; the
+ * GPU's round q and the probabilities to K's type (docs/kernels.md). */
+static double
+tolerance (SiftDType compute)
+{
+  if (TEST_DEVICE == SIFT_DEVICE_CPU)
+    return 1e-5;
+  return compute == SIFT_DTYPE_BF16 ? 3e-2 : 8e-3;
+}
 
 /* The Full policy as a test sees it: both phases, every method NULL. */
 static const SiftPolicyOps full_ops = {
@@ -107,7 +136,7 @@ run_open (Run *r, const Case *c, guint64 seed, SiftStore *shared)
       r->store = c->file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
       g_assert_no_error (error);
     }
-  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0 };
+  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0, TEST_DEVICE };
   r->engine = sift_engine_new (&ec, r->store, &error);
   g_assert_no_error (error);
   r->src = test_source_new (&shape, seed, round);
@@ -191,6 +220,22 @@ check_case (const Case *c, double tol)
   run_close (&r, TRUE);
 }
 
+#ifdef SIFT_TEST_CUDA
+/* The GPU kernels take f16 / bf16 compute and head_dim 64 or 128; slots 2..8,
+ * blocks 16..256, chunks, host (pinned, copied in place) and file (staged)
+ * stores, stored dtypes converted on load, both pipelines, 50+ steps. */
+static const Case grid[] = {
+  /* L  q  kv  d   block chunk slots file  stored          compute          pipeline                prompt steps policy */
+  { 2, 4, 2, 64, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
+  { 2, 4, 4, 64, 32, 64, 3, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_CROSS_LAYER, 300, 55, POL_FULL },
+  { 3, 8, 2, 128, 16, 16, 8, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 170, 52, POL_SELECT_ALL },
+  { 2, 4, 1, 64, 64, 128, 4, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 390, 70, POL_FULL },
+  { 2, 2, 2, 128, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, POL_SELECT_ALL },
+  { 1, 4, 2, 64, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, POL_NULL },
+  { 2, 6, 3, 64, 16, 64, 7, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 131, 80, POL_SELECT_ALL },
+  { 1, 32, 8, 128, 64, 512, 4, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 1500, 52, POL_FULL },
+};
+#else
 static const Case grid[] = {
   /* L  q  kv  d   block chunk slots file  stored          compute          pipeline                prompt steps policy */
   { 2, 4, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
@@ -202,13 +247,14 @@ static const Case grid[] = {
   { 1, 2, 1, 16, 1024, 1024, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 2100, 52, POL_FULL },
   { 2, 6, 3, 32, 16, 64, 7, TRUE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 131, 80, POL_SELECT_ALL },
 };
+#endif
 
 static void
 test_dense_grid (void **state)
 {
   (void) state;
   for (gsize i = 0; i < G_N_ELEMENTS (grid); i++)
-    check_case (&grid[i], 1e-5);
+    check_case (&grid[i], tolerance (grid[i].compute));
 }
 
 /* q8_0 is lossy: against the unrounded reference within the quantization error. */
@@ -232,7 +278,7 @@ test_reset_leaves_no_trace (void **state)
   (void) state;
   for (int pipe = 0; pipe < 2; pipe++)
     {
-      Case c = { 2, 4, 2, 32, 16, 32, 3, pipe == 1, SIFT_DTYPE_F16, SIFT_DTYPE_F32, (SiftPipeline) pipe, 150, 50, POL_FULL };
+      Case c = { 2, 4, 2, T_DIM, 16, 32, 3, pipe == 1, SIFT_DTYPE_F16, T_COMPUTE, (SiftPipeline) pipe, 150, 50, POL_FULL };
       Run a;
       run_open (&a, &c, 1, NULL);
       run_sequence (&a, &c);
@@ -260,7 +306,7 @@ test_reset_leaves_no_trace (void **state)
       run_sequence (&b, &c);
       assert_int_equal (a.check->outputs->len, b.check->outputs->len);
       assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
-      assert_true (a.check->max_err < 1e-5);
+      assert_true (a.check->max_err < tolerance (c.compute));
       run_close (&a, TRUE);
       run_close (&b, TRUE);
     }
@@ -272,7 +318,7 @@ static void
 test_multi_sequence (void **state)
 {
   (void) state;
-  Case c = { 2, 4, 2, 32, 16, 64, 2, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 250, 50, POL_FULL };
+  Case c = { 2, 4, 2, T_DIM, 16, 64, 2, TRUE, SIFT_DTYPE_F32, T_COMPUTE, SIFT_PIPELINE_RING, 250, 50, POL_FULL };
   SiftModelShape shape = case_shape (&c);
   g_autofree char *path = test_tmp_path ("shared");
   SiftStoreConfig sc = test_store_config (&shape, c.stored, path);
@@ -311,8 +357,8 @@ test_multi_sequence (void **state)
     }
   g_hash_table_unref (seen);
   assert_int_equal (sift_store_blocks_in_use (store), total);
-  assert_true (a.check->max_err < 1e-5);
-  assert_true (b.check->max_err < 1e-5);
+  assert_true (a.check->max_err < tolerance (c.compute));
+  assert_true (b.check->max_err < tolerance (c.compute));
   run_close (&a, FALSE);
   assert_int_equal (sift_store_blocks_in_use (store), of_b);
   run_close (&b, FALSE);
@@ -417,7 +463,7 @@ test_config_errors (void **state)
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 4, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   assert_null (sift_engine_new (&ec, store, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
   assert_non_null (strstr (error->message, "chunk_size 96 is not a multiple of block_size 64"));
@@ -447,7 +493,7 @@ test_max_tokens (void **state)
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 64, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 1);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);
@@ -499,6 +545,20 @@ test_random_source (void **state)
 int
 main (void)
 {
+#ifdef SIFT_TEST_CUDA
+  g_autoptr (GError) error = NULL;
+  if (!sift_cuda_init (&error))
+    {
+      g_print ("skipped: %s\n", error->message);
+      return 77;
+    }
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_dense_grid),
+    cmocka_unit_test (test_reset_leaves_no_trace),
+    cmocka_unit_test (test_multi_sequence),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+#else
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_dense_grid),
     cmocka_unit_test (test_q8_0_store),
@@ -511,4 +571,5 @@ main (void)
     cmocka_unit_test (test_random_source),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
+#endif
 }

@@ -211,7 +211,7 @@ fix_open (Fix *f, const SiftPolicyOps *ops, Mode mode, SiftPipeline pipe, gint32
   g_autoptr (GError) error = NULL;
   SiftStoreConfig sc = test_store_config (&f->shape, SIFT_DTYPE_F32, NULL);
   f->store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { f->shape, SIFT_DTYPE_F32, fix_slots, pipe, 0 };
+  SiftEngineConfig ec = { f->shape, SIFT_DTYPE_F32, fix_slots, pipe, 0, SIFT_DEVICE_CPU };
   f->engine = sift_engine_new (&ec, f->store, &error);
   g_assert_no_error (error);
   /* Resident blocks skip the cross-layer pipeline: copy to exercise it. */
@@ -467,7 +467,7 @@ test_phase_support (void **state)
   g_autoptr (GError) error = NULL;
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, NULL);
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 1);
   g_autoptr (SiftPolicy) p = sift_policy_new (&prefill_only_ops, NULL, &shape, &error);

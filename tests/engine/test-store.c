@@ -340,7 +340,7 @@ fault_run_open (FaultRun *r, SiftPipeline pipe, gboolean file, gint32 n_slots)
   SiftStore *inner = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
   g_assert_no_error (error);
   r->store = fault_new (inner);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, n_slots, pipe, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, n_slots, pipe, 0, SIFT_DEVICE_CPU };
   r->engine = sift_engine_new (&ec, &r->store->parent, &error);
   sift_engine_set_ring_group (r->engine, MAX (1, ec.n_slots / 2)); /* the groups the cases below count on */
   r->src = sift_model_random_new (&shape, 5);
@@ -452,7 +452,7 @@ test_changed_during_run (void **state)
   SiftStoreConfig sc = test_store_config (&shape, SIFT_DTYPE_F32, path);
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_file_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 5);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, NULL, NULL, &error);

@@ -59,7 +59,7 @@ run_prefill (const char *policy, const char *const *params, gint64 n, gint32 chu
     fail_msg ("%s", error->message);
   SiftStoreConfig sc = { SIFT_DTYPE_F32, KVH, BLOCK, D, 0, NULL, FALSE, FALSE };
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 3, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 3, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_assert_no_error (error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 9);

@@ -79,7 +79,7 @@ run (gboolean hooks_see_prompt, Capture *c, SiftCounters *decode_counters)
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
   assert_non_null (store);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   assert_non_null (engine);
   g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);

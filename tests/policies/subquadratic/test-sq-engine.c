@@ -78,7 +78,7 @@ run_case (const Case *c)
                          .path = path };
   g_autoptr (SiftStore) store = c->file_store ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
   g_assert_no_error (error);
-  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, c->slots, SIFT_PIPELINE_RING, 0 };
+  SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, c->slots, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   g_assert_no_error (error);
   g_autoptr (SiftModel) src = sift_model_random_new (&shape, 7);

@@ -1,0 +1,664 @@
+/* The engine's CUDA backend (engine/backend.h): compute memory is device
+ * memory (ring slots, prefill and decode buffers, the cross-layer halves,
+ * a call's q, output and partials), host memory is pinned, and the GPU
+ * kernels of attn.cu run on a compute stream. Loads run on a copy stream:
+ * before each batch of loads the copy stream waits on a "compute done"
+ * event recorded on the compute stream (a slot is never overwritten while
+ * an earlier attention reads it), each transfer's event is recorded after
+ * its copy ("slot ready"), and event_wait makes the compute stream wait on
+ * it, so the host only enqueues and H2D overlaps attention as the CPU
+ * ring's copy worker does. A block of a pinned host store is copied
+ * straight from the store; others (a file store, another dtype, a store
+ * that held unpinned chunks before) are read and converted on the host
+ * into pinned staging first. Stores are written on the submitting thread
+ * from the engine's host image of the buffer. See docs/engine.md, "The
+ * GPU backend". */
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include <sift/cuda.h>
+#include <sift/error.h>
+
+#include "backend.h"
+#include "cuda-private.h"
+#include "store-private.h"
+
+/* Pinned staging buffers for loads that cannot copy from the store in place. */
+#define N_STAGING 8
+/* The pinned arena that buffer_write copies through (grown to fit). */
+#define ARENA_BYTES (8u << 20)
+
+/* A transfer event: recorded on the copy stream after the transfers given
+ * it; `error` is a failed staged read (found when it was submitted). */
+struct _SiftEvent {
+  cudaEvent_t ev;
+  gboolean recorded;
+  GError *error;
+};
+
+typedef struct {
+  guint8 *stored;      /* one stored block, stored dtype */
+  guint8 *block;       /* one block, compute dtype, stored layout */
+  cudaEvent_t free_ev; /* its copy finished */
+  gboolean used;
+} Staging;
+
+/* Two events around work on a stream, timed once both completed. */
+typedef struct {
+  cudaEvent_t a, b;
+  int kind;            /* TIME_STALL, TIME_LOAD, TIME_COMPUTE */
+} Timed;
+
+enum { TIME_STALL, TIME_LOAD, TIME_COMPUTE };
+
+typedef struct {
+  SiftBackend parent;
+  SiftStore *store;
+  SiftModelShape shape;
+  SiftDType compute;
+  gsize es;
+  cudaStream_t cs;           /* compute: kernels, buffer_* */
+  cudaStream_t xs;           /* copy: loads */
+  cudaEvent_t compute_done;  /* recorded on cs before each batch of loads */
+  SiftCudaScratch scratch;
+  gboolean store_pinned;     /* every block of the host store is pinned memory */
+  gboolean store_failed;     /* a store failed: later ones are skipped until drain (forget) */
+  Staging staging[N_STAGING];
+  guint next_staging;
+  guint8 *pack;              /* a stored block, for stores */
+  guint8 *readback;          /* a block of compute elements read back (stores without a host image) */
+  guint8 *arena;             /* pinned; buffer_write's source copies */
+  gsize arena_size, arena_at;
+  cudaEvent_t arena_ev;      /* recorded after the last write that used the arena */
+  GArray *timed;             /* Timed, not yet read */
+  GArray *event_pool;        /* cudaEvent_t with timing, free */
+  GError *sticky;            /* the first CUDA failure of an asynchronous call */
+} CudaBackend;
+
+static void
+note_failure (CudaBackend *b, cudaError_t err, const char *what)
+{
+  if (err == cudaSuccess || b->sticky != NULL)
+    return;
+  b->sticky = g_error_new (SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_FAILED, "%s: %s", what, cudaGetErrorString (err));
+}
+
+static gboolean
+check (cudaError_t err, const char *what, GError **error)
+{
+  if (err == cudaSuccess)
+    return TRUE;
+  g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_FAILED, "%s: %s", what, cudaGetErrorString (err));
+  return FALSE;
+}
+
+/* ---- Timing ------------------------------------------------------------ */
+
+static cudaEvent_t
+timing_event (CudaBackend *b)
+{
+  cudaEvent_t ev = NULL;
+  if (b->event_pool->len > 0)
+    {
+      ev = g_array_index (b->event_pool, cudaEvent_t, b->event_pool->len - 1);
+      g_array_set_size (b->event_pool, b->event_pool->len - 1);
+    }
+  else
+    note_failure (b, cudaEventCreate (&ev), "cudaEventCreate");
+  return ev;
+}
+
+static Timed
+time_begin (CudaBackend *b, cudaStream_t s, int kind)
+{
+  Timed t = { timing_event (b), timing_event (b), kind };
+  cudaEventRecord (t.a, s);
+  return t;
+}
+
+static void
+time_end (CudaBackend *b, Timed *t, cudaStream_t s)
+{
+  cudaEventRecord (t->b, s);
+  g_array_append_val (b->timed, *t);
+}
+
+static void
+cuda_timings (SiftBackend *backend, SiftBackendTimes *out)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  *out = (SiftBackendTimes) { 0 };
+  guint kept = 0;
+  for (guint i = 0; i < b->timed->len; i++)
+    {
+      Timed t = g_array_index (b->timed, Timed, i);
+      float ms = 0;
+      if (cudaEventQuery (t.b) != cudaSuccess || cudaEventElapsedTime (&ms, t.a, t.b) != cudaSuccess)
+        {
+          g_array_index (b->timed, Timed, kept++) = t; /* later */
+          continue;
+        }
+      gdouble s = ms / 1000.0;
+      if (t.kind == TIME_STALL)
+        out->stalled += s;
+      else if (t.kind == TIME_LOAD)
+        out->load += s;
+      else
+        out->compute += s;
+      g_array_append_val (b->event_pool, t.a);
+      g_array_append_val (b->event_pool, t.b);
+    }
+  cudaGetLastError (); /* a query's cudaErrorNotReady is no failure */
+  g_array_set_size (b->timed, kept);
+}
+
+/* ---- Memory -------------------------------------------------------------- */
+
+/* Pinned host memory, zeroed; the host store's chunks too (no backend
+ * needed to free them: the store may outlive the engine). */
+static void *
+pinned_alloc (gsize size)
+{
+  void *p = NULL;
+  cudaError_t err = cudaHostAlloc (&p, MAX (size, 1), cudaHostAllocPortable);
+  if (err != cudaSuccess)
+    g_error ("engine: cannot pin %" G_GSIZE_FORMAT " bytes of host memory: %s", size, cudaGetErrorString (err));
+  memset (p, 0, MAX (size, 1));
+  return p;
+}
+
+static void
+pinned_free (void *p, gsize size)
+{
+  (void) size;
+  if (p != NULL)
+    cudaFreeHost (p);
+}
+
+static void *
+cuda_host_alloc (SiftBackend *backend, gsize size)
+{
+  (void) backend;
+  return pinned_alloc (size);
+}
+
+static void
+cuda_host_free (SiftBackend *backend, void *p, gsize size)
+{
+  (void) backend;
+  pinned_free (p, size);
+}
+
+static gboolean
+cuda_buffer_alloc (SiftBackend *backend, gsize size, SiftBuffer *out, GError **error)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  void *p = NULL;
+  if (!check (cudaMalloc (&p, MAX (size, 1)), "cudaMalloc", error))
+    return FALSE;
+  if (!check (cudaMemsetAsync (p, 0, MAX (size, 1), b->cs), "cudaMemset", error))
+    {
+      cudaFree (p);
+      return FALSE;
+    }
+  *out = (SiftBuffer) { SIFT_MEMORY_DEVICE, p, size, NULL };
+  return TRUE;
+}
+
+static void
+cuda_buffer_free (SiftBackend *backend, SiftBuffer *buf)
+{
+  (void) backend;
+  cudaFree (buf->data); /* waits for the work that uses it */
+  *buf = (SiftBuffer) { 0 };
+}
+
+/* Room for n bytes in the arena: the writes that used it before a wrap
+ * must have finished reading it. */
+static guint8 *
+arena_take (CudaBackend *b, gsize n)
+{
+  n = (n + 255) / 256 * 256;
+  if (n > b->arena_size)
+    {
+      cudaEventSynchronize (b->arena_ev);
+      pinned_free (b->arena, b->arena_size);
+      b->arena_size = MAX (n, 2 * b->arena_size);
+      b->arena = pinned_alloc (b->arena_size);
+      b->arena_at = 0;
+    }
+  if (b->arena_at + n > b->arena_size)
+    {
+      cudaEventSynchronize (b->arena_ev);
+      b->arena_at = 0;
+    }
+  guint8 *p = b->arena + b->arena_at;
+  b->arena_at += n;
+  return p;
+}
+
+/* Host -> compute memory on the compute stream. The source is copied into
+ * the pinned arena first, so the caller may change it at once and the
+ * copy is a DMA that overlaps the kernels before it. */
+static void
+cuda_buffer_write (SiftBackend *backend, guint8 *dst, const void *src, gsize n)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  if (n == 0)
+    return;
+  guint8 *p = arena_take (b, n);
+  memcpy (p, src, n);
+  note_failure (b, cudaMemcpyAsync (dst, p, n, cudaMemcpyHostToDevice, b->cs), "copy to the GPU");
+  cudaEventRecord (b->arena_ev, b->cs);
+}
+
+static void
+cuda_buffer_move (SiftBackend *backend, guint8 *dst, const guint8 *src, gsize n)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  if (n > 0)
+    note_failure (b, cudaMemcpyAsync (dst, src, n, cudaMemcpyDeviceToDevice, b->cs), "copy on the GPU");
+}
+
+static void
+cuda_buffer_clear (SiftBackend *backend, guint8 *dst, gsize n)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  if (n > 0)
+    note_failure (b, cudaMemsetAsync (dst, 0, n, b->cs), "cudaMemset");
+}
+
+/* Compute memory -> host, after every compute call before it; reports a
+ * failure of any asynchronous call since the last one. */
+static gboolean
+cuda_buffer_read (SiftBackend *backend, void *dst, const guint8 *src, gsize n, GError **error)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  note_failure (b, cudaMemcpyAsync (dst, src, n, cudaMemcpyDeviceToHost, b->cs), "copy from the GPU");
+  note_failure (b, cudaStreamSynchronize (b->cs), "a GPU kernel failed");
+  if (b->sticky == NULL)
+    return TRUE;
+  g_set_error (error, b->sticky->domain, b->sticky->code, "%s", b->sticky->message);
+  return FALSE;
+}
+
+static gboolean
+cuda_can_map (SiftBackend *backend, SiftStore *store, SiftDType compute_dtype)
+{
+  (void) backend, (void) store, (void) compute_dtype;
+  return FALSE; /* the kernels read device memory only */
+}
+
+/* ---- Transfers ------------------------------------------------------------ */
+
+static void
+event_fail (SiftEvent *ev, GError *err)
+{
+  if (ev->error == NULL)
+    ev->error = err;
+  else
+    g_error_free (err);
+}
+
+/* Copies one half (K or V: [n_kv_heads][block_size][head_dim] compute
+ * elements at src, host) into dst of `cap` tokens per head, on the copy
+ * stream: one 2D copy. */
+static void
+copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src)
+{
+  const SiftModelShape *s = &b->shape;
+  const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
+  const gsize pitch = (gsize) cap * (gsize) s->head_dim * b->es;
+  note_failure (b, cudaMemcpy2DAsync (dst, pitch, src, width, width, (gsize) s->n_kv_heads, cudaMemcpyHostToDevice,
+                                      b->xs), "copy to the GPU");
+}
+
+/* A staged load: the stored half (or both) read on the host into pinned
+ * staging, converted to the compute dtype, copied from there. */
+static gboolean
+load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, GError **error)
+{
+  SiftStore *st = b->store;
+  const gsize kb = st->k_bytes;
+  Staging *sg = &b->staging[b->next_staging++ % N_STAGING];
+  if (sg->used)
+    cudaEventSynchronize (sg->free_ev); /* its previous copy read it */
+  const gsize off = want_k ? 0 : kb, n = (want_k && want_v) ? 2 * kb : kb;
+  if (!sift_store_read (st, t->store_id, off, sg->stored, n, error))
+    return FALSE;
+  const gsize elems = (gsize) b->shape.n_kv_heads * (gsize) b->shape.block_size * (gsize) b->shape.head_dim;
+  const gsize half = elems * b->es;
+  for (int h = 0, at = 0; h < 2; h++)
+    {
+      if (!(h == 0 ? want_k : want_v))
+        continue;
+      guint8 *block = sg->block + (gsize) h * half;
+      sift_convert (sg->stored + (gsize) at * kb, st->config.dtype, block, b->compute, elems);
+      copy_half (b, h == 0 ? t->k : t->v, t->cap, block);
+      at++;
+    }
+  cudaEventRecord (sg->free_ev, b->xs);
+  sg->used = TRUE;
+  return TRUE;
+}
+
+static void
+run_load (CudaBackend *b, const SiftTransfer *t)
+{
+  SiftStore *st = b->store;
+  const gboolean want_k = (t->what & SIFT_LOAD_K) != 0, want_v = (t->what & SIFT_LOAD_V) != 0;
+  const gsize kb = st->k_bytes;
+  const guint64 bytes = (want_k && want_v) ? 2 * kb : kb;
+  GError *err = NULL;
+  gboolean ok = TRUE;
+  const guint8 *p = b->store_pinned && st->config.dtype == b->compute ? sift_store_map (st, t->store_id) : NULL;
+  if (p != NULL)
+    {
+      if (want_k)
+        copy_half (b, t->k, t->cap, p);
+      if (want_v)
+        copy_half (b, t->v, t->cap, p + kb);
+    }
+  else
+    ok = load_staged (b, t, want_k, want_v, &err);
+  b->parent.setup.sink.done (b->parent.setup.sink.user, t, ok, ok ? bytes : 0, 0.0, err);
+  if (!ok)
+    event_fail (t->event, err);
+  cudaEventRecord (t->event->ev, b->xs);
+  t->event->recorded = TRUE;
+}
+
+/* Packs one half from [n_kv_heads][cap][head_dim] compute elements
+ * (host) into the stored layout and dtype. */
+static void
+pack_half (CudaBackend *b, const guint8 *src, gint64 cap, guint8 *stored)
+{
+  const SiftModelShape *s = &b->shape;
+  const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (b->store);
+  const gsize n = (gsize) s->block_size * (gsize) s->head_dim;
+  for (gint32 h = 0; h < s->n_kv_heads; h++)
+    sift_convert (src + (gsize) h * (gsize) cap * (gsize) s->head_dim * b->es, b->compute,
+                  stored + h * head_stored, b->store->config.dtype, n);
+}
+
+/* A store, on this thread: from the host image when the engine keeps one,
+ * else from compute memory read back (after the compute stream's work). */
+static void
+run_store (CudaBackend *b, const SiftTransfer *t)
+{
+  const SiftModelShape *s = &b->shape;
+  GError *err = NULL;
+  gboolean ok = TRUE;
+  guint64 bytes = 0;
+  gint64 t0 = g_get_monotonic_time ();
+  if (!b->store_failed)
+    {
+      const guint8 *hk = t->host_k, *hv = t->host_v;
+      gint64 cap = t->cap;
+      if (hk == NULL)
+        {
+          const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
+          const gsize pitch = (gsize) t->cap * (gsize) s->head_dim * b->es;
+          const gsize half = width * (gsize) s->n_kv_heads;
+          note_failure (b, cudaMemcpy2DAsync (b->readback, width, t->k, pitch, width, (gsize) s->n_kv_heads,
+                                              cudaMemcpyDeviceToHost, b->cs), "copy from the GPU");
+          note_failure (b, cudaMemcpy2DAsync (b->readback + half, width, t->v, pitch, width, (gsize) s->n_kv_heads,
+                                              cudaMemcpyDeviceToHost, b->cs), "copy from the GPU");
+          note_failure (b, cudaStreamSynchronize (b->cs), "a GPU kernel failed");
+          hk = b->readback, hv = b->readback + half, cap = s->block_size;
+        }
+      pack_half (b, hk, cap, b->pack);
+      pack_half (b, hv, cap, b->pack + b->store->k_bytes);
+      ok = sift_store_write (b->store, t->store_id, b->pack, &err);
+      bytes = ok ? b->store->block_bytes : 0;
+      b->store_failed = !ok;
+    }
+  gdouble secs = (gdouble) (g_get_monotonic_time () - t0) / G_USEC_PER_SEC;
+  b->parent.setup.sink.done (b->parent.setup.sink.user, t, ok, bytes, secs, err);
+  if (!ok)
+    event_fail (t->event, err);
+}
+
+static void
+cuda_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  gboolean loads = FALSE;
+  for (gsize i = 0; i < n && !loads; i++)
+    loads = t[i].kind == SIFT_TRANSFER_LOAD;
+  Timed tm = { 0 };
+  if (loads)
+    {
+      /* Compute done: nothing attended before this call still reads the
+       * memory these loads overwrite. */
+      cudaEventRecord (b->compute_done, b->cs);
+      cudaStreamWaitEvent (b->xs, b->compute_done, 0);
+      tm = time_begin (b, b->xs, TIME_LOAD);
+    }
+  for (gsize i = 0; i < n; i++)
+    if (t[i].kind == SIFT_TRANSFER_LOAD)
+      run_load (b, &t[i]);
+    else
+      run_store (b, &t[i]);
+  if (loads)
+    time_end (b, &tm, b->xs);
+}
+
+static SiftEvent *
+cuda_event_new (SiftBackend *backend)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  SiftEvent *ev = g_new0 (SiftEvent, 1);
+  note_failure (b, cudaEventCreateWithFlags (&ev->ev, cudaEventDisableTiming), "cudaEventCreate");
+  return ev;
+}
+
+static void
+cuda_event_free (SiftBackend *backend, SiftEvent *ev)
+{
+  (void) backend;
+  if (ev == NULL)
+    return;
+  cudaEventDestroy (ev->ev);
+  g_clear_error (&ev->error);
+  g_free (ev);
+}
+
+static SiftEventState
+cuda_event_query (SiftBackend *backend, SiftEvent *ev)
+{
+  (void) backend;
+  if (ev->recorded && cudaEventQuery (ev->ev) == cudaErrorNotReady)
+    {
+      cudaGetLastError ();
+      return SIFT_EVENT_PENDING;
+    }
+  return ev->error != NULL ? SIFT_EVENT_FAILED : SIFT_EVENT_DONE;
+}
+
+/* The compute stream waits for the events (the host goes on); the wait is
+ * timed on the compute stream as stalled time. */
+static gboolean
+cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize *n_ok, GError **error)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  gsize i = 0;
+  gboolean ok = TRUE;
+  Timed tm = { 0 };
+  gboolean timing = FALSE;
+  for (; i < n; i++)
+    {
+      SiftEvent *ev = events[i];
+      if (ev->error != NULL)
+        {
+          g_propagate_error (error, ev->error);
+          ev->error = NULL;
+          ok = FALSE;
+          break;
+        }
+      if (!ev->recorded)
+        continue;
+      if (!timing)
+        tm = time_begin (b, b->cs, TIME_STALL), timing = TRUE;
+      cudaStreamWaitEvent (b->cs, ev->ev, 0);
+    }
+  if (timing)
+    time_end (b, &tm, b->cs);
+  if (n_ok != NULL)
+    *n_ok = i;
+  return ok;
+}
+
+static void
+cuda_drain (SiftBackend *backend, gboolean forget)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  note_failure (b, cudaStreamSynchronize (b->xs), "a copy to the GPU failed");
+  note_failure (b, cudaStreamSynchronize (b->cs), "a GPU kernel failed");
+  if (forget)
+    b->store_failed = FALSE;
+}
+
+/* ---- Kernels ---------------------------------------------------------- */
+
+static gboolean
+cuda_attend (SiftBackend *backend, const SiftView *q, const SiftView *k, const SiftView *v, gsize n,
+             const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  Timed tm = time_begin (b, b->cs, TIME_COMPUTE);
+  gboolean ok = sift_cuda_attn_paged_on (b->cs, &b->scratch, q, k, v, n, opts, out, lse, error);
+  time_end (b, &tm, b->cs);
+  return ok;
+}
+
+static gboolean
+cuda_merge (SiftBackend *backend, SiftView *out, float *lse, const SiftView *part, const float *part_lse,
+            GError **error)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  Timed tm = time_begin (b, b->cs, TIME_COMPUTE);
+  gboolean ok = sift_cuda_attn_merge_on (b->cs, out, lse, part, part_lse, error);
+  time_end (b, &tm, b->cs);
+  return ok;
+}
+
+static void
+cuda_free (SiftBackend *backend)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  if (b->cs != NULL && b->xs != NULL)
+    cuda_drain (backend, FALSE);
+  for (guint i = 0; i < N_STAGING; i++)
+    {
+      pinned_free (b->staging[i].stored, 0);
+      pinned_free (b->staging[i].block, 0);
+      if (b->staging[i].free_ev != NULL)
+        cudaEventDestroy (b->staging[i].free_ev);
+    }
+  pinned_free (b->pack, 0);
+  pinned_free (b->readback, 0);
+  pinned_free (b->arena, 0);
+  SiftBackendTimes t;
+  cuda_timings (backend, &t);
+  for (guint i = 0; i < b->timed->len; i++)
+    {
+      cudaEventDestroy (g_array_index (b->timed, Timed, i).a);
+      cudaEventDestroy (g_array_index (b->timed, Timed, i).b);
+    }
+  for (guint i = 0; i < b->event_pool->len; i++)
+    cudaEventDestroy (g_array_index (b->event_pool, cudaEvent_t, i));
+  g_array_unref (b->timed);
+  g_array_unref (b->event_pool);
+  if (b->compute_done != NULL)
+    cudaEventDestroy (b->compute_done);
+  if (b->arena_ev != NULL)
+    cudaEventDestroy (b->arena_ev);
+  sift_cuda_scratch_clear (&b->scratch);
+  if (b->cs != NULL)
+    cudaStreamDestroy (b->cs);
+  if (b->xs != NULL)
+    cudaStreamDestroy (b->xs);
+  g_clear_error (&b->sticky);
+  g_free (b);
+}
+
+static const SiftBackendOps cuda_ops = {
+  .version = SIFT_BACKEND_VERSION,
+  .struct_size = sizeof (SiftBackendOps),
+  .name = "cuda",
+  .free = cuda_free,
+  .buffer_alloc = cuda_buffer_alloc,
+  .buffer_free = cuda_buffer_free,
+  .buffer_write = cuda_buffer_write,
+  .buffer_move = cuda_buffer_move,
+  .buffer_clear = cuda_buffer_clear,
+  .host_alloc = cuda_host_alloc,
+  .host_free = cuda_host_free,
+  .can_map = cuda_can_map,
+  .submit = cuda_submit,
+  .event_new = cuda_event_new,
+  .event_free = cuda_event_free,
+  .event_query = cuda_event_query,
+  .event_wait = cuda_event_wait,
+  .drain = cuda_drain,
+  .attend = cuda_attend,
+  .merge = cuda_merge,
+  .buffer_read = cuda_buffer_read,
+  .timings = cuda_timings,
+};
+
+SiftBackend *
+sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
+{
+  g_return_val_if_fail (setup != NULL && setup->store != NULL && setup->sink.done != NULL, NULL);
+  if (!sift_cuda_init (error))
+    return NULL;
+  const SiftModelShape *s = &setup->shape;
+  if (setup->compute_dtype != SIFT_DTYPE_F16 && setup->compute_dtype != SIFT_DTYPE_BF16)
+    {
+      g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNSUPPORTED,
+                   "compute dtype %s: the GPU kernels take f16 or bf16 (kv.compute_dtype)",
+                   sift_dtype_name (setup->compute_dtype));
+      return NULL;
+    }
+  if (s->head_dim != 64 && s->head_dim != 128)
+    {
+      g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNSUPPORTED,
+                   "head_dim %d: the GPU kernels take 64 or 128", s->head_dim);
+      return NULL;
+    }
+  CudaBackend *b = g_new0 (CudaBackend, 1);
+  b->parent.ops = &cuda_ops;
+  b->parent.setup = *setup;
+  b->store = setup->store;
+  b->shape = *s;
+  b->compute = setup->compute_dtype;
+  b->es = sift_dtype_size (b->compute);
+  b->timed = g_array_new (FALSE, FALSE, sizeof (Timed));
+  b->event_pool = g_array_new (FALSE, FALSE, sizeof (cudaEvent_t));
+  if (!check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
+      || !check (cudaStreamCreateWithFlags (&b->xs, cudaStreamNonBlocking), "cudaStreamCreate", error)
+      || !check (cudaEventCreateWithFlags (&b->compute_done, cudaEventDisableTiming), "cudaEventCreate", error)
+      || !check (cudaEventCreateWithFlags (&b->arena_ev, cudaEventDisableTiming), "cudaEventCreate", error))
+    {
+      cuda_free (&b->parent);
+      return NULL;
+    }
+  /* The host store's blocks in pinned memory: loads copy straight from them. */
+  b->store_pinned = sift_store_host_use_memory (b->store, pinned_alloc, pinned_free);
+  const gsize block = b->store->block_bytes;
+  const gsize half = (gsize) s->n_kv_heads * (gsize) s->block_size * (gsize) s->head_dim * b->es;
+  for (guint i = 0; i < N_STAGING; i++)
+    {
+      b->staging[i].stored = pinned_alloc (block);
+      b->staging[i].block = pinned_alloc (2 * half);
+      cudaEventCreateWithFlags (&b->staging[i].free_ev, cudaEventDisableTiming);
+    }
+  b->pack = pinned_alloc (block);
+  b->readback = pinned_alloc (2 * half);
+  b->arena_size = ARENA_BYTES;
+  b->arena = pinned_alloc (b->arena_size);
+  return &b->parent;
+}
