@@ -385,7 +385,7 @@ run_chunk (const Options *o, const Input *in, gint64 q_pos, gint64 n_q, XattnSco
       xattn_plan_init (&plan, H, n_qb, n_blocks);
       xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_blocks,
                        g_str_equal (o->vote, "majority") ? XATTN_VOTE_MAJORITY : XATTN_VOTE_ANY,
-                       o->vote_threshold, &plan);
+                       o->vote_threshold, FALSE, &plan);
       /* As xattn-glue.c: one call for the chunk, or one per run of query
        * blocks with identical choices. */
       gboolean per_qb = g_str_equal (o->granularity, "query_block");

@@ -6,7 +6,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-packages="gcc libc6-dev meson ninja-build pkg-config libglib2.0-dev libyaml-dev libcmocka-dev libcairo2-dev liburing-dev"
+# bible-kjv and bible-kjv-text: the King James Bible, the default haystack of
+# real-text needles (docs/needle.md).
+packages="gcc libc6-dev meson ninja-build pkg-config libglib2.0-dev libyaml-dev libcmocka-dev libcairo2-dev liburing-dev bible-kjv bible-kjv-text"
 if ! dpkg -s $packages >/dev/null 2>&1; then
   apt-get update
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages

@@ -32,6 +32,7 @@ typedef struct {
   double norm;
   gboolean sum_exp;
   gint64 exact_rows;
+  gboolean last_block;
 } XattnBsaConfig;
 
 /* The instance. */
@@ -43,6 +44,7 @@ typedef struct {
   double vote_threshold;
   gint64 min_query_len;
   XattnGranularity granularity;
+  gboolean last_block;  /* every head also attends the last stored block (sift's addition) */
   XattnScorer *scorer;
   gint64 exact_rows;   /* the chunk's last rows also scored exactly (0: none) */
   XattnScorer *exact;  /* stride 1, for those rows */

@@ -28,6 +28,8 @@ static const SiftParamSpec xattn_params[] = {
     "the reference's norm: antidiagonal logits are divided by it (1: unchanged)"),
   SIFT_PARAM_INT ("exact_rows", 0, 0, 1 << 20,
     "the chunk's last N queries are also scored exactly; each keeps the blocks holding threshold of its own mass"),
+  SIFT_PARAM_BOOL ("last_block", FALSE,
+    "every head also attends the last stored block (sift's addition; the reference keeps the sink and the diagonal)"),
   SIFT_PARAM_INT ("min_query_len", 1024, 0, 1e15,
     "below this query position + 1, every block is selected (no estimation)"),
   SIFT_PARAM_END,
@@ -50,6 +52,7 @@ xattn_init (SiftPolicy *policy, const SiftParams *params, GError **error)
     .norm = sift_params_get_float (params, "norm"),
     .sum_exp = sift_params_get_choice (params, "antidiagonal") == 1, /* sum_exp */
     .exact_rows = sift_params_get_int (params, "exact_rows"),
+    .last_block = sift_params_get_bool (params, "last_block"),
   };
   return xattn_bsa_configure (policy, &cfg, error);
 }

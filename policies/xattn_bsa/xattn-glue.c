@@ -44,6 +44,7 @@ xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **err
   self->vote_threshold = cfg->vote_threshold;
   self->min_query_len = cfg->min_query_len;
   self->granularity = cfg->granularity;
+  self->last_block = cfg->last_block;
   self->scorer = xattn_scorer_new (&self->geo);
   self->exact_rows = cfg->exact_rows;
   if (self->exact_rows > 0)
@@ -232,7 +233,7 @@ xattn_bsa_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const
 
   xattn_plan_init (&self->plan, g->n_q_heads, t.n_qb, (gint64) n_available);
   xattn_aggregate (g, self->sel, t.n_qb, t.n_kb, ctx->blocks, available, (gint64) n_available, self->vote,
-                   self->vote_threshold, &self->plan);
+                   self->vote_threshold, self->last_block, &self->plan);
   self->plan_ids = g_memdup2 (available, n_available * sizeof (gint64));
   self->plan_qb0 = t.qb0;
   self->plan_state = XATTN_PLAN_SPARSE;

@@ -52,48 +52,17 @@ xattn_dots_isa (void)
   if (isa >= SIFT_ISA_AVX512)
     return SIFT_ISA_AVX512;
 #endif
-#ifdef XATTN_HAVE_AVX2
-  if (isa >= SIFT_ISA_AVX2)
-    return SIFT_ISA_AVX2;
-#endif
-  (void) isa; /* built without SIMD paths */
-  return SIFT_ISA_SCALAR;
-}
-
-void
-xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                   gsize col_stride, gint64 n_cols, gsize len, float *out)
-{
-  for (gint64 i = 0; i < n_rows; i++)
-    for (gint64 j = 0; j < n_cols; j++)
-      {
-        const float *a = rows + (gsize) i * row_stride, *b = cols + (gsize) j * col_stride;
-        float acc = 0.0f;
-        for (gsize t = 0; t < len; t++)
-          acc += a[t] * b[t];
-        out[i * n_cols + j] = acc;
-      }
+  return isa >= SIFT_ISA_AVX2 ? SIFT_ISA_AVX2 : SIFT_ISA_SCALAR;
 }
 
 static void
 dots (SiftIsa isa, const float *rows, gsize row_stride, gint64 n_rows, const float *cols, gsize col_stride,
       gint64 n_cols, gsize len, float *out)
 {
-  switch (isa)
-    {
-#ifdef XATTN_HAVE_AVX512
-    case SIFT_ISA_AVX512:
-      xattn_dots_avx512 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-      return;
-#endif
-#ifdef XATTN_HAVE_AVX2
-    case SIFT_ISA_AVX2:
-      xattn_dots_avx2 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-      return;
-#endif
-    default:
-      xattn_dots_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-    }
+  if (isa == SIFT_ISA_SCALAR)
+    sift_score_tile_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+  else
+    sift_score_tile (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
 }
 
 XattnScorer *
@@ -825,7 +794,7 @@ xattn_plan_clear (XattnPlan *plan)
 void
 xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint64 n_kb,
                  const SiftBlockMeta *meta, const gint64 *ids, gint64 n_ids, XattnVote vote,
-                 double vote_threshold, XattnPlan *plan)
+                 double vote_threshold, gboolean last_block, XattnPlan *plan)
 {
   const gint32 H = geo->n_q_heads, group = geo->n_q_heads / geo->n_kv_heads;
   g_return_if_fail (plan->n == n_ids && plan->n_qb == n_qb);
@@ -872,16 +841,19 @@ xattn_aggregate (const XattnGeometry *geo, const guint8 *sel, gint64 n_qb, gint6
   const double needed = vote_threshold * (double) geo->n_kv_heads * (double) n_qb;
   for (gint64 e = 0; e < n_ids; e++)
     plan->load[e] = vote == XATTN_VOTE_ANY ? plan->votes[e] > 0 : (double) plan->votes[e] > needed;
+  /* The first block holds key block 0, the sink every selection keeps. */
   plan->load[0] = 1;
-  plan->load[n_ids - 1] = 1;
+  const gint64 last = last_block ? n_ids - 1 : 0;
+  plan->load[last] = 1;
 
   /* attend and qb_attend so far hold "head chose it"; keep what is loaded,
-   * and give the always-loaded first and last blocks to every head. */
+   * and give the always-loaded first (and with last_block the last) block
+   * to every head. */
   for (gint64 row = 0; row < H * (n_qb + 1); row++)
     {
       guint8 *a = row < H ? plan->attend + (gsize) row * (gsize) n_ids
                           : plan->qb_attend + (gsize) (row - H) * (gsize) n_ids;
       for (gint64 e = 0; e < n_ids; e++)
-        a[e] = plan->load[e] && (a[e] || e == 0 || e == n_ids - 1);
+        a[e] = plan->load[e] && (a[e] || e == 0 || e == last);
     }
 }

@@ -1,16 +1,25 @@
-/* Every sparse setup of the shipped default config passes more cells than
- * its random baseline (random blocks at its own density, docs/needle.md)
- * on interior depths at 4K, where each is sparse in some phase; a setup
- * that is dense in both phases is its own baseline and is skipped.
+/* Every sparse setup of configs/synthetic.yaml (the synthetic grid, whose
+ * lengths keep the shipped policies sparse) passes more cells than its
+ * random baseline (random blocks at its own density, docs/needle.md), on
+ * a grid reduced to run in CI: the config's setups, policies and model
+ * with one layer, at 16K tokens (where minference, dense below its 6096
+ * diagonals, is sparse too) and three interior depths. A setup that is
+ * dense in both phases would be its own baseline: only the full setup may
+ * be. Measured 2026-11-25 (SIFT_TEST_VERBOSE=1 prints it): minference 3 of
+ * 3 against a baseline of 2.8 (its density at 16K is 0.65), xattn_bsa 3 of
+ * 3 against 1.2.
  *
- * One exception, a finding rather than a pass: subquadratic attends an
- * interior needle exactly only at a power-of-two distance from the
- * question (its log-stride), otherwise only through its block's landmark,
- * the mean of 64 keys, which dilutes the needle 64-fold
- * (docs/policies/subquadratic.md); measured 2026-11-25 it passes 0 of 5
- * interior cells, as does its baseline. For it the test asserts that it
- * stays within one cell of its baseline, so a change that lifts it above
- * luck shows here. */
+ * Exceptions, findings rather than passes (docs/needle.md, "Measured"):
+ * setups that stand at chance on the synthetic model. For them the test
+ * asserts that they stay within one cell of their baseline, so a change
+ * that lifts them above luck shows here.
+ *   - quest: with matched planted keys its page bound does not single the
+ *     needle's page out (docs/needle.md, "Quest with matched planted
+ *     keys");
+ *   - subquadratic attends an interior needle exactly only at a
+ *     power-of-two distance from the question (its log-stride), otherwise
+ *     only through its block's landmark, the mean of 64 keys, which
+ *     dilutes the needle 64-fold (docs/policies/subquadratic.md). */
 
 #include <math.h>
 #include <setjmp.h>
@@ -25,21 +34,22 @@
 static gboolean
 at_chance (const char *label)
 {
-  return g_strcmp0 (label, "subquadratic") == 0;
+  return g_strcmp0 (label, "quest") == 0 || g_strcmp0 (label, "subquadratic") == 0;
 }
 
 static void
-test_default_policies_above_random (void **state)
+test_synthetic_policies_above_random (void **state)
 {
   (void) state;
   g_autoptr (SiftRegistry) registry = sift_registry_new (NULL);
   g_autoptr (GError) error = NULL;
-  g_autoptr (SiftConfig) cfg = sift_config_load (CONFIG_DIR "/default.yaml", registry, &error);
+  g_autoptr (SiftConfig) cfg = sift_config_load (CONFIG_DIR "/synthetic.yaml", registry, &error);
   if (cfg == NULL)
     fail_msg ("%s", error->message);
-  const double depths[] = { 0.1, 0.3, 0.5, 0.7, 0.9 };
-  const gint64 length = 4096;
-  int sparse = 0;
+  cfg->shape.n_layers = 1;
+  const double depths[] = { 0.1, 0.5, 0.9 };
+  const gint64 length = 16384;
+  int sparse = 0, above = 0;
   for (guint s = 0; s < cfg->setups->len; s++)
     {
       const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
@@ -58,25 +68,35 @@ test_default_policies_above_random (void **state)
         g_printerr ("%s: %.0f of %zu cells, random %.2f, lowest density %.3f\n", setup->label, passed,
                     G_N_ELEMENTS (depths), random, density);
       if (density >= 1.0)
-        continue;
+        {
+          if (g_strcmp0 (setup->label, "full") != 0)
+            fail_msg ("%s is dense in both phases at %" G_GINT64_FORMAT " tokens", setup->label, length);
+          continue;
+        }
       sparse++;
       if (at_chance (setup->label))
         {
-          assert_true (passed <= random + 1.0);
+          if (!(passed <= random + 1.0))
+            fail_msg ("%s passes %.0f of %zu cells, more than one above its random baseline %.2f: update "
+                      "the finding (docs/needle.md) and this test", setup->label, passed, G_N_ELEMENTS (depths),
+                      random);
           continue;
         }
       if (!(passed > random))
         fail_msg ("%s passes %.0f of %zu cells, its random baseline %.2f", setup->label, passed,
                   G_N_ELEMENTS (depths), random);
+      above++;
     }
-  assert_true (sparse >= 3); /* quest, xattn_bsa, subquadratic */
+  assert_true (sparse >= 4); /* quest, minference, xattn_bsa, subquadratic */
+  assert_true (above >= 2);  /* minference, xattn_bsa */
 }
 
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test (test_default_policies_above_random),
+    cmocka_unit_test (test_synthetic_policies_above_random),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

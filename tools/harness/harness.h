@@ -78,17 +78,24 @@ void harness_cell_clear (HarnessCell *cell);
 gboolean harness_run_cell (const SiftConfig *config, const SiftPolicySetup *setup, gint64 length,
                            double depth, HarnessCell *cell, GError **error);
 
-/* Dense reference: the cell's prompt of `length` tokens and `steps` decode
- * steps through a runner with dense attention in every layer (an f32
- * store); for every layer the attention output of rows [row0, row0 + n_rows).
- * ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
 /* Copies the attention output rows of ctx that fall in [row0, row0 + n_rows)
  * into dst [n_layers][n_q_heads][n_rows][head_dim]; seen_layers (may be NULL)
  * counts, per row, the layers that delivered it. */
 void harness_capture_rows (const SiftModelShape *s, const SiftPolicyContext *ctx, const SiftView *out,
                            gint64 row0, gint64 n_rows, float *dst, gint32 *seen_layers);
+/* Dense reference: the cell's prompt of `length` tokens and `steps` decode
+ * steps with dense attention in every layer; for every layer the attention
+ * output of rows [row0, row0 + n_rows).
+ * ref: f32 [n_layers][n_q_heads][n_rows][head_dim]. */
 gboolean harness_dense_reference (const SiftConfig *config, SiftModel *model, gint64 length, gint64 steps,
                                   gint64 row0, gint64 n_rows, float *ref, GError **error);
+/* The two ways harness_dense_reference takes: through the runner (any
+ * model), or one dense call per layer over the rows (a positional model
+ * only, sift_model_is_positional). */
+gboolean harness_dense_reference_runner (const SiftConfig *config, SiftModel *model, gint64 length, gint64 steps,
+                                         gint64 row0, gint64 n_rows, float *ref, GError **error);
+gboolean harness_dense_reference_direct (const SiftModelShape *shape, SiftModel *model, gint64 row0,
+                                         gint64 n_rows, float *ref, GError **error);
 
 /* Fraction of the baseline's seeds that pass the cell; NAN with none. */
 double harness_baseline_pass_mean (const HarnessBaseline *b);
@@ -100,7 +107,8 @@ void harness_calls_free (HarnessCalls *calls);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (HarnessCalls, harness_calls_free)
 /* Keeps one call: its stored blocks and, per query head, how many the
  * policy attended (sel NULL: every one); known FALSE: the policy computed
- * its own way without a selection (its phase density stands in). */
+ * its own way, without a selection or over sub-selections of it that the
+ * harness does not see (its phase density stands in). */
 void harness_calls_add (HarnessCalls *calls, const SiftPolicyContext *ctx, const SiftSelection *sel,
                         gboolean known);
 /* The random baseline over n_seeds seeds (at most HARNESS_BASELINE_MAX_SEEDS)

@@ -155,7 +155,7 @@ static void
 test_threshold_one_is_dense (void **state)
 {
   (void) state;
-  XattnBsaConfig cfg = { 1.0, 4, 32, XATTN_VOTE_MAJORITY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0 };
+  XattnBsaConfig cfg = { 1.0, 4, 32, XATTN_VOTE_MAJORITY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0, FALSE };
   Run *dense = run_prefill (NULL);
   Run *x = run_prefill (&cfg);
   assert_int_equal (x->outputs->len, dense->outputs->len);
@@ -175,7 +175,7 @@ test_plan_honoured (void **state)
     {
       /* Low threshold on random data: few blocks, different per head and
        * query block; min_query_len keeps the first chunk dense. */
-      XattnBsaConfig cfg = { 0.3, 4, 32, XATTN_VOTE_ANY, 0.5, 100, gran[i], 1.0, FALSE, 0 };
+      XattnBsaConfig cfg = { 0.3, 4, 32, XATTN_VOTE_ANY, 0.5, 100, gran[i], 1.0, FALSE, 0, FALSE };
       Run *x = run_prefill (&cfg);
       assert_int_equal (x->checked_calls, 2 * ((N_TOKENS + 63) / 64));
       assert_true (x->sparse_calls >= 2 * 4);

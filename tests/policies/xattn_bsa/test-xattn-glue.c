@@ -265,19 +265,21 @@ run_select (Fixture *f, const XattnBsaConfig *cfg, SiftSelection *sel, GError **
   return ok;
 }
 
-static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0 };
+static const XattnBsaConfig base_cfg = { 0.3, 4, 16, XATTN_VOTE_ANY, 0.5, 0, XATTN_GRANULARITY_QUERY_BLOCK, 1.0, FALSE, 0, FALSE };
 
 static void
 test_glue_matches_direct (void **state)
 {
   (void) state;
+  /* Each vote, without and with last_block. */
   const XattnVote votes[] = { XATTN_VOTE_ANY, XATTN_VOTE_MAJORITY };
-  for (gsize vi = 0; vi < G_N_ELEMENTS (votes); vi++)
+  for (gsize vi = 0; vi < 2 * G_N_ELEMENTS (votes); vi++)
     {
       Fixture f;
       fixture_init (&f, 3, 12, 40);
       XattnBsaConfig cfg = base_cfg;
-      cfg.vote = votes[vi];
+      cfg.vote = votes[vi % G_N_ELEMENTS (votes)];
+      cfg.last_block = vi >= G_N_ELEMENTS (votes);
       g_autoptr (SiftSelection) sel = sift_selection_new (f.shape.n_q_heads, f.shape.n_kv_heads);
       g_autoptr (GError) error = NULL;
       assert_true (run_select (&f, &cfg, sel, &error));
@@ -309,7 +311,7 @@ test_glue_matches_direct (void **state)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, cfg.threshold, chosen + row * n_kb, order);
       XattnPlan plan;
       xattn_plan_init (&plan, 4, n_qb, f.n_blocks);
-      xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, &plan);
+      xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, cfg.last_block, &plan);
       gsize n_attend = 0;
       for (gint32 h = 0; h < 4; h++)
         for (gint64 b = 0; b < f.n_blocks; b++)
@@ -317,9 +319,11 @@ test_glue_matches_direct (void **state)
             assert_int_equal (sift_selection_has (sel, b, h), plan.attend[h * f.n_blocks + b]);
             n_attend += plan.attend[h * f.n_blocks + b];
           }
-      print_message ("vote %d: %zu of %d (head, block) pairs attended\n", (int) cfg.vote, n_attend, (int) (4 * f.n_blocks));
-      /* Not trivially everything, not trivially nothing. */
-      assert_true (n_attend > 4 * 2 && n_attend < (gsize) (4 * f.n_blocks));
+      print_message ("vote %d, last_block %d: %zu of %d (head, block) pairs attended\n", (int) cfg.vote,
+                     cfg.last_block, n_attend, (int) (4 * f.n_blocks));
+      /* Not trivially everything, not trivially only the forced blocks
+       * (the first, and with last_block the last, for each head). */
+      assert_true (n_attend > (gsize) (4 * (cfg.last_block ? 2 : 1)) && n_attend < (gsize) (4 * f.n_blocks));
       xattn_plan_clear (&plan);
       fixture_clear (&f);
     }
@@ -386,7 +390,7 @@ test_glue_exact_rows (void **state)
         }
       XattnPlan plan;
       xattn_plan_init (&plan, 4, n_qb, f.n_blocks);
-      xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, &plan);
+      xattn_aggregate (&geo, chosen, n_qb, n_kb, f.meta, f.ids, f.n_blocks, cfg.vote, cfg.vote_threshold, cfg.last_block, &plan);
       for (gint32 h = 0; h < 4; h++)
         for (gint64 b = 0; b < f.n_blocks; b++)
           assert_int_equal (sift_selection_has (sel, b, h), plan.attend[h * f.n_blocks + b]);

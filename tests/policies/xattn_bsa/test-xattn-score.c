@@ -433,7 +433,7 @@ G_GNUC_UNUSED check_dots (DotsFunc f)
             b[i] = (float) g_rand_double_range (r, -1, 1);
           g_autofree float *x = g_new (float, (gsize) (nr * nc));
           g_autofree float *y = g_new (float, (gsize) (nr * nc));
-          xattn_dots_scalar (a, rs, nr, b, cs, nc, len, x);
+          sift_score_tile_scalar (a, rs, nr, b, cs, nc, len, x);
           f (a, rs, nr, b, cs, nc, len, y);
           double num = 0, den = 0;
           for (gint64 i = 0; i < nr * nc; i++)
@@ -539,7 +539,7 @@ test_pack_panels_layout (void **state)
 }
 
 #ifdef XATTN_HAVE_AVX512
-/* The AVX-512 panel products against xattn_dots_scalar on the same
+/* The AVX-512 panel products against sift_score_tile_scalar on the same
  * reshaped columns (row-major, zero padded): per segment (sum_exp's S
  * products of length d) and whole (the summed antidiagonal), over row and
  * column counts cutting the 4 x 4-panel microkernel at every edge. */
@@ -569,7 +569,7 @@ check_panels_avx512 (void)
             g_autofree float *want = g_new (float, (gsize) (n_seg * nr * n_cols));
             g_autofree float *got = g_new (float, (gsize) (n_seg * nr * n_cols));
             for (gint64 p = 0; p < n_seg; p++)
-              xattn_dots_scalar (rows + (gsize) p * len, rs, nr, k + (gsize) p * len, rlen, n_cols, len,
+              sift_score_tile_scalar (rows + (gsize) p * len, rs, nr, k + (gsize) p * len, rlen, n_cols, len,
                                  want + (gsize) (p * nr * n_cols));
             xattn_dots_panels_avx512 (rows, rs, nr, panels, n_cols, len, n_seg, got);
             for (gint64 i = 0; i < n_seg * nr * n_cols; i++)
@@ -640,20 +640,19 @@ test_simd_matches_scalar (void **state)
 {
   (void) state;
   int checked = 0;
-#if defined(XATTN_HAVE_AVX2) || defined(XATTN_HAVE_AVX512)
-  __builtin_cpu_init ();
-#endif
-#ifdef XATTN_HAVE_AVX2
-  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma"))
-    {
-      check_dots (xattn_dots_avx2);
-      checked++;
-    }
-#endif
+  /* The score tile is libsift's (sift_score_tile): each ISA forced in turn. */
+  const SiftIsa active = sift_isa_active ();
+  for (SiftIsa isa = SIFT_ISA_AVX2; isa <= SIFT_ISA_AVX512; isa++)
+    if (sift_isa_force (isa))
+      {
+        check_dots (sift_score_tile);
+        checked++;
+      }
+  sift_isa_force (active);
 #ifdef XATTN_HAVE_AVX512
+  __builtin_cpu_init ();
   if (__builtin_cpu_supports ("avx512f"))
     {
-      check_dots (xattn_dots_avx512);
       check_exp_avx512 ();
       check_panels_avx512 ();
       checked++;
@@ -778,7 +777,7 @@ test_vote_constructed (void **state)
 
   XattnPlan plan;
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   const gint64 want_votes[8] = { 0, 0, 3, 3, 1, 1, 2, 2 };
   assert_memory_equal (plan.votes, want_votes, sizeof want_votes);
 
@@ -804,7 +803,7 @@ test_vote_constructed (void **state)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, cases[i].vote, cases[i].threshold, TRUE, &plan);
       assert_memory_equal (plan.load, cases[i].load, 8);
       assert_memory_equal (plan.attend, cases[i].attend, sizeof cases[i].attend);
       /* Per query block: loaded, and chosen for that query block (engine
@@ -815,6 +814,32 @@ test_vote_constructed (void **state)
             assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
                               cases[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0 || e == 7));
     }
+
+  /* Without last_block (the reference) the last block is one like the
+   * others: loaded and attended only where chosen (head 3, key block 3). */
+  static const struct {
+    XattnVote vote;
+    guint8 load[8];
+    guint8 attend[4][8];
+  } plain[] = {
+    { XATTN_VOTE_MAJORITY, { 1, 0, 1, 1, 0, 0, 0, 0 },
+      { { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 0, 0 } } },
+    { XATTN_VOTE_ANY, { 1, 0, 1, 1, 1, 1, 1, 1 },
+      { { 1, 0, 1, 1, 1, 1, 0, 0 }, { 1, 0, 0, 0, 1, 1, 0, 0 },
+        { 1, 0, 1, 1, 0, 0, 0, 0 }, { 1, 0, 0, 0, 0, 0, 1, 1 } } },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (plain); i++)
+    {
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, plain[i].vote, 0.5, FALSE, &plan);
+      assert_memory_equal (plan.load, plain[i].load, 8);
+      assert_memory_equal (plan.attend, plain[i].attend, sizeof plain[i].attend);
+      for (gint64 qb = 0; qb < n_qb; qb++)
+        for (gint32 h = 0; h < 4; h++)
+          for (gint64 e = 0; e < n_ids; e++)
+            assert_int_equal (plan.qb_attend[(qb * 4 + h) * n_ids + e],
+                              plain[i].load[e] && (sel[(h * n_qb + qb) * n_kb + e / 2] || e == 0));
+    }
   xattn_plan_clear (&plan);
 
   /* Engine blocks larger than B: ids 0, 1 of 32 tokens cover key blocks
@@ -823,7 +848,7 @@ test_vote_constructed (void **state)
                            { .first_token = 32, .n_valid = 32, .phase = SIFT_PHASE_PREFILL } };
   gint64 only1[1] = { 1 };
   xattn_plan_init (&plan, geo.n_q_heads, n_qb, 1);
-  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, &plan);
+  xattn_aggregate (&geo, sel, n_qb, n_kb, big, only1, 1, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
   /* key blocks 2 and 3 together: (g0,qb0) (g1,qb0) (g1,qb1) = 3 votes. */
   assert_int_equal (plan.votes[0], 3);
   assert_int_equal (plan.load[0], 1);
@@ -858,7 +883,7 @@ test_threshold_extremes_in_attention (void **state)
         xattn_select_row (scores + row * n_kb, n_kb, qb0 + row % n_qb, thresholds[ti], sel + row * n_kb, order);
       XattnPlan plan;
       xattn_plan_init (&plan, geo.n_q_heads, n_qb, n_ids);
-      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, &plan);
+      xattn_aggregate (&geo, sel, n_qb, n_kb, meta, ids, n_ids, XATTN_VOTE_MAJORITY, 0.5, TRUE, &plan);
 
       /* Attention over the plan: per head, the attended blocks' rows and the chunk. */
       const gint64 n_q = kv_end - q_pos;
