@@ -102,6 +102,7 @@ pipeline_init (Pipeline *p, const SiftConfig *cfg, const char *path, GError **er
   const SiftOffloadConfig *off = sift_offload_config (cfg);
   SiftEngineConfig ec = {
     .shape = shape, .compute_dtype = kv->compute_dtype, .n_slots = off->ring_slots, .pipeline = off->pipeline,
+    .device = off->device,
   };
   SiftEvictConfig ev = { kv->capacity_tokens, kv->evict_granularity, kv->protect_sinks, kv->protect_recent };
   p->engine = sift_engine_new (&ec, p->store, error);

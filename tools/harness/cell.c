@@ -269,6 +269,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
   const SiftOffloadConfig *off = sift_offload_config (cfg);
   SiftEngineConfig ec = {
     .shape = shape, .compute_dtype = kv->compute_dtype, .n_slots = off->ring_slots, .pipeline = off->pipeline,
+    .device = off->device,
   };
   /* kv.capacity_tokens bounds the cache: the engine evicts (docs/eviction.md). */
   SiftEvictConfig ev = { kv->capacity_tokens, kv->evict_granularity, kv->protect_sinks, kv->protect_recent };
