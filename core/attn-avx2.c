@@ -7,6 +7,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <sift/simd.h>
+
 #include "attn-private.h"
 #include "attn-x86-hsum.h"
 
@@ -29,14 +31,7 @@ static inline vf vadd (vf a, vf b) { return _mm256_add_ps (a, b); }
 static inline vf vsub (vf a, vf b) { return _mm256_sub_ps (a, b); }
 static inline vf vmax (vf a, vf b) { return _mm256_max_ps (a, b); }
 
-static inline float
-vhsum (vf x)
-{
-  __m128 s = _mm_add_ps (_mm256_castps256_ps128 (x), _mm256_extractf128_ps (x, 1));
-  s = _mm_add_ps (s, _mm_movehl_ps (s, s));
-  s = _mm_add_ss (s, _mm_movehdup_ps (s));
-  return _mm_cvtss_f32 (s);
-}
+static inline float vhsum (vf x) { return sift_hsum_256 (x); }
 
 /* dst[i] = the sum of the lanes of acc[i], i < n (n a constant). */
 static inline __attribute__ ((always_inline)) void
@@ -45,14 +40,7 @@ vhsum_block (const vf *acc, const int n, float *dst)
   vhsum_n_256 (acc, n, dst);
 }
 
-static inline float
-vhmax (vf x)
-{
-  __m128 m = _mm_max_ps (_mm256_castps256_ps128 (x), _mm256_extractf128_ps (x, 1));
-  m = _mm_max_ps (m, _mm_movehl_ps (m, m));
-  m = _mm_max_ss (m, _mm_movehdup_ps (m));
-  return _mm_cvtss_f32 (m);
-}
+static inline float vhmax (vf x) { return sift_hmax_256 (x); }
 
 /* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 8: an 8 x 8 block
  * transposed in registers (4x4 within 128-bit lanes, then lanes). */
@@ -86,14 +74,13 @@ vtranspose (const float *const *src, gsize c0, vf scale, float *dst, gsize ld)
 static inline vf
 vcvt_f16 (const guint16 *p)
 {
-  return _mm256_cvtph_ps (_mm_loadu_si128 ((const __m128i *) p));
+  return sift_load_f16_256 (p);
 }
 
 static inline vf
 vcvt_bf16 (const guint16 *p)
 {
-  __m256i w = _mm256_cvtepu16_epi32 (_mm_loadu_si128 ((const __m128i *) p));
-  return _mm256_castsi256_ps (_mm256_slli_epi32 (w, 16));
+  return sift_load_bf16_256 (p);
 }
 
 static inline vf
@@ -111,23 +98,12 @@ vzero_where_neg_inf (vf m)
   return _mm256_blendv_ps (m, _mm256_setzero_ps (), k);
 }
 
-/* 2^x as in attn-avx512.c; 2^n is built in the exponent field, and the
- * clamp to -127 makes that field 0, so -inf and x < -126.5 give exactly 0. */
+/* 2^x with <sift/simd.h>'s rule: x < -126 (and -inf) gives exactly 0,
+ * so masked keys add nothing. */
 static inline vf
 vexp2 (vf x)
 {
-  x = _mm256_max_ps (_mm256_min_ps (x, _mm256_set1_ps (127.0f)), _mm256_set1_ps (-127.0f));
-  vf n = _mm256_round_ps (x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm256_sub_ps (x, n);
-  vf p = _mm256_set1_ps (SIFT_EXP2_P0);
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P1));
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P2));
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P3));
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P4));
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (SIFT_EXP2_P5));
-  p = _mm256_fmadd_ps (p, f, _mm256_set1_ps (1.0f));
-  __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (n), _mm256_set1_epi32 (127)), 23);
-  return _mm256_mul_ps (p, _mm256_castsi256_ps (e));
+  return sift_exp2_256 (x);
 }
 
 #include "attn-simd.h"

@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <sift/simd.h>
+
 #include "attn-private.h"
 #include "attn-x86-hsum.h"
 
@@ -26,7 +28,7 @@ static inline vf vadd (vf a, vf b) { return _mm512_add_ps (a, b); }
 static inline vf vsub (vf a, vf b) { return _mm512_sub_ps (a, b); }
 static inline vf vmax (vf a, vf b) { return _mm512_max_ps (a, b); }
 
-static inline float vhsum (vf x) { return _mm512_reduce_add_ps (x); }
+static inline float vhsum (vf x) { return sift_hsum_512 (x); }
 
 /* dst[i] = the sum of the lanes of acc[i], i < n (n a constant, at most
  * MR * DEC_KEYS): each vector folded to 8 lanes, then attn-x86-hsum.h. */
@@ -35,11 +37,11 @@ vhsum_block (const vf *acc, const int n, float *dst)
 {
   __m256 h[MR * DEC_KEYS];
   for (int i = 0; i < n; i++)
-    h[i] = _mm256_add_ps (_mm512_castps512_ps256 (acc[i]), _mm512_extractf32x8_ps (acc[i], 1));
+    h[i] = sift_fold_512 (acc[i]);
   vhsum_n_256 (h, n, dst);
 }
 
-static inline float vhmax (vf x) { return _mm512_reduce_max_ps (x); }
+static inline float vhmax (vf x) { return sift_hmax_512 (x); }
 
 /* dst[j * ld + i] = scale * src[i][c0 + j] for i, j < 16: a 16 x 16 block
  * transposed in registers (4x4 within 128-bit lanes, then lanes). */
@@ -80,14 +82,13 @@ vtranspose (const float *const *src, gsize c0, vf scale, float *dst, gsize ld)
 static inline vf
 vcvt_f16 (const guint16 *p)
 {
-  return _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) p));
+  return sift_load_f16_512 (p);
 }
 
 static inline vf
 vcvt_bf16 (const guint16 *p)
 {
-  __m512i w = _mm512_cvtepu16_epi32 (_mm256_loadu_si256 ((const __m256i *) p));
-  return _mm512_castsi512_ps (_mm512_slli_epi32 (w, 16));
+  return sift_load_bf16_512 (p);
 }
 
 /* -inf in the lanes whose row limit is <= pos (the key is not visible). */
@@ -106,24 +107,12 @@ vzero_where_neg_inf (vf m)
   return _mm512_mask_mov_ps (m, k, _mm512_setzero_ps ());
 }
 
-/* 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by a degree-6
- * polynomial (relative error < 2e-7); 2^n by scalef. Inputs below -126,
- * -inf included, give exactly 0 so masked keys add nothing. */
+/* 2^x with <sift/simd.h>'s rule: x < -126 (and -inf) gives exactly 0,
+ * so masked keys add nothing. */
 static inline vf
 vexp2 (vf x)
 {
-  __mmask16 live = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-126.0f), _CMP_GE_OQ);
-  x = _mm512_min_ps (x, _mm512_set1_ps (127.0f));
-  vf n = _mm512_roundscale_ps (x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm512_sub_ps (x, n);
-  vf p = _mm512_set1_ps (SIFT_EXP2_P0);
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P1));
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P2));
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P3));
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P4));
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (SIFT_EXP2_P5));
-  p = _mm512_fmadd_ps (p, f, _mm512_set1_ps (1.0f));
-  return _mm512_maskz_scalef_ps (live, p, n);
+  return sift_exp2_512 (x);
 }
 
 #include "attn-simd.h"

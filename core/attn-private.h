@@ -63,15 +63,6 @@ enum {
 };
 float *sift_attn_scratch (int slot, gsize n_floats);
 
-/* 2^f - 1 = f P(f) on |f| <= 1/2, P(f) = ((((P0 f + P1) f + P2) f + P3) f + P4) f + P5
- * (minimax coefficients of Cephes' exp2f; relative error of 2^f < 2e-7). */
-#define SIFT_EXP2_P0 1.535336188319500e-4f
-#define SIFT_EXP2_P1 1.339887440266574e-3f
-#define SIFT_EXP2_P2 9.618437357674640e-3f
-#define SIFT_EXP2_P3 5.550332471162809e-2f
-#define SIFT_EXP2_P4 2.402264791363012e-1f
-#define SIFT_EXP2_P5 6.931472028550421e-1f
-
 extern const SiftAttnKernels sift_attn_kernels_scalar;
 #ifdef SIFT_HAVE_AVX2
 extern const SiftAttnKernels sift_attn_kernels_avx2;

@@ -15,7 +15,7 @@ static void
 emit_value (GString *out, const Key *k, gconstpointer base)
 {
   gconstpointer field = (const char *) base + k->offset;
-  switch (k->type)
+  switch ((int) k->type)
     {
     case KEY_INT: g_string_append_printf (out, "%" G_GINT64_FORMAT, *(const gint64 *) field); break;
     case KEY_INT32: g_string_append_printf (out, "%d", *(const gint32 *) field); break;
@@ -101,66 +101,92 @@ emit_choice (GString *out, const char *key, const Setup *s, int phase, int depth
 }
 
 static void
-emit_table (GString *out, const Key *table, gconstpointer base, const SiftConfig *config, int depth)
+emit_setups (GString *out, const SiftConfig *config)
 {
-  for (const Key *k = table; k->name; k++)
+  g_string_append (out, "policies:\n");
+  for (guint i = 0; i < config->setups->len; i++)
     {
-      if (k->type == KEY_SETUP)
-        continue; /* written as `policies` */
-      if (k->type == KEY_SETUPS)
+      const Setup *s = config->setups->pdata[i];
+      g_string_append (out, "  - ");
+      for (const Key *sk = sift_config_setup_keys; sk->name; sk++)
         {
-          g_string_append (out, "policies:\n");
-          for (guint i = 0; i < config->setups->len; i++)
+          if (sk != sift_config_setup_keys)
+            indent (out, 2);
+          if (sk->type == KEY_CHOICE)
             {
-              const Setup *s = config->setups->pdata[i];
-              indent (out, depth);
-              g_string_append (out, "  - ");
-              for (const Key *sk = sift_config_setup_keys; sk->name; sk++)
-                {
-                  if (sk != sift_config_setup_keys)
-                    indent (out, depth + 2);
-                  if (sk->type == KEY_CHOICE)
-                    {
-                      g_string_truncate (out, out->len - 2 * (gsize) (depth + 2));
-                      emit_choice (out, sk->name, s, sk->offset == G_STRUCT_OFFSET (Setup, pub.prefill) ? 0 : 1,
-                                   depth + 2);
-                      continue;
-                    }
-                  g_string_append_printf (out, "%s: ", sk->name);
-                  emit_value (out, sk, s);
-                  g_string_append_c (out, '\n');
-                }
+              g_string_truncate (out, out->len - 4);
+              emit_choice (out, sk->name, s, sk->offset == G_STRUCT_OFFSET (Setup, pub.prefill) ? 0 : 1, 2);
+              continue;
             }
+          g_string_append_printf (out, "%s: ", sk->name);
+          emit_value (out, sk, s);
+          g_string_append_c (out, '\n');
+        }
+    }
+}
+
+static void
+emit_key (GString *out, const Config *cfg, const Key *k, gconstpointer values, int depth)
+{
+  indent (out, depth);
+  if (k->type == KEY_STRING && *(char *const *) (gconstpointer) ((const char *) values + k->offset) == NULL)
+    {
+      g_string_append_printf (out, "# %s: (unset)\n", k->name);
+      return;
+    }
+  g_string_append_printf (out, "%s: ", k->name);
+  if (values == (gconstpointer) cfg && k->offset == G_STRUCT_OFFSET (Config, scale))
+    {
+      /* model.scale as resolved (0 given: 1/sqrt(head_dim)). */
+      g_autofree char *t = sift_float_to_text (cfg->pub.shape.scale);
+      g_string_append (out, t);
+    }
+  else
+    emit_value (out, k, values);
+  g_string_append_c (out, '\n');
+}
+
+/* The next component of a section path below `path` (NULL: the top), or NULL. */
+static char *
+child_of (const char *section_path, const char *path)
+{
+  const char *below = section_path;
+  if (path != NULL)
+    {
+      gsize len = strlen (path);
+      if (strncmp (section_path, path, len) != 0 || section_path[len] != '.')
+        return NULL;
+      below = section_path + len + 1;
+    }
+  return g_strndup (below, strcspn (below, "."));
+}
+
+/* The keys at `path`, then its sections, each in section order. */
+static void
+emit_section (GString *out, const Config *cfg, const char *path, int depth)
+{
+  for (guint i = 0; i < cfg->instances->len; i++)
+    {
+      const Instance *in = cfg->instances->pdata[i];
+      if (strcmp (in->section->path, path) == 0)
+        for (const Key *k = in->section->keys; k->name; k++)
+          emit_key (out, cfg, k, in->values, depth);
+    }
+  g_autoptr (GPtrArray) done = g_ptr_array_new_with_free_func (g_free);
+  for (guint i = 0; i < cfg->instances->len; i++)
+    {
+      const Instance *in = cfg->instances->pdata[i];
+      char *child = child_of (in->section->path, path);
+      if (child == NULL || g_ptr_array_find_with_equal_func (done, child, g_str_equal, NULL))
+        {
+          g_free (child);
           continue;
         }
+      g_ptr_array_add (done, child);
+      g_autofree char *sub = g_strdup_printf ("%s.%s", path, child);
       indent (out, depth);
-      if (k->type == KEY_SECTION)
-        {
-          g_string_append_printf (out, "%s:\n", k->name);
-          emit_table (out, k->section, base, config, depth + 1);
-          continue;
-        }
-      if (k->offset == G_STRUCT_OFFSET (Config, store_path) && config->store_path == NULL)
-        {
-          /* Unset: derived from the output directory in use, so not pinned here. */
-          g_autofree char *d = g_build_filename (config->harness.out_dir, "kv.store", NULL);
-          g_string_append_printf (out, "# %s: %s  (default: <harness.out>/kv.store)\n", k->name, d);
-          continue;
-        }
-      g_string_append_printf (out, "%s: ", k->name);
-      if (k->offset == G_STRUCT_OFFSET (Config, scale))
-        {
-          g_autofree char *t = sift_float_to_text (config->shape.scale);
-          g_string_append (out, t);
-        }
-      else if (k->offset == G_STRUCT_OFFSET (Config, store_path))
-        {
-          g_autofree char *t = sift_yaml_quote (config->store_path);
-          g_string_append (out, t);
-        }
-      else
-        emit_value (out, k, base);
-      g_string_append_c (out, '\n');
+      g_string_append_printf (out, "%s:\n", child);
+      emit_section (out, cfg, sub, depth + 1);
     }
 }
 
@@ -168,8 +194,31 @@ char *
 sift_config_to_yaml (const SiftConfig *config)
 {
   g_return_val_if_fail (config != NULL, NULL);
+  const Config *cfg = (const Config *) config;
   GString *out = g_string_new (NULL);
   g_string_append_printf (out, "# sift config, resolved from %s\n", config->file);
-  emit_table (out, sift_config_root_keys, config, config, 0);
+  /* Sections by order; the policy setups between those below 500 and the rest. */
+  g_autoptr (GPtrArray) done = g_ptr_array_new_with_free_func (g_free);
+  gboolean setups_written = FALSE;
+  for (guint i = 0; i < cfg->instances->len; i++)
+    {
+      const Instance *in = cfg->instances->pdata[i];
+      char *top = child_of (in->section->path, NULL);
+      if (g_ptr_array_find_with_equal_func (done, top, g_str_equal, NULL))
+        {
+          g_free (top);
+          continue;
+        }
+      g_ptr_array_add (done, top);
+      if (!setups_written && in->section->order >= 500)
+        {
+          emit_setups (out, config);
+          setups_written = TRUE;
+        }
+      g_string_append_printf (out, "%s:\n", top);
+      emit_section (out, cfg, top, 1);
+    }
+  if (!setups_written)
+    emit_setups (out, config);
   return g_string_free (out, FALSE);
 }

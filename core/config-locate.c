@@ -134,57 +134,30 @@ sift_config_key_suggestion (const char *name, const Key *table)
 /* ---- Origins ---------------------------------------------------------------- */
 
 void
-sift_config_remember (Config *cfg, gsize offset, const Origin *at)
+sift_config_remember (Config *cfg, gconstpointer field, const Origin *at)
 {
-  g_hash_table_insert (cfg->origins, GSIZE_TO_POINTER (offset + 1), g_memdup2 (at, sizeof *at));
+  g_hash_table_insert (cfg->origins, (gpointer) field, g_memdup2 (at, sizeof *at));
 }
 
 const Origin *
-sift_config_origin_at (const Config *cfg, gsize offset)
+sift_config_origin_at (const Config *cfg, gconstpointer field)
 {
-  return g_hash_table_lookup (cfg->origins, GSIZE_TO_POINTER (offset + 1));
+  return g_hash_table_lookup (cfg->origins, field);
 }
 
 /* The most recent write among several fields (NULL: all defaults): the
  * write that made a combination impossible. */
 const Origin *
-sift_config_latest_of (const Config *cfg, const gsize *offsets, gsize n)
+sift_config_latest_of (const Config *cfg, const gconstpointer *fields, gsize n)
 {
   const Origin *best = NULL;
   for (gsize i = 0; i < n; i++)
     {
-      const Origin *o = sift_config_origin_at (cfg, offsets[i]);
+      const Origin *o = fields[i] != NULL ? sift_config_origin_at (cfg, fields[i]) : NULL;
       if (o != NULL && (best == NULL || o->seq > best->seq))
         best = o;
     }
   return best;
-}
-
-/* The offset of a dotted root key ("model.synthetic.noise"); FALSE when
- * the path names no value of the root tables. */
-static gboolean
-root_key_offset (const char *path, gsize *offset)
-{
-  g_auto (GStrv) parts = g_strsplit (path, ".", -1);
-  const Key *table = sift_config_root_keys;
-  for (gsize i = 0; parts[i] != NULL; i++)
-    {
-      const Key *k = table;
-      while (k->name != NULL && strcmp (k->name, parts[i]) != 0)
-        k++;
-      if (k->name == NULL)
-        return FALSE;
-      if (k->type == KEY_SECTION)
-        {
-          table = k->section;
-          continue;
-        }
-      if (parts[i + 1] != NULL || k->type == KEY_SETUP || k->type == KEY_SETUPS)
-        return FALSE;
-      *offset = k->offset;
-      return TRUE;
-    }
-  return FALSE;
 }
 
 char *
@@ -195,10 +168,37 @@ sift_config_locate (const SiftConfig *config, const char *const *keys, const cha
   const Origin *best = NULL;
   for (gsize i = 0; keys != NULL && keys[i] != NULL; i++)
     {
-      gsize offset;
-      const Origin *o = root_key_offset (keys[i], &offset) ? sift_config_origin_at (cfg, offset) : NULL;
+      gpointer field = sift_config_value_at (cfg, keys[i], NULL);
+      const Origin *o = field != NULL ? sift_config_origin_at (cfg, field) : NULL;
       if (o != NULL && (best == NULL || o->seq > best->seq))
         best = o;
     }
   return located (best, config->file, message);
+}
+
+gboolean
+sift_config_fail (const SiftConfig *config, GError **error, gint code, const char *const *keys, const char *fmt, ...)
+{
+  g_return_val_if_fail (config != NULL && fmt != NULL, FALSE);
+  va_list ap;
+  va_start (ap, fmt);
+  g_autofree char *message = g_strdup_vprintf (fmt, ap);
+  va_end (ap);
+  g_autofree char *text = sift_config_locate (config, keys, message);
+  g_set_error_literal (error, SIFT_CONFIG_ERROR, code, text);
+  return FALSE;
+}
+
+gboolean
+sift_config_fail_setup (const SiftConfig *config, guint index, GError **error, gint code, const char *fmt, ...)
+{
+  g_return_val_if_fail (config != NULL && index < config->setups->len && fmt != NULL, FALSE);
+  const Setup *s = config->setups->pdata[index];
+  va_list ap;
+  va_start (ap, fmt);
+  g_autofree char *message = g_strdup_vprintf (fmt, ap);
+  va_end (ap);
+  sift_config_fail_at (error, SIFT_CONFIG_ERROR, code, s->at.src ? &s->at : NULL, config->file, "%s%s", s->where,
+                       message);
+  return FALSE;
 }

@@ -130,7 +130,7 @@ sift_config_assign (Ctx *c, const Key *k, gpointer base, gboolean in_config, yam
   Origin at = sift_config_origin_of (c, node);
   double d = 0;
   gint64 v = 0;
-  switch (k->type)
+  switch ((int) k->type)
     {
     case KEY_INT:
       if (!number (c, k, node, path, TRUE, &d, &v, error))
@@ -203,20 +203,11 @@ sift_config_assign (Ctx *c, const Key *k, gpointer base, gboolean in_config, yam
       if (!list (c, k, node, path, (gpointer *) field, (gsize *) (void *) ((char *) base + k->count_offset), error))
         return FALSE;
       break;
-    case KEY_SECTION:
-      if (node->type != YAML_MAPPING_NODE)
-        {
-          FAIL (TYPE, &at, "%s: expected a mapping, got %s", path, sift_config_node_kind (node));
-          return FALSE;
-        }
-      return sift_config_parse_mapping (c, node, k->section, base, path, error);
-    case KEY_SETUP:
-    case KEY_SETUPS:
-    case KEY_CHOICE:
+    default:
       g_assert_not_reached ();
     }
   if (in_config)
-    sift_config_remember (c->cfg, k->offset, &at);
+    sift_config_remember (c->cfg, field, &at);
   return TRUE;
 }
 
@@ -244,26 +235,45 @@ sift_config_parse_mapping (Ctx *c, yaml_node_t *map, const Key *table, gpointer 
               return FALSE;
             }
         }
-      const Key *k = table;
-      while (k->name != NULL && strcmp (k->name, name) != 0)
-        k++;
-      if (k->name == NULL)
+      g_autofree char *sub = path ? g_strdup_printf ("%s.%s", path, name) : g_strdup (name);
+      const Key *k = NULL;
+      gpointer values = base;
+      if (table != NULL || path == NULL)
         {
-          g_autofree char *hint = sift_config_key_suggestion (name, table);
+          const Key *t = table != NULL ? table : sift_config_root_keys;
+          for (k = t; k->name != NULL && strcmp (k->name, name) != 0; k++)
+            ;
+          k = k->name != NULL ? k : NULL;
+        }
+      if (k == NULL && table == NULL)
+        k = sift_config_find_key (c->cfg, path, name, &values);
+      gboolean ok;
+      if (k == NULL && table == NULL && sift_config_is_section (c->cfg, path, name))
+        {
+          if (value->type != YAML_MAPPING_NODE)
+            {
+              Origin at = sift_config_origin_of (c, value);
+              FAIL (TYPE, &at, "%s: expected a mapping, got %s", sub, sift_config_node_kind (value));
+              return FALSE;
+            }
+          ok = sift_config_parse_mapping (c, value, NULL, NULL, sub, error);
+        }
+      else if (k == NULL)
+        {
+          g_autofree char *hint = table != NULL ? sift_config_key_suggestion (name, table)
+                                                : sift_config_path_suggestion (c->cfg, path, name);
           if (path == NULL)
             FAIL (UNKNOWN_KEY, &key_at, "unknown section '%s'%s", name, hint);
           else
             FAIL (UNKNOWN_KEY, &key_at, "unknown key '%s' in %s%s", name, path, hint);
           return FALSE;
         }
-      g_autofree char *sub = path ? g_strdup_printf ("%s.%s", path, name) : g_strdup (name);
-      gboolean ok;
-      if (k->type == KEY_SETUP || k->type == KEY_SETUPS)
+      else if (k->type == KEY_SETUP || k->type == KEY_SETUPS)
         ok = sift_config_parse_setups_key (c, k, key, value, error);
       else if (table == sift_config_setup_keys)
         ok = sift_config_assign_setup (c, base, k, value, sub, error);
       else
-        ok = sift_config_assign (c, k, base, TRUE, value, sub, error);
+        ok = sift_config_assign (c, k, values, TRUE, value, sub, error);
       if (!ok)
         return FALSE;
     }
@@ -434,7 +444,7 @@ sift_config_merge_text (Config *cfg, const char *name, const char *text, SiftReg
       ok = FALSE;
     }
   else if (root != NULL)
-    ok = sift_config_parse_mapping (&c, root, sift_config_root_keys, cfg, NULL, error);
+    ok = sift_config_parse_mapping (&c, root, NULL, NULL, NULL, error);
   g_free ((gpointer) c.setup_key_at);
   yaml_document_delete (&doc);
   return ok && sift_config_validate (cfg, registry, error);

@@ -6,39 +6,32 @@
 #include <sift/config.h>
 #include <sift/registry.h>
 
-typedef enum {
-  KEY_INT,        /* gint64 */
-  KEY_INT32,      /* gint32 */
-  KEY_UINT64,     /* guint64 */
-  KEY_FLOAT,      /* double */
-  KEY_BOOL,       /* gboolean */
-  KEY_STRING,     /* char *; one of `values` when given */
-  KEY_ENUM,       /* an int-sized enum; one of `values` */
-  KEY_INT_LIST,   /* gint64 * at offset, gsize count at count_offset */
-  KEY_FLOAT_LIST, /* double * at offset, gsize count at count_offset */
-  KEY_SECTION,    /* a nested mapping: `section` */
-  KEY_SETUP,      /* policy: one setup (a mapping) */
-  KEY_SETUPS,     /* policies: a list of setups */
-  KEY_LABEL,      /* a setup's label */
-  KEY_CHOICE,     /* a setup's prefill or decode: a name, or {name, params} */
-} KeyType;
+/* The key types of the public table (SiftConfigKeyType) and core's own:
+ * the policy setups. */
+#define KEY_INT ((int) SIFT_CONFIG_KEY_INT)
+#define KEY_INT32 ((int) SIFT_CONFIG_KEY_INT32)
+#define KEY_UINT64 ((int) SIFT_CONFIG_KEY_UINT64)
+#define KEY_FLOAT ((int) SIFT_CONFIG_KEY_FLOAT)
+#define KEY_BOOL ((int) SIFT_CONFIG_KEY_BOOL)
+#define KEY_STRING ((int) SIFT_CONFIG_KEY_STRING)
+#define KEY_ENUM ((int) SIFT_CONFIG_KEY_ENUM)
+#define KEY_INT_LIST ((int) SIFT_CONFIG_KEY_INT_LIST)
+#define KEY_FLOAT_LIST ((int) SIFT_CONFIG_KEY_FLOAT_LIST)
+#define KEY_SETUP 64  /* policy: one setup (a mapping) */
+#define KEY_SETUPS 65 /* policies: a list of setups */
+#define KEY_LABEL 66  /* a setup's label */
+#define KEY_CHOICE 67 /* a setup's prefill or decode: a name, or {name, params} */
 
+typedef SiftConfigKey Key;
+typedef SiftConfigEnumValue EnumValue;
+
+/* A section's values in one config: the owner's struct (core's own
+ * sections keep theirs in the Config itself, `owned` FALSE). */
 typedef struct {
-  const char *name;
-  int value;
-} EnumValue;      /* tables end with a NULL name */
-
-typedef struct Key Key;
-struct Key {
-  const char *name;           /* NULL ends a table */
-  KeyType type;
-  gsize offset;               /* into the table's base: Config or Setup */
-  gsize count_offset;         /* lists */
-  double min, max;            /* numbers, list elements: inclusive; unchecked when min > max */
-  const EnumValue *values;    /* enums, strings with fixed values */
-  const Key *section;         /* KEY_SECTION */
-  const char *doc;            /* default and meaning, one line (docs/config.md says more) */
-};
+  const SiftConfigSection *section;
+  gpointer values;
+  gboolean owned;
+} Instance;
 
 typedef struct {
   char *name;                 /* file path, or "--set" */
@@ -71,16 +64,38 @@ typedef struct {
 typedef struct {
   SiftConfig pub;
   double scale;               /* as given; 0: 1/sqrt(head_dim) */
-  char *store_path;           /* as given, or NULL for <out_dir>/kv.store */
+  GPtrArray *instances;       /* Instance *, by section order: every section registered when made */
   GPtrArray *sources;         /* Source *, every text read */
-  GHashTable *origins;        /* offset in Config -> Origin * */
+  GHashTable *origins;        /* address of a value -> Origin * */
   guint64 seq;
   gboolean implied_setup;     /* setups holds only the default full+full */
 } Config;
 
-extern const Key sift_config_root_keys[];
+extern const Key sift_config_root_keys[];  /* core's top-level keys: policy, policies */
 extern const Key sift_config_setup_keys[];
-extern const EnumValue sift_config_dtype_values[];
+
+/* ---- Sections (config-sections.c) ---- */
+/* Every registered section, core's first, by order (the array is the caller's). */
+GPtrArray *sift_config_sections (void);
+/* Core's own sections: values in the Config (core/config-tables.c). */
+extern const SiftConfigSection sift_config_core_sections[];
+extern const gsize sift_config_n_core_sections;
+/* The key `name` of the sections at `path` in cfg (NULL: the top level),
+ * and the values it is stored in; NULL when none has it. */
+const Key *sift_config_find_key (const Config *cfg, const char *path, const char *name, gpointer *values);
+/* Whether `path.name` (or `name` at the top) is a section of cfg. */
+gboolean sift_config_is_section (const Config *cfg, const char *path, const char *name);
+/* "; did you mean ..." over the keys, sections and (top) setups at path. */
+char *sift_config_path_suggestion (const Config *cfg, const char *path, const char *name);
+/* The value of `path` (dotted), or NULL; *key set when found. */
+gpointer sift_config_value_at (const Config *cfg, const char *path, const Key **key);
+/* Each registered section's values in a new config, at their defaults;
+ * freeing them; a copy's own (origins moved along). */
+void sift_config_instances_init (Config *cfg);
+void sift_config_instances_free (Config *cfg);
+void sift_config_instances_copy (Config *to, const Config *from);
+/* Sets a key to its default (the text of its `def`). */
+void sift_config_key_default (const Key *k, gpointer values);
 
 /* One document being read (a file, or one --set value). */
 typedef struct {
@@ -105,9 +120,9 @@ gboolean sift_config_quoted (const yaml_node_t *node);
 char *sift_config_enum_list (const EnumValue *values);
 char *sift_config_suggestion (const char *name, const char *const *names, gsize n);
 char *sift_config_key_suggestion (const char *name, const Key *table);
-void sift_config_remember (Config *cfg, gsize offset, const Origin *at);
-const Origin *sift_config_origin_at (const Config *cfg, gsize offset);
-const Origin *sift_config_latest_of (const Config *cfg, const gsize *offsets, gsize n);
+void sift_config_remember (Config *cfg, gconstpointer field, const Origin *at);
+const Origin *sift_config_origin_at (const Config *cfg, gconstpointer field);
+const Origin *sift_config_latest_of (const Config *cfg, const gconstpointer *fields, gsize n);
 #define FAIL(code, at, ...) \
   sift_config_fail_at (error, SIFT_CONFIG_ERROR, SIFT_CONFIG_ERROR_##code, at, NULL, __VA_ARGS__)
 
@@ -130,6 +145,8 @@ gboolean sift_config_parse_setups_key (Ctx *c, const Key *k, yaml_node_t *key, y
 gboolean sift_config_expect_scalar (Ctx *c, yaml_node_t *node, const char *path, const char *what, GError **error);
 gboolean sift_config_assign (Ctx *c, const Key *k, gpointer base, gboolean in_config, yaml_node_t *node,
                              const char *path, GError **error);
+/* A mapping of setup keys (table sift_config_setup_keys, base a Setup), or
+ * of config keys and sections at `path` (table NULL; NULL path: the top). */
 gboolean sift_config_parse_mapping (Ctx *c, yaml_node_t *map, const Key *table, gpointer base, const char *path,
                                     GError **error);
 const Source *sift_config_add_source (Config *cfg, const char *name, const char *text);
@@ -142,15 +159,3 @@ gboolean sift_config_merge_text (Config *cfg, const char *name, const char *text
 
 /* ---- Checks across keys (config-check.c) ---- */
 gboolean sift_config_validate (Config *cfg, SiftRegistry *registry, GError **error);
-
-/* Sets every default (the values documented in config.h). */
-void sift_config_init_defaults (Config *c);
-
-/* Bytes a run keeps in memory at once (core/config-memory.c). */
-typedef struct {
-  double engine;  /* compute-side buffers, model source */
-  double store;   /* the host store's KV for the longest context (0: file store) */
-  double machine; /* physical memory (0: unknown) */
-} SiftConfigMemory;
-
-void sift_config_memory_estimate (const SiftConfig *config, gint64 longest, SiftConfigMemory *out);

@@ -110,6 +110,51 @@ set_in_setup (Ctx *c, Setup *s, Part *parts, gsize n, yaml_node_t *value, const 
   return TRUE;
 }
 
+/* section.key... = value: walks down the registered sections to the key
+ * (a section takes a mapping). */
+static gboolean
+set_in_sections (Ctx *c, const Part *part, gsize n, yaml_node_t *value, GError **error)
+{
+  g_autofree char *path = NULL;
+  for (gsize i = 0; i < n; i++)
+    {
+      gpointer values = NULL;
+      const Key *k = sift_config_find_key (c->cfg, path, part[i].name, &values);
+      char *longer = path ? g_strdup_printf ("%s.%s", path, part[i].name) : g_strdup (part[i].name);
+      if (k != NULL && i + 1 < n)
+        {
+          FAIL (UNKNOWN_KEY, &part[i + 1].at, "%s is not a section; it has no key '%s'", longer, part[i + 1].name);
+          g_free (longer);
+          return FALSE;
+        }
+      if (k != NULL)
+        {
+          gboolean ok = sift_config_assign (c, k, values, TRUE, value, longer, error);
+          g_free (longer);
+          return ok;
+        }
+      if (!sift_config_is_section (c->cfg, path, part[i].name))
+        {
+          g_autofree char *hint = sift_config_path_suggestion (c->cfg, path, part[i].name);
+          if (path == NULL)
+            FAIL (UNKNOWN_KEY, &part[i].at, "unknown section '%s'%s", part[i].name, hint);
+          else
+            FAIL (UNKNOWN_KEY, &part[i].at, "unknown key '%s' in %s%s", part[i].name, path, hint);
+          g_free (longer);
+          return FALSE;
+        }
+      g_free (path);
+      path = longer;
+    }
+  if (value->type != YAML_MAPPING_NODE)
+    {
+      Origin at = sift_config_origin_of (c, value);
+      FAIL (TYPE, &at, "%s: expected a mapping, got %s", path, sift_config_node_kind (value));
+      return FALSE;
+    }
+  return sift_config_parse_mapping (c, value, NULL, NULL, path, error);
+}
+
 static gboolean
 set_one (Config *cfg, const char *assignment, SiftRegistry *registry, GError **error)
 {
@@ -155,9 +200,13 @@ set_one (Config *cfg, const char *assignment, SiftRegistry *registry, GError **e
       ok = FALSE;
     }
   g_autofree char *path = NULL;
-  const Key *k = ok ? find_key (sift_config_root_keys, &part[0], NULL, error) : NULL;
-  ok = ok && k != NULL;
-  if (ok && (k->type == KEY_SETUP || k->type == KEY_SETUPS) && n == 1)
+  const Key *k = NULL;
+  for (const Key *r = sift_config_root_keys; ok && r->name != NULL; r++)
+    if (strcmp (r->name, part[0].name) == 0)
+      k = r;
+  if (ok && k == NULL)
+    ok = set_in_sections (&c, part, n, value, error);
+  else if (ok && n == 1)
     {
       /* policy=VALUE / policies=VALUE: replace every setup. */
       g_ptr_array_set_size (cfg->pub.setups, 0);
@@ -179,34 +228,11 @@ set_one (Config *cfg, const char *assignment, SiftRegistry *registry, GError **e
       if (ok && applied == 0)
         ok = set_in_setup (&c, cfg->pub.setups->pdata[0], part + 1, n - 1, value, "policy", NULL, error);
     }
-  else if (ok && k->type == KEY_SETUPS)
+  else if (ok)
     {
       Setup *s = n >= 2 ? find_setup (cfg, &part[1], error) : NULL;
       path = n >= 2 ? g_strdup_printf ("policies.%s", part[1].name) : NULL;
       ok = s != NULL && set_in_setup (&c, s, part + 2, n - 2, value, path, NULL, error);
-    }
-  else if (ok)
-    {
-      /* Sections: walk down to the key (a section takes a mapping). */
-      path = g_strdup (k->name);
-      for (gsize i = 1; ok && i < n; i++)
-        {
-          if (k->type != KEY_SECTION)
-            {
-              FAIL (UNKNOWN_KEY, &part[i].at, "%s is not a section; it has no key '%s'", path, part[i].name);
-              ok = FALSE;
-              break;
-            }
-          k = find_key (k->section, &part[i], path, error);
-          ok = k != NULL;
-          if (ok)
-            {
-              char *longer = g_strdup_printf ("%s.%s", path, k->name);
-              g_free (path);
-              path = longer;
-            }
-        }
-      ok = ok && sift_config_assign (&c, k, cfg, TRUE, value, path, error);
     }
   for (guint i = 0; i < parts->len; i++)
     g_free (part[i].name);

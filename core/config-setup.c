@@ -36,9 +36,12 @@ sift_config_setup_new (const char *where)
 {
   Setup *s = g_new0 (Setup, 1);
   s->where = g_strdup (where);
-  s->pub.prefill.name = g_strdup ("full");
-  s->pub.decode.name = g_strdup ("full");
-  s->pub.capacity_tokens = -1;
+  /* The setup table's defaults (the label is derived when validated). */
+  for (const Key *k = sift_config_setup_keys; k->name != NULL; k++)
+    if (k->type == KEY_CHOICE)
+      G_STRUCT_MEMBER (SiftPolicyChoice, s, k->offset).name = g_strdup (k->def);
+    else if (k->type != KEY_LABEL)
+      sift_config_key_default (k, s);
   for (int p = 0; p < 2; p++)
     s->raw[p] = g_ptr_array_new_with_free_func (sift_config_raw_param_free);
   return s;

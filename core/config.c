@@ -46,16 +46,7 @@ sift_config_free (SiftConfig *config)
     return;
   Config *cfg = (Config *) config;
   g_free (config->file);
-  g_free (config->source);
-  g_free (config->model_path);
-  g_free (config->store);
-  g_free (config->store_path);
-  g_free (cfg->store_path);
-  g_free (config->harness.lengths);
-  g_free (config->harness.depths);
-  g_free (config->harness.capacities);
-  g_free (config->harness.out_dir);
-  g_free (config->harness.haystack);
+  sift_config_instances_free (cfg);
   g_clear_pointer (&config->setups, g_ptr_array_unref);
   g_clear_pointer (&cfg->origins, g_hash_table_unref);
   g_clear_pointer (&cfg->sources, g_ptr_array_unref);
@@ -66,11 +57,26 @@ static Config *
 config_new (void)
 {
   Config *cfg = g_new0 (Config, 1);
-  sift_config_init_defaults (cfg);
+  sift_config_instances_init (cfg);
+  cfg->pub.shape.scale = 0.0f;
   cfg->pub.setups = g_ptr_array_new_with_free_func (sift_config_setup_free);
   cfg->sources = g_ptr_array_new_with_free_func (sift_config_source_free);
   cfg->origins = g_hash_table_new_full (g_direct_hash, g_direct_equal, NULL, g_free);
   return cfg;
+}
+
+SiftConfig *
+sift_config_copy (const SiftConfig *config)
+{
+  g_return_val_if_fail (config != NULL, NULL);
+  const Config *from = (const Config *) config;
+  Config *to = g_new0 (Config, 1);
+  *to = *from;
+  to->pub.file = g_strdup (from->pub.file);
+  to->pub.setups = g_ptr_array_ref (from->pub.setups);
+  to->sources = g_ptr_array_ref (from->sources);
+  sift_config_instances_copy (to, from);
+  return &to->pub;
 }
 
 SiftConfig *

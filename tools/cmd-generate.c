@@ -15,13 +15,14 @@
 static SiftStore *
 make_store (const SiftConfig *cfg, const SiftModelShape *shape, GError **error)
 {
-  g_autofree char *path = cfg->store_path != NULL ? g_strdup (cfg->store_path)
-                                                   : g_build_filename (g_get_tmp_dir (), "sift-generate-kv.store", NULL);
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
+  g_autofree char *path = off->store_path != NULL ? g_strdup (off->store_path)
+                                                  : g_build_filename (g_get_tmp_dir (), "sift-generate-kv.store", NULL);
   SiftStoreConfig sc = {
-    .dtype = cfg->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
-    .head_dim = shape->head_dim, .path = path, .keep = cfg->store_keep, .direct = cfg->store_direct,
+    .dtype = sift_kv_config (cfg)->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
+    .head_dim = shape->head_dim, .path = path, .keep = off->store_keep, .direct = off->store_direct,
   };
-  return g_strcmp0 (cfg->store, "file") == 0 ? sift_store_file_new (&sc, error) : sift_store_host_new (&sc, error);
+  return g_strcmp0 (off->store, "file") == 0 ? sift_store_file_new (&sc, error) : sift_store_host_new (&sc, error);
 }
 
 static gboolean
@@ -97,10 +98,12 @@ pipeline_init (Pipeline *p, const SiftConfig *cfg, const char *path, GError **er
   p->store = make_store (cfg, &shape, error);
   if (p->store == NULL)
     return FALSE;
+  const SiftKvConfig *kv = sift_kv_config (cfg);
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
   SiftEngineConfig ec = {
-    .shape = shape, .compute_dtype = cfg->compute_dtype, .n_slots = cfg->ring_slots, .pipeline = cfg->pipeline,
+    .shape = shape, .compute_dtype = kv->compute_dtype, .n_slots = off->ring_slots, .pipeline = off->pipeline,
   };
-  SiftEvictConfig ev = { cfg->capacity_tokens, cfg->evict_granularity, cfg->protect_sinks, cfg->protect_recent };
+  SiftEvictConfig ev = { kv->capacity_tokens, kv->evict_granularity, kv->protect_sinks, kv->protect_recent };
   p->engine = sift_engine_new (&ec, p->store, error);
   if (p->engine == NULL || !sift_engine_set_eviction (p->engine, &ev, error))
     return FALSE;
@@ -199,8 +202,8 @@ generate (const SiftConfig *cfg, const char *path, const char *prompt, const cha
   gint64 positions = sift_runner_position (p.runner);
   printf ("memory  weights %.2f MiB, KV %.2f MiB (%" G_GINT64_FORMAT " positions, %s store)\n",
           llama_model_weight_bytes (sift_model_gguf_llama (p.model)) / 1048576.0,
-          (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim * sift_dtype_row_bytes (cfg->store_dtype, 32) / 32 / 1048576.0,
-          positions, sift_dtype_name (cfg->store_dtype));
+          (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim * sift_dtype_row_bytes (sift_kv_config (cfg)->store_dtype, 32) / 32 / 1048576.0,
+          positions, sift_dtype_name (sift_kv_config (cfg)->store_dtype));
   print_counters (p.engine, SIFT_PHASE_PREFILL, "prefill");
   print_counters (p.engine, SIFT_PHASE_DECODE, "decode");
   pipeline_clear (&p);
@@ -239,7 +242,7 @@ sift_cmd_generate (int argc, char **argv)
   sift_cli_options_clear (&opts);
   if (config == NULL)
     return sift_cli_fail ("generate", error);
-  const char *path = model != NULL ? model : config->model_path;
+  const char *path = model != NULL ? model : sift_gguf_config (config)->path;
   if (path == NULL || path[0] == 0)
     {
       fprintf (stderr, "sift generate: no model: give --model FILE.gguf (or model.source: gguf and model.path)\n");

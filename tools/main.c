@@ -6,6 +6,7 @@
 #include <glib.h>
 
 #include "cli.h"
+#include "harness-config.h"
 #include "commands.h"
 
 typedef struct {
@@ -37,6 +38,9 @@ int
 main (int argc, char **argv)
 {
   setlocale (LC_ALL, "");
+  /* The config sections of the model sources and the harness (libsift has
+   * registered the engine's). */
+  sift_harness_config_register ();
   if (argc < 2 || strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)
     {
       usage (argc < 2 ? stderr : stdout);

@@ -8,86 +8,86 @@
 #include <glib.h>
 #include <sift/api.h>
 #include <sift/dtype.h>
-#include <sift/engine.h>
 #include <sift/params.h>
 #include <sift/policy.h>
 
 G_BEGIN_DECLS
 
 typedef struct _SiftRegistry SiftRegistry;
+typedef struct _SiftConfig SiftConfig;
 
-/* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md). */
+/* ---- Sections, registered by their owners ------------------------------------
+ *
+ * The config's sections are key tables that their owners register: core
+ * reads the model's shape (model.layers ... model.scale, kv.block_size,
+ * kv.chunk_size), the model source and seed, and the policy setups; the
+ * engine registers the rest of kv and offload; the synthetic model
+ * model.synthetic; the GGUF model model.path; the needle harness harness.
+ * Each section's values live in a struct of the owner's type, one per
+ * config, read with sift_config_get_section (owners wrap it in a typed
+ * getter). Parsing, --set, defaults, errors and the resolved YAML all walk
+ * the same tables; docs/config.md documents every key. */
+
+typedef enum {
+  SIFT_CONFIG_KEY_INT,        /* gint64 */
+  SIFT_CONFIG_KEY_INT32,      /* gint32 */
+  SIFT_CONFIG_KEY_UINT64,     /* guint64 */
+  SIFT_CONFIG_KEY_FLOAT,      /* double */
+  SIFT_CONFIG_KEY_BOOL,       /* gboolean */
+  SIFT_CONFIG_KEY_STRING,     /* char * (owned by the config); one of `values` when given */
+  SIFT_CONFIG_KEY_ENUM,       /* an int-sized enum; one of `values` */
+  SIFT_CONFIG_KEY_INT_LIST,   /* gint64 * at offset, gsize count at count_offset */
+  SIFT_CONFIG_KEY_FLOAT_LIST, /* double * at offset, gsize count at count_offset */
+} SiftConfigKeyType;
+
+/* A name a key may take and the value stored for it; tables end with a NULL name. */
 typedef struct {
-  gint64 sink_tokens;            /* 4; first tokens every query attends to (0: off) */
-  double sink_strength;          /* 11.5; logit boost of sink keys */
-  double locality;               /* 2.0; strength of the rotary recency bias (0: off) */
-  double locality_scale;         /* 64.0; tokens over which recency decays */
-  gint64 heavy_hitters;          /* 8; columns that attract attention everywhere (0: off) */
-  double heavy_hitter_strength;  /* 9.5; logit boost of heavy-hitter keys */
-  gint64 rope_dims;              /* 32; dims with rotary embedding (0: none; even, <= head_dim) */
-  double rope_base;              /* 10000.0 */
-  double retrieval_heads;        /* 0.25; fraction of heads whose question attends to the needle */
-  double needle_strength;        /* 16.0; logit of question . needle key in retrieval heads */
-  double noise;                  /* 0.8; scale of the random part of q and k */
-  double drift;                  /* 6.0; logit a key gets from a query at its own position through the
-                                  * slowly drifting content q and k share (0: off) */
-  double drift_scale;            /* 64.0; tokens over which the drifting content decorrelates */
-  gint64 logn_length;            /* 0 (off); queries at position p >= logn_length are scaled by
-                                  * ln(p + 1) / ln(logn_length), so attention stays as sharp past
-                                  * that length as at it (Qwen's logn attention, SSMax) */
-  gboolean planted_exact;        /* false ("planted_keys: matched"): needle and distractor keys carry an
-                                  * ordinary key's noise and norm; true ("exact"): clean, fixed-norm keys
-                                  * (the former model, for comparison) */
-} SiftSyntheticConfig;
+  const char *name;
+  int value;
+} SiftConfigEnumValue;
 
-typedef enum {
-  SIFT_NEEDLE_SINGLE = 0,
-  SIFT_NEEDLE_MULTIKEY = 1,   /* distractors with near-identical keys, other values */
-  SIFT_NEEDLE_MULTIVALUE = 2, /* one key, several values: all must be retrieved */
-  SIFT_NEEDLE_MULTIQUERY = 3, /* several needles, each asked for */
-} SiftNeedleKind;
-
-/* What a text needle's value is (model.source gguf): RULER's kinds. */
-typedef enum {
-  SIFT_NEEDLE_VALUE_NUMBER = 0, /* 6 digits */
-  SIFT_NEEDLE_VALUE_WORD = 1,   /* a word of the haystack text */
-  SIFT_NEEDLE_VALUE_UUID = 2,   /* 8-4-4 hex digits */
-} SiftNeedleValue;
-
-typedef enum {
-  SIFT_SPACING_EXPLICIT = 0,  /* the list as given */
-  SIFT_SPACING_LINEAR = 1,
-  SIFT_SPACING_SIGMOID = 2,   /* denser near the ends (classic NIAH depth spacing) */
-} SiftSpacing;
-
-typedef enum {
-  SIFT_DEPTH_INTERIOR = 0,    /* depths span the blocks between the first and the last before the question */
-  SIFT_DEPTH_FULL = 1,        /* depths span the whole haystack (0 in the first block, 1 in the last) */
-} SiftDepthSpan;
-
-/* harness: the needle grid. */
+/* One key of a section. Its default is YAML text read like a value in a
+ * file ("4", "[1024, 2048]", "f16"): the key table is the one place for
+ * every default. */
 typedef struct {
-  gint64 *lengths; gsize n_lengths;   /* [1024, 2048, 4096] */
-  SiftSpacing length_spacing;         /* explicit; linear/sigmoid use length_min/max/count */
-  gint64 length_min, length_max, length_count;
-  double *depths; gsize n_depths;     /* [0.0, 0.25, 0.5, 0.75, 1.0] */
-  SiftSpacing depth_spacing;          /* explicit; linear/sigmoid use depth_count over [0, 1] */
-  gint64 depth_count;
-  SiftDepthSpan depth_span;           /* interior */
-  SiftNeedleKind needle;              /* single */
-  gint64 n_distractors;               /* 3 (multikey) */
-  gint64 n_values;                    /* 3 (multivalue) */
-  gint64 n_queries;                   /* 2 (multiquery) */
-  SiftNeedleValue value;              /* number (text needles: model.source gguf) */
-  char *haystack;                     /* NULL: the King James Bible from Debian's `bible`; else a text file */
-  gint64 question_tokens;             /* 4: last tokens of the prompt that ask */
-  gint64 decode_steps;                /* 8 */
-  gint64 *capacities; gsize n_capacities; /* []: KV budgets swept (kv.capacity_tokens per run) */
-  double min_accuracy;                /* 0.0; exit 1 below this (fraction of cells passed) */
-  guint64 seed;                       /* 1 */
-  gint64 baseline_seeds;              /* 5: random-baseline draws per cell (0: none) */
-  char *out_dir;                      /* "sift-out" */
-} SiftHarnessConfig;
+  const char *name;                   /* NULL ends a table */
+  SiftConfigKeyType type;
+  gsize offset;                       /* into the section's struct */
+  gsize count_offset;                 /* lists: where the count is */
+  double min, max;                    /* numbers and list elements, inclusive; unchecked when min > max */
+  const SiftConfigEnumValue *values;  /* enums, and strings with fixed values */
+  const char *def;                    /* the default as YAML text; NULL: unset (strings only) */
+  const char *doc;                    /* one line; docs/config.md says more */
+} SiftConfigKey;
+
+#define SIFT_CONFIG_NO_RANGE 1.0, 0.0
+
+typedef struct _SiftConfigSection SiftConfigSection;
+struct _SiftConfigSection {
+  const char *path;                   /* where the keys sit: "harness", "model.synthetic"; several
+                                       * sections may share a path (their key names must differ) */
+  gint order;                         /* place in the resolved YAML, ascending (core: model 0, kv 100) */
+  const char *doc;                    /* the section, one line */
+  gsize size;                         /* of the owner's struct holding the values */
+  const SiftConfigKey *keys;          /* NULL-terminated */
+  /* Checks across keys after every file and --set (NULL: none); fails
+   * with SIFT_CONFIG_ERROR, placing the message with sift_config_locate. */
+  gboolean (*check) (const SiftConfig *config, gconstpointer values, GError **error);
+};
+
+/* Adds a section to every config made afterwards (once; again is a no-op).
+ * libsift registers the engine's itself; a program using another owner's
+ * section calls that owner's register function before loading a config. */
+SIFT_API void sift_config_register_section (const SiftConfigSection *section);
+/* The values of a registered section in a config (NULL when the section
+ * was registered after the config was made). */
+SIFT_API gconstpointer sift_config_get_section (const SiftConfig *config, const SiftConfigSection *section);
+/* The same, to change (a copy made with sift_config_copy, for one run). */
+SIFT_API gpointer sift_config_edit_section (SiftConfig *config, const SiftConfigSection *section);
+/* Every key of a section's struct at its default, and freeing what its
+ * strings and lists hold (the struct itself is the caller's). */
+SIFT_API void sift_config_section_init (const SiftConfigSection *section, gpointer values);
+SIFT_API void sift_config_section_clear (const SiftConfigSection *section, gpointer values);
 
 /* A policy in one phase: its name, resolved ops and validated params. */
 typedef struct {
@@ -105,34 +105,15 @@ typedef struct {
   gint64 capacity_tokens;             /* -1: kv.capacity_tokens; else this setup's KV budget (0: unbounded) */
 } SiftPolicySetup;
 
-typedef struct {
+struct _SiftConfig {
   char *file;                         /* the first file read */
   /* model */
   char *source;                       /* "synthetic" | "random" | "gguf" */
-  char *model_path;                   /* the GGUF file (source "gguf"), or NULL */
   SiftModelShape shape;               /* layers 2, q_heads 8, kv_heads 2, head_dim 64; scale 0 = 1/sqrt(d) */
   guint64 seed;                       /* 1 */
-  SiftSyntheticConfig synthetic;
-  /* kv */
-  SiftDType store_dtype;              /* f16 */
-  SiftDType compute_dtype;            /* f32 */
-  gint64 capacity_tokens;             /* stored tokens kept per layer, evicting beyond; 0 = unbounded */
-  SiftEvictGranularity evict_granularity; /* token */
-  gint64 protect_sinks;               /* 4; first tokens never evicted */
-  gint64 protect_recent;              /* 64; most recent tokens never evicted */
-  /* offload */
-  char *store;                        /* "host" | "file" */
-  char *store_path;                   /* file store path; default "<out_dir>/kv.store" */
-  gboolean store_keep;
-  gboolean store_direct;
-  gint32 ring_slots;                  /* 4 */
-  SiftPipeline pipeline;              /* ring */
-  gboolean force_copy;                /* false: ring loads from a host store in the compute dtype map (zero-copy) */
   /* policies */
   GPtrArray *setups;                  /* SiftPolicySetup *, at least one */
-  /* harness */
-  SiftHarnessConfig harness;
-} SiftConfig;
+};
 
 /* Parses one file. With registry non-NULL, policy names are resolved and
  * their params validated against the plugins' declarations (loading only
@@ -160,8 +141,19 @@ SIFT_API gboolean sift_config_set (SiftConfig *config, const char *assignment, S
  * written last, as "file:line:col: message" with the source line and a
  * caret; "file: message" when every one of them holds its default. */
 SIFT_API char *sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message);
+/* For a section's check: sets `error` (SIFT_CONFIG_ERROR, `code`) to the
+ * message placed as sift_config_locate places it; returns FALSE. */
+SIFT_API gboolean sift_config_fail (const SiftConfig *config, GError **error, gint code, const char *const *keys,
+                                    const char *fmt, ...) G_GNUC_PRINTF (5, 6);
+/* The same for a check of setup `index` (config->setups): placed at the
+ * setup's mapping; the message continues the setup's name ("policies[1]"),
+ * so it starts with its key (".capacity_tokens = ..."). */
+SIFT_API gboolean sift_config_fail_setup (const SiftConfig *config, guint index, GError **error, gint code,
+                                          const char *fmt, ...) G_GNUC_PRINTF (5, 6);
 /* The resolved config as YAML (every key, defaults filled). */
 SIFT_API char *sift_config_to_yaml (const SiftConfig *config);
+/* A copy with its own section values (the sources and setups are shared). */
+SIFT_API SiftConfig *sift_config_copy (const SiftConfig *config);
 SIFT_API void sift_config_free (SiftConfig *config);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftConfig, sift_config_free)
 

@@ -14,6 +14,7 @@
 
 #include <glib.h>
 #include <sift/api.h>
+#include <sift/config.h>
 #include <sift/engine-calls.h>
 #include <sift/error.h>
 #include <sift/policy.h>
@@ -27,6 +28,35 @@ typedef enum {
   SIFT_PIPELINE_CROSS_LAYER = 1, /* decode: load layer l+1 while layer l computes */
 } SiftPipeline;
 
+/* The engine's keys of the config (docs/config.md), registered by libsift
+ * itself: kv.* beside core's block and chunk sizes, and offload.*. */
+typedef struct {
+  SiftDType store_dtype;              /* f16 */
+  SiftDType compute_dtype;            /* f32 */
+  gint64 capacity_tokens;             /* stored tokens kept per layer, evicting beyond; 0 = unbounded */
+  SiftEvictGranularity evict_granularity; /* token */
+  gint64 protect_sinks;               /* 4; first tokens never evicted */
+  gint64 protect_recent;              /* 64; most recent tokens never evicted */
+} SiftKvConfig;
+
+typedef struct {
+  char *store;                        /* "host" | "file" */
+  char *store_path;                   /* the file store's file; NULL: <harness.out>/kv.store */
+  gboolean store_keep;
+  gboolean store_direct;
+  gint32 ring_slots;                  /* 4 */
+  SiftPipeline pipeline;              /* ring */
+  gboolean force_copy;                /* false: ring loads from a host store in the compute dtype map (zero-copy) */
+} SiftOffloadConfig;
+
+SIFT_API const SiftConfigSection sift_kv_config_section;
+SIFT_API const SiftConfigSection sift_offload_config_section;
+/* The values of a config (never NULL: libsift registers both). */
+SIFT_API const SiftKvConfig *sift_kv_config (const SiftConfig *config);
+SIFT_API const SiftOffloadConfig *sift_offload_config (const SiftConfig *config);
+/* The smallest kv.capacity_tokens that eviction can keep to: the protected
+ * sinks and recent window and the blocks one offload adds. */
+SIFT_API gint64 sift_kv_config_min_capacity (const SiftKvConfig *kv, const SiftModelShape *shape);
 /* Where the compute side runs (offload.device). */
 typedef enum {
   SIFT_DEVICE_CPU = 0,   /* RAM buffers, the copy worker thread, the CPU kernels */

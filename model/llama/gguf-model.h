@@ -3,6 +3,7 @@
 #pragma once
 
 #include <glib.h>
+#include <sift/config.h>
 #include <sift/model.h>
 
 #include "llama.h"
@@ -16,5 +17,15 @@ SiftModel *sift_model_gguf_new (const char *path, gint32 block_size, gint32 chun
                                 GError **error);
 /* The model under a SiftModel from sift_model_gguf_new, or NULL for another model. */
 LlamaModel *sift_model_gguf_llama (SiftModel *model);
+
+/* The GGUF model's keys of the config (model.path), registered by
+ * sift_gguf_config_register (the table: model/llama/gguf-config.c). */
+typedef struct {
+  char *path;                         /* the GGUF file of model.source gguf, or NULL */
+} SiftGgufConfig;
+
+extern const SiftConfigSection sift_gguf_config_section;
+void sift_gguf_config_register (void);
+const SiftGgufConfig *sift_gguf_config (const SiftConfig *config);
 
 G_END_DECLS

@@ -114,15 +114,6 @@ invalid (GError **error, const char *fmt, ...)
   return FALSE;
 }
 
-void
-sift_synthetic_config_defaults (SiftSyntheticConfig *k)
-{
-  /* The config's defaults (core/config-tables.c) are the one place. */
-  g_autoptr (SiftConfig) defaults = sift_config_new_default (NULL, NULL);
-  g_assert (defaults != NULL);
-  *k = defaults->synthetic;
-}
-
 static gboolean
 check_knobs (const SiftModelShape *s, const SiftSyntheticConfig *k, GError **error)
 {

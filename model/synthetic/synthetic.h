@@ -18,6 +18,44 @@
 
 G_BEGIN_DECLS
 
+/* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md). */
+typedef struct {
+  gint64 sink_tokens;            /* 4; first tokens every query attends to (0: off) */
+  double sink_strength;          /* 11.5; logit boost of sink keys */
+  double locality;               /* 2.0; strength of the rotary recency bias (0: off) */
+  double locality_scale;         /* 64.0; tokens over which recency decays */
+  gint64 heavy_hitters;          /* 8; columns that attract attention everywhere (0: off) */
+  double heavy_hitter_strength;  /* 9.5; logit boost of heavy-hitter keys */
+  gint64 rope_dims;              /* 32; dims with rotary embedding (0: none; even, <= head_dim) */
+  double rope_base;              /* 10000.0 */
+  double retrieval_heads;        /* 0.25; fraction of heads whose question attends to the needle */
+  double needle_strength;        /* 16.0; logit of question . needle key in retrieval heads */
+  double noise;                  /* 0.8; scale of the random part of q and k */
+  double drift;                  /* 6.0; logit a key gets from a query at its own position through the
+                                  * slowly drifting content q and k share (0: off) */
+  double drift_scale;            /* 64.0; tokens over which the drifting content decorrelates */
+  gint64 logn_length;            /* 0 (off); queries at position p >= logn_length are scaled by
+                                  * ln(p + 1) / ln(logn_length), so attention stays as sharp past
+                                  * that length as at it (Qwen's logn attention, SSMax) */
+  gboolean planted_exact;        /* false ("planted_keys: matched"): needle and distractor keys carry an
+                                  * ordinary key's noise and norm; true ("exact"): clean, fixed-norm keys
+                                  * (the former model, for comparison) */
+} SiftSyntheticConfig;
+
+/* model.synthetic, registered by sift_synthetic_config_register (the
+ * table: model/synthetic/synthetic-config.c). */
+extern const SiftConfigSection sift_synthetic_config_section;
+void sift_synthetic_config_register (void);
+/* The knobs of a config made after registration. */
+const SiftSyntheticConfig *sift_synthetic_config (const SiftConfig *config);
+
+typedef enum {
+  SIFT_NEEDLE_SINGLE = 0,
+  SIFT_NEEDLE_MULTIKEY = 1,   /* distractors with near-identical keys, other values */
+  SIFT_NEEDLE_MULTIVALUE = 2, /* one key, several values: all must be retrieved */
+  SIFT_NEEDLE_MULTIQUERY = 3, /* several needles, each asked for */
+} SiftNeedleKind;
+
 /* One planted token. */
 typedef struct {
   gint64 position;
@@ -52,14 +90,14 @@ gint32 sift_needle_plan_key_at (const SiftNeedlePlan *plan, gint64 p);
  * returns how many were written (at most max_out). */
 gsize sift_needle_plan_targets (const SiftNeedlePlan *plan, gint32 key, gint64 *out, gsize max_out);
 
-/* The synthetic source. knobs NULL: the defaults of config.h. plan NULL: no
+/* The synthetic source. knobs NULL: the key table's defaults. plan NULL: no
  * needles and no question rows (heavy hitters spread over 4096 tokens).
  * The plan is copied. SIFT_MODEL_ERROR_INVALID for an impossible shape or
  * knob (message names the knob and value). */
 SiftModel *sift_model_synthetic_new (const SiftModelShape *shape, guint64 seed,
                                            const SiftSyntheticConfig *knobs,
                                            const SiftNeedlePlan *plan, GError **error);
-/* The knobs' defaults: those of sift_config_new_default (core/config-tables.c). */
+/* The knobs' defaults: the key table's. */
 void sift_synthetic_config_defaults (SiftSyntheticConfig *knobs);
 /* TRUE when q head `q_head` of `layer` is a retrieval head. */
 gboolean sift_model_synthetic_is_retrieval_head (SiftModel *src, gint32 layer, gint32 q_head);

@@ -226,78 +226,19 @@ vs_estimator_lse (VsEstimator *e)
 
 /* ---- Selection ------------------------------------------------------------ */
 
-typedef struct {
-  float score;
-  gint64 index;
-} Item;
-
-/* Strict order: higher score first, then lower index. */
-static inline gboolean
-before (const Item *a, const Item *b)
-{
-  return a->score > b->score || (a->score == b->score && a->index < b->index);
-}
-
-/* Moves the k first items (in `before` order) to items[0..k), unordered. */
-static void
-select_k (Item *items, gint64 n, gint64 k)
-{
-  gint64 lo = 0, hi = n - 1;
-  while (lo < hi)
-    {
-      Item pivot = items[lo + (hi - lo) / 2];
-      gint64 i = lo, j = hi;
-      while (i <= j)
-        {
-          while (before (&items[i], &pivot))
-            i++;
-          while (before (&pivot, &items[j]))
-            j--;
-          if (i <= j)
-            {
-              Item t = items[i];
-              items[i] = items[j];
-              items[j] = t;
-              i++;
-              j--;
-            }
-        }
-      if (k - 1 <= j)
-        hi = j;
-      else if (k - 1 >= i)
-        lo = i;
-      else
-        break;
-    }
-}
-
-static int
-cmp_gint64 (const void *a, const void *b)
-{
-  gint64 x = *(const gint64 *) a, y = *(const gint64 *) b;
-  return (x > y) - (x < y);
-}
-
 gsize
 vs_select_top (const float *score, gint64 n, gint64 k, gint64 n_forced, gint64 *out)
 {
+  if (n <= 0)
+    return 0;
   n_forced = CLAMP (n_forced, 0, n);
   k = CLAMP (MAX (k, n_forced), 0, n);
+  g_autofree guint8 *keep = g_new (guint8, n);
+  sift_top_k (score, (gsize) n, (gsize) k, (gsize) n_forced, 0, keep);
   gsize n_out = 0;
-  for (gint64 i = 0; i < n_forced; i++)
-    out[n_out++] = i;
-  gint64 rest = n - n_forced, want = k - n_forced;
-  if (want > 0)
-    {
-      g_autofree Item *items = g_new (Item, rest);
-      for (gint64 i = 0; i < rest; i++)
-        items[i] = (Item) { isnan (score[n_forced + i]) ? -INFINITY : score[n_forced + i], n_forced + i };
-      if (want < rest)
-        select_k (items, rest, want);
-      for (gint64 i = 0; i < want; i++)
-        out[n_out++] = items[i].index;
-      qsort (out + n_forced, (gsize) want, sizeof (gint64), cmp_gint64);
-    }
+  for (gint64 i = 0; i < n; i++)
+    if (keep[i])
+      out[n_out++] = i;
   return n_out;
 }
 

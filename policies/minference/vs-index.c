@@ -9,29 +9,14 @@
 #include "vs.h"
 
 gsize
-vs_lower_bound (const gint64 *a, gsize n, gint64 x)
-{
-  gsize lo = 0, hi = n;
-  while (lo < hi)
-    {
-      gsize mid = lo + (hi - lo) / 2;
-      if (a[mid] < x)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-  return lo;
-}
-
-gsize
 vs_tile_ranges (const VsPattern *p, gint64 a, gint64 b, gint64 k0, gint64 k1, VsRange *out)
 {
   const gint64 lo = MAX (k0, 0), hi = MIN (k1, b);
   if (lo >= hi || p->n_slash == 0)
     return 0;
   /* Diagonal d meets [lo, hi) iff a - hi < d < b - lo. */
-  gsize first = vs_lower_bound (p->slash, p->n_slash, a - hi + 1);
-  gsize last = vs_lower_bound (p->slash, p->n_slash, b - lo); /* exclusive */
+  gsize first = sift_lower_bound (p->slash, p->n_slash, a - hi + 1);
+  gsize last = sift_lower_bound (p->slash, p->n_slash, b - lo); /* exclusive */
   gsize n = 0;
   /* Descending d gives ascending starts. */
   for (gsize i = last; i-- > first;)

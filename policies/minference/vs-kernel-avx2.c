@@ -9,43 +9,11 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include <sift/simd.h>
+
 #include "vs.h"
 
 #define G VS_KEY_GROUP
-
-/* e^x for x <= 0 (and -inf -> 0): Cody-Waite reduction to r in
- * [-ln2/2, ln2/2], a degree-6 polynomial, 2^n through the exponent bits;
- * relative error ~2e-7, like expf. */
-static inline __m256
-exp256 (__m256 x)
-{
-  const __m256 lo = _mm256_set1_ps (-87.3f);
-  __m256 under = _mm256_cmp_ps (x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps (x, lo);
-  __m256 n = _mm256_round_ps (_mm256_mul_ps (x, _mm256_set1_ps (1.44269504f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps (n, _mm256_set1_ps (0.693145751953125f), x);
-  r = _mm256_fnmadd_ps (n, _mm256_set1_ps (1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps (1.0f / 720.0f);
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (1.0f / 120.0f));
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (1.0f / 24.0f));
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (1.0f / 6.0f));
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (0.5f));
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (1.0f));
-  p = _mm256_fmadd_ps (p, r, _mm256_set1_ps (1.0f));
-  __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (n), _mm256_set1_epi32 (127)), 23);
-  __m256 y = _mm256_mul_ps (p, _mm256_castsi256_ps (e));
-  return _mm256_andnot_ps (under, y);
-}
-
-static inline float
-hsum (__m256 v)
-{
-  __m128 s = _mm_add_ps (_mm256_castps256_ps128 (v), _mm256_extractf128_ps (v, 1));
-  s = _mm_add_ps (s, _mm_movehl_ps (s, s));
-  s = _mm_add_ss (s, _mm_movehdup_ps (s));
-  return _mm_cvtss_f32 (s);
-}
 
 /* s[0..G) = q . kt[:, 0..G) for one row. */
 static inline void
@@ -132,11 +100,11 @@ row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow
   for (gint32 i = 0; i < G; i += 8)
     {
       __m256 x = _mm256_min_ps (_mm256_sub_ps (_mm256_loadu_ps (s + i), mv), _mm256_setzero_ps ());
-      __m256 p = _mm256_and_ps (exp256 (x), lane_mask (vis, i));
+      __m256 p = _mm256_and_ps (sift_exp_256 (x), lane_mask (vis, i));
       _mm256_storeu_ps (s + i, p);
       lsum = _mm256_add_ps (lsum, p);
     }
-  t->l[r] = t->l[r] * alpha + hsum (lsum);
+  t->l[r] = t->l[r] * alpha + sift_hsum_256 (lsum);
   t->m[r] = m_new;
   t->attended += __builtin_popcount (vis);
   float *acc = t->acc + (gsize) r * d;

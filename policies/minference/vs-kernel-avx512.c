@@ -9,32 +9,11 @@
 #include <math.h>
 #include <string.h>
 
+#include <sift/simd.h>
+
 #include "vs.h"
 
 #define G VS_KEY_GROUP
-
-/* e^x for x <= 0 (masked lanes are cleared by the caller): see exp256 in
- * vs-kernel-avx2.c. */
-static inline __m512
-exp512 (__m512 x)
-{
-  const __m512 lo = _mm512_set1_ps (-87.3f);
-  __mmask16 under = _mm512_cmp_ps_mask (x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps (x, lo);
-  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (x, _mm512_set1_ps (1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145751953125f), x);
-  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
-  __m512i e = _mm512_slli_epi32 (_mm512_add_epi32 (_mm512_cvtps_epi32 (n), _mm512_set1_epi32 (127)), 23);
-  return _mm512_maskz_mul_ps ((__mmask16) ~under, p, _mm512_castsi512_ps (e));
-}
 
 /* Scores of rows q[0..nr) against lanes [h, h + 16) only: four chains. */
 static inline void
@@ -131,9 +110,9 @@ row_softmax (VsTile *t, gint32 r, float *s, guint32 vis)
   const __m512 mv = _mm512_set1_ps (m_new);
   __m512 p0 = _mm512_setzero_ps (), p1 = p0;
   if (in0)
-    p0 = _mm512_maskz_mov_ps (in0, exp512 (_mm512_sub_ps (s0, mv)));
+    p0 = _mm512_maskz_mov_ps (in0, sift_exp_512 (_mm512_sub_ps (s0, mv)));
   if (in1)
-    p1 = _mm512_maskz_mov_ps (in1, exp512 (_mm512_sub_ps (s1, mv)));
+    p1 = _mm512_maskz_mov_ps (in1, sift_exp_512 (_mm512_sub_ps (s1, mv)));
   _mm512_storeu_ps (s, p0);
   _mm512_storeu_ps (s + 16, p1);
   t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps (_mm512_add_ps (p0, p1));
@@ -257,29 +236,6 @@ pv4 (VsTile *t, gint32 r, float *const *p, const float *alpha, guint64 lanes, co
     }
 }
 
-/* Transposed sum of 16 vectors: lane i of the result = the sum of v[i]'s
- * lanes (pairs within 128-bit lanes, then across them). */
-static inline __attribute__ ((always_inline)) __m512
-reduce16 (const __m512 *v)
-{
-  __m512 x[8], z[4];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++)
-    x[i] = _mm512_add_ps (_mm512_unpacklo_ps (v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps (v[2 * i], v[2 * i + 1]));
-  /* x[i], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of a = v[2i], b = v[2i+1]. */
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++)
-    {
-      __m512d lo = _mm512_unpacklo_pd (_mm512_castps_pd (x[2 * i]), _mm512_castps_pd (x[2 * i + 1]));
-      __m512d hi = _mm512_unpackhi_pd (_mm512_castps_pd (x[2 * i]), _mm512_castps_pd (x[2 * i + 1]));
-      z[i] = _mm512_add_ps (_mm512_castpd_ps (lo), _mm512_castpd_ps (hi));
-    }
-  /* z[i][4L + e]: the sum over 128-bit lane L of v[4i + e]. */
-  __m512 w01 = _mm512_add_ps (_mm512_shuffle_f32x4 (z[0], z[1], 0x44), _mm512_shuffle_f32x4 (z[0], z[1], 0xee));
-  __m512 w23 = _mm512_add_ps (_mm512_shuffle_f32x4 (z[2], z[3], 0x44), _mm512_shuffle_f32x4 (z[2], z[3], 0xee));
-  return _mm512_add_ps (_mm512_shuffle_f32x4 (w01, w23, 0x88), _mm512_shuffle_f32x4 (w01, w23, 0xdd));
-}
-
 /* Scores of rows q[0..nr) (nr <= 4) against the lanes of `any` as 4 x 4
  * blocks of dot products along head_dim (d a multiple of 16): each block
  * loads 4 query and 4 key vectors per 16 dims for 16 FMAs, then one
@@ -318,7 +274,7 @@ rows_scores_few (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 
             }
         }
       float out[16];
-      _mm512_storeu_ps (out, reduce16 (acc));
+      _mm512_storeu_ps (out, sift_hsum16x16_512 (acc));
       for (gint32 r = 0; r < nr; r++)
         for (gint32 j = 0; j < 4 && j0 + j < n; j++)
           s[r][idx[j0 + j]] = out[4 * r + j];
@@ -549,8 +505,8 @@ buffer_softmax (VsTile *t, gint32 r, float *s, gint32 n)
   __m512 sum = _mm512_setzero_ps ();
   for (gint32 i = 0; i < nv; i++)
     {
-      /* -inf - m_new is -inf: exp512 flushes it to 0. */
-      const __m512 p = exp512 (_mm512_sub_ps (v[i], mv));
+      /* -inf - m_new is -inf: sift_exp_512 flushes it to 0. */
+      const __m512 p = sift_exp_512 (_mm512_sub_ps (v[i], mv));
       _mm512_storeu_ps (s + 16 * i, p);
       sum = _mm512_add_ps (sum, p);
     }

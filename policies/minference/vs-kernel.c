@@ -740,8 +740,8 @@ vs_attn_block (VsAttn *a, const SiftView *k, const SiftView *v, gint64 key0)
   for (gint32 h = 0; h < a->n_q_heads; h++)
     {
       const VsPattern *p = &a->pattern[h];
-      first[h] = vs_lower_bound (p->vertical, p->n_vertical, key0);
-      const gsize end = vs_lower_bound (p->vertical, p->n_vertical, key0 + k->n_tokens);
+      first[h] = sift_lower_bound (p->vertical, p->n_vertical, key0);
+      const gsize end = sift_lower_bound (p->vertical, p->n_vertical, key0 + k->n_tokens);
       a->n_colpanels[h] = (gint64) (end - first[h] + VS_KEY_GROUP - 1) / VS_KEY_GROUP;
       a->max_colpanels = MAX (a->max_colpanels, a->n_colpanels[h]);
     }

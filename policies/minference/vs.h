@@ -50,7 +50,7 @@ const float *vs_estimator_lse (VsEstimator *e);
 
 /* Top-k selection. The first n_forced items (columns 0.. or distances 0..)
  * are always kept; the rest of k goes to the highest scores (ties: lower
- * index first). Returns how many were written to out (min (max (k,
+ * index first, NaN last: sift_top_k). Returns how many were written to out (min (max (k,
  * n_forced), n)), ascending. */
 gsize vs_select_top (const float *score, gint64 n, gint64 k, gint64 n_forced, gint64 *out);
 
@@ -79,9 +79,6 @@ typedef struct {
   const gint64 *slash;    /* [n_slash] ascending distances */
   gsize n_slash;
 } VsPattern;
-
-/* First index i in a[0..n) (ascending) with a[i] >= x. */
-gsize vs_lower_bound (const gint64 *a, gsize n, gint64 x);
 
 /* The merged slash ranges of tile rows [a, b) inside keys [k0, k1),
  * ascending; out needs room for n_slash ranges. Returns how many. */

@@ -65,11 +65,7 @@ gint32 quest_n_rankings (QuestMode mode, gint32 n_q_heads, gint32 n_kv_heads);
 void quest_rank (const float *head_bounds, gint32 n_q_heads, gint32 n_kv_heads, gsize n, QuestMode mode,
                  QuestReduce reduce, float *out);
 
-/* Which of n blocks (in ascending id order) to keep for one ranking: the
- * first `sinks` and the last `recent` always, then the best-scoring others
- * (score descending, lower index first on ties, NaN last) until `budget`
- * blocks are kept in all (sinks and recent count against it; when they alone
- * exceed it they are still kept). keep [n] gets 0/1; returns the count. */
-gsize quest_pick (const float *score, gsize n, gsize budget, gsize sinks, gsize recent, guint8 *keep);
+/* Which blocks to keep of a ranking: sift_top_k (<sift/simd.h>), with the
+ * sink and recent blocks forced. */
 
 G_END_DECLS

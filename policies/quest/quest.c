@@ -164,7 +164,7 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
   quest_rank (bounds, shape->n_q_heads, shape->n_kv_heads, n, self->mode, self->reduce, rank);
   for (gint32 r = 0; r < n_rank; r++)
     {
-      quest_pick (rank + (gsize) r * n, n, (gsize) self->budget_blocks, (gsize) self->sink_blocks,
+      sift_top_k (rank + (gsize) r * n, n, (gsize) self->budget_blocks, (gsize) self->sink_blocks,
                   (gsize) self->recent_blocks, keep);
       for (gsize b = 0; b < n; b++)
         {

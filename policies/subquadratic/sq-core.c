@@ -198,63 +198,6 @@ sq_count_edges (const SqConfig *c, gint64 seq)
   return total;
 }
 
-/* ---- Online softmax ----------------------------------------------------- */
-
-void
-sq_state_reset (SqState *st, gint32 head_dim)
-{
-  st->m = -INFINITY;
-  st->l = 0.0f;
-  memset (st->acc, 0, (gsize) head_dim * sizeof (float));
-}
-
-void
-sq_state_finish (const SqState *st, gint32 head_dim, float *o, float *lse)
-{
-  sq_scale_row (o, st->acc, st->l > 0.0f ? 1.0f / st->l : 0.0f, head_dim);
-  if (lse != NULL)
-    *lse = st->l > 0.0f ? st->m + logf (st->l) : -INFINITY;
-}
-
-void
-sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float scale, const float *base_k,
-                      const float *base_v, gint64 stride, const gint32 *idx, gsize n)
-{
-  for (gsize x = 0; x < n; x++)
-    {
-      const float *k = base_k + (gint64) idx[x] * stride;
-      const float *v = base_v + (gint64) idx[x] * stride;
-      float s = 0.0f;
-      for (gint32 c = 0; c < head_dim; c++)
-        s += q[c] * k[c];
-      s *= scale;
-      if (s > st->m)
-        {
-          /* A new max: what was summed under the old one shrinks by
-           * e^(m_old - m_new), so every exponent stays <= 0. */
-          float r = expf (st->m - s);
-          st->l *= r;
-          for (gint32 c = 0; c < head_dim; c++)
-            st->acc[c] *= r;
-          st->m = s;
-        }
-      float p = expf (s - st->m);
-      st->l += p;
-      for (gint32 c = 0; c < head_dim; c++)
-        st->acc[c] += p * v[c];
-    }
-}
-
-void
-sq_accumulate (SqState *st, const float *q, gint32 head_dim, float scale, const float *base_k,
-               const float *base_v, gint64 stride, const gint32 *idx, gsize n)
-{
-  SqAccumulateFunc fn = sq_simd_accumulate (head_dim);
-  if (fn == NULL)
-    fn = sq_accumulate_scalar;
-  fn (st, q, head_dim, scale, base_k, base_v, stride, idx, n);
-}
-
 /* ---- Landmarks ---------------------------------------------------------- */
 
 /* Block b of kv head g: its mean key and value into ko, vo [d]. */
@@ -530,7 +473,7 @@ sq_attend_tile (const SqTile *t)
   const gint64 n = t->q.n_tokens;
   const SqBandFunc band = t->panels != NULL ? sq_simd_band (d) : NULL;
   const SqRowsFunc rows = t->kp != NULL ? sq_simd_rows (d) : NULL;
-  SqState st[SQ_BAND_ROWS];
+  SiftRowState st[SQ_BAND_ROWS];
   g_assert (n <= SQ_BAND_ROWS);
   for (gint64 r = 0; r < n; r++)
     st[r].acc = t->acc + r * d;
@@ -621,8 +564,8 @@ sq_attend_tile (const SqTile *t)
             gint64 a = MAX (t->lo + r, t->floor), nb = 0;
             for (gint64 j = a; j <= t->hi + r; j++)
               t->band_idx[nb++] = (gint32) j;
-            sq_state_reset (&st[r], d);
-            sq_accumulate (&st[r], sift_view_row (&t->q, h, r), d, t->scale, kb, vb, t->k.token_stride,
+            sift_row_state_reset (&st[r], d);
+            sift_attend_row_sparse (&st[r], sift_view_row (&t->q, h, r), d, t->scale, kb, vb, t->k.token_stride,
                            t->band_idx, (gsize) nb);
           }
       sq_prefetch_rest (&pf);
@@ -686,7 +629,7 @@ sq_attend_tile (const SqTile *t)
           if (any > 0)
             rows (&b, st);
           for (gint64 r = 0; r < n; r++)
-            sq_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
+            sift_row_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
                              t->lse ? &t->lse[h * t->lse_stride + r] : NULL);
           continue;
         }
@@ -696,11 +639,11 @@ sq_attend_tile (const SqTile *t)
           gsize nt = t->idx_start[r + 1] - t->idx_start[r];
           gsize nb = t->lidx_start[r + 1] - t->lidx_start[r];
           if (nt > 0)
-            sq_accumulate (&st[r], q, d, t->scale, kb, vb, t->k.token_stride, t->idx + t->idx_start[r], nt);
+            sift_attend_row_sparse (&st[r], q, d, t->scale, kb, vb, t->k.token_stride, t->idx + t->idx_start[r], nt);
           if (nb > 0)
-            sq_accumulate (&st[r], q, d, t->scale, t->lk + (gint64) g * t->l_n * d,
+            sift_attend_row_sparse (&st[r], q, d, t->scale, t->lk + (gint64) g * t->l_n * d,
                            t->lv + (gint64) g * t->l_n * d, d, t->lidx + t->lidx_start[r], nb);
-          sq_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
+          sift_row_state_finish (&st[r], d, sift_view_row (&t->out, h, r),
                            t->lse ? &t->lse[h * t->lse_stride + r] : NULL);
         }
     }
@@ -725,7 +668,7 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
 
   if (!f->c->causal)
     {
-      SqState st = { .acc = w->acc };
+      SiftRowState st = { .acc = w->acc };
       for (gint64 i = begin; i < end; i++)
         {
           gsize n_tok, n_blk;
@@ -734,14 +677,14 @@ forward_rows (gint64 begin, gint64 end, gint worker, gpointer user_data)
             {
               gint32 g = h / group;
               const float *q = sift_view_row (f->q, h, i);
-              sq_state_reset (&st, d);
+              sift_row_state_reset (&st, d);
               /* Tokens first, then landmarks, through one running softmax. */
-              sq_accumulate (&st, q, d, f->scale, sift_view_row (f->k, g, 0), sift_view_row (f->v, g, 0),
+              sift_attend_row_sparse (&st, q, d, f->scale, sift_view_row (f->k, g, 0), sift_view_row (f->v, g, 0),
                              f->k->token_stride, w->idx, n_tok);
               if (n_blk > 0)
-                sq_accumulate (&st, q, d, f->scale, f->lk + (gint64) g * f->n_blocks * d,
+                sift_attend_row_sparse (&st, q, d, f->scale, f->lk + (gint64) g * f->n_blocks * d,
                                f->lv + (gint64) g * f->n_blocks * d, d, w->lidx, n_blk);
-              sq_state_finish (&st, d, sift_view_row (f->out, h, i),
+              sift_row_state_finish (&st, d, sift_view_row (f->out, h, i),
                                f->lse ? &f->lse[(gint64) h * f->seq + i] : NULL);
             }
         }
@@ -861,8 +804,8 @@ forward_tile (gint64 begin, gint64 end, gint worker, gpointer user_data)
           const float *kb = sift_view_row (f->k, g, 0), *vb = sift_view_row (f->v, g, 0);
           for (gint64 r = 0; r < nr; r++)
             {
-              SqState st = { .acc = w->acc + r * d };
-              sq_state_reset (&st, d);
+              SiftRowState st = { .acc = w->acc + r * d };
+              sift_row_state_reset (&st, d);
               w->m[r] = st.m;
               w->l[r] = st.l;
             }
@@ -875,8 +818,8 @@ forward_tile (gint64 begin, gint64 end, gint worker, gpointer user_data)
               gint64 y = x + 1;
               while (y < tile_end && w->rows[y] == r)
                 y++;
-              SqState st = { .m = w->m[r], .l = w->l[r], .acc = w->acc + (gint64) r * d };
-              sq_accumulate (&st, sift_view_row (f->q, h, r0 + r), d, f->scale, kb, vb,
+              SiftRowState st = { .m = w->m[r], .l = w->l[r], .acc = w->acc + (gint64) r * d };
+              sift_attend_row_sparse (&st, sift_view_row (f->q, h, r0 + r), d, f->scale, kb, vb,
                              f->k->token_stride, w->pos + x, (gsize) (y - x));
               w->m[r] = st.m;
               w->l[r] = st.l;
@@ -884,13 +827,13 @@ forward_tile (gint64 begin, gint64 end, gint worker, gpointer user_data)
             }
           for (gint64 r = 0; r < nr; r++)
             {
-              SqState st = { .m = w->m[r], .l = w->l[r], .acc = w->acc + r * d };
+              SiftRowState st = { .m = w->m[r], .l = w->l[r], .acc = w->acc + r * d };
               gsize nb = blk_start[r + 1] - blk_start[r];
               if (nb > 0)
-                sq_accumulate (&st, sift_view_row (f->q, h, r0 + r), d, f->scale,
+                sift_attend_row_sparse (&st, sift_view_row (f->q, h, r0 + r), d, f->scale,
                                f->lk + (gint64) g * f->n_blocks * d, f->lv + (gint64) g * f->n_blocks * d,
                                d, w->lidx + blk_start[r], nb);
-              sq_state_finish (&st, d, sift_view_row (f->out, h, r0 + r),
+              sift_row_state_finish (&st, d, sift_view_row (f->out, h, r0 + r),
                                f->lse ? &f->lse[(gint64) h * f->seq + r0 + r] : NULL);
             }
         }

@@ -64,27 +64,8 @@ gint64 sq_count_edges (const SqConfig *c, gint64 seq);
 
 /* ---- Kernels ---------------------------------------------------------- */
 
-/* Online-softmax state of one (row, head): running max m, running sum l of
- * e^(s - m), and acc = sum e^(s - m) v. */
-typedef struct {
-  float m;
-  float l;
-  float *acc; /* [head_dim] */
-} SqState;
-
-void sq_state_reset (SqState *st, gint32 head_dim);
-/* o = acc / l and lse = m + log l; an empty state gives o = 0, lse = -inf. */
-void sq_state_finish (const SqState *st, gint32 head_dim, float *o, float *lse);
-
-/* Folds keys base_k + idx[n] * stride (f32 rows of head_dim) and their
- * values into st for one query row q (already multiplied by nothing: the
- * score is scale * q . k). The SIMD paths batch 8 candidates per rescale;
- * the scalar path is the plain one-at-a-time reference. */
-void sq_accumulate (SqState *st, const float *q, gint32 head_dim, float scale, const float *base_k,
-                    const float *base_v, gint64 stride, const gint32 *idx, gsize n);
-void sq_accumulate_scalar (SqState *st, const float *q, gint32 head_dim, float scale,
-                           const float *base_k, const float *base_v, gint64 stride, const gint32 *idx,
-                           gsize n);
+/* One (row, head)'s online softmax is <sift/simd.h>'s SiftRowState, and
+ * the keys a row names alone go through sift_attend_row_sparse. */
 
 /* Rows of one band tile. Consecutive rows share most of their windows, so
  * the tile's windows go through the band kernel, which reads each key once

@@ -1,8 +1,8 @@
-/* SIMD paths of sq_accumulate. Candidates are taken eight at a time: their
- * eight scores come out of one reduction tree, the running max is raised
- * (and acc rescaled) at most once per batch instead of once per key, the
- * eight exponentials are one vector polynomial, and acc stays in registers
- * for the whole call. Same sums as the scalar path up to rounding. */
+/* The subquadratic policy's tile kernels (AVX-512): the window band, rows
+ * of scattered keys, diagonals, shared keys, and the packing they read.
+ * Vector primitives (exp, transposed sums) come from <sift/simd.h>; a row's
+ * lone keys go through sift_attend_row_sparse. Same sums as the scalar
+ * paths in sq-core.c up to rounding. */
 #include <math.h>
 #include <string.h>
 
@@ -30,232 +30,12 @@ pack_rows_scalar (const float *const *rows, gint32 n, gint32 d, float *panel)
       panel[x * 16 + c] = c < n ? rows[c][x] : 0.0f;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#ifdef SIFT_SIMD_X86
 
-#define AVX2 __attribute__ ((target ("avx2,fma")))
-#define AVX512 __attribute__ ((target ("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
-#define INLINE static inline __attribute__ ((always_inline))
-
-/* Cephes' polynomial for e^r, r = x - fx ln 2 (relative error about 1e-7),
- * for the vector width of the prefix `P` (_mm256 or _mm512) and type `T`. */
-#define SQ_EXP_POLY(P, T, x, fx, y)                                               \
-  x = P##_fnmadd_ps (fx, P##_set1_ps (0.693359375f), x);                          \
-  x = P##_fnmadd_ps (fx, P##_set1_ps (-2.12194440e-4f), x);                       \
-  T y = P##_set1_ps (1.9875691500e-4f);                                           \
-  y = P##_fmadd_ps (y, x, P##_set1_ps (1.3981999507e-3f));                        \
-  y = P##_fmadd_ps (y, x, P##_set1_ps (8.3334519073e-3f));                        \
-  y = P##_fmadd_ps (y, x, P##_set1_ps (4.1665795894e-2f));                        \
-  y = P##_fmadd_ps (y, x, P##_set1_ps (1.6666665459e-1f));                        \
-  y = P##_fmadd_ps (y, x, P##_set1_ps (5.0000001201e-1f));                        \
-  y = P##_fmadd_ps (y, P##_mul_ps (x, x), P##_add_ps (x, P##_set1_ps (1.0f)))
-
-/* e^x for x <= 0 (Cephes' polynomial: relative error about 1e-7). Lanes
- * below -87 come out as a tiny positive number; callers mask padding. */
-INLINE AVX2 __m256
-exp256 (__m256 x)
-{
-  x = _mm256_max_ps (x, _mm256_set1_ps (-87.0f));
-  __m256 fx = _mm256_floor_ps (_mm256_fmadd_ps (x, _mm256_set1_ps (1.44269504088896341f),
-                                                _mm256_set1_ps (0.5f)));
-  SQ_EXP_POLY (_mm256, __m256, x, fx, y);
-  __m256i e = _mm256_slli_epi32 (_mm256_add_epi32 (_mm256_cvtps_epi32 (fx), _mm256_set1_epi32 (127)), 23);
-  return _mm256_mul_ps (y, _mm256_castsi256_ps (e));
-}
-
-/* Lane c of the result: the sum of t[c]'s eight lanes. */
-INLINE AVX2 __m256
-reduce8 (const __m256 t[8])
-{
-  __m256 h01 = _mm256_hadd_ps (t[0], t[1]), h23 = _mm256_hadd_ps (t[2], t[3]);
-  __m256 h45 = _mm256_hadd_ps (t[4], t[5]), h67 = _mm256_hadd_ps (t[6], t[7]);
-  __m256 a = _mm256_hadd_ps (h01, h23), b = _mm256_hadd_ps (h45, h67);
-  return _mm256_add_ps (_mm256_permute2f128_ps (a, b, 0x20), _mm256_permute2f128_ps (a, b, 0x31));
-}
-
-INLINE AVX2 float
-hmax8 (__m256 v)
-{
-  __m128 x = _mm_max_ps (_mm256_castps256_ps128 (v), _mm256_extractf128_ps (v, 1));
-  x = _mm_max_ps (x, _mm_movehl_ps (x, x));
-  x = _mm_max_ss (x, _mm_shuffle_ps (x, x, 1));
-  return _mm_cvtss_f32 (x);
-}
-
-INLINE AVX2 float
-hsum8 (__m256 v)
-{
-  __m128 x = _mm_add_ps (_mm256_castps256_ps128 (v), _mm256_extractf128_ps (v, 1));
-  x = _mm_add_ps (x, _mm_movehl_ps (x, x));
-  x = _mm_add_ss (x, _mm_shuffle_ps (x, x, 1));
-  return _mm_cvtss_f32 (x);
-}
-
-/* Scores of one batch -> weights, after raising the running max. Lanes at
- * or past nb are padding and get weight 0. */
-INLINE AVX2 __m256
-batch_weights (__m256 s, int nb, float *m, float *l, float *r_out)
-{
-  __m256i lane = _mm256_setr_epi32 (0, 1, 2, 3, 4, 5, 6, 7);
-  __m256 valid = _mm256_castsi256_ps (_mm256_cmpgt_epi32 (_mm256_set1_epi32 (nb), lane));
-  s = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), s, valid);
-  float bm = hmax8 (s);
-  *r_out = 1.0f;
-  if (bm > *m)
-    {
-      /* Everything summed so far shrinks by e^(m_old - m_new): exponents stay <= 0. */
-      *r_out = expf (*m - bm);
-      *l *= *r_out;
-      *m = bm;
-    }
-  __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s, _mm256_set1_ps (*m))), valid);
-  *l += hsum8 (p);
-  return p;
-}
-
-/* nv vectors of 8 per row; nv is a constant where it is inlined. */
-INLINE AVX2 void
-acc_avx2 (SqState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
-          gint64 stride, const gint32 *idx, gsize n)
-{
-  __m256 qv[16], acc[16];
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    {
-      qv[j] = _mm256_mul_ps (_mm256_loadu_ps (q + 8 * j), _mm256_set1_ps (scale));
-      acc[j] = _mm256_loadu_ps (st->acc + 8 * j);
-    }
-  float m = st->m, l = st->l;
-  for (gsize x = 0; x < n; x += 8)
-    {
-      int nb = (int) MIN (8, n - x);
-      __m256 t[8];
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c++)
-        {
-          t[c] = _mm256_setzero_ps ();
-          if (c < nb)
-            {
-              const float *k = bk + (gint64) idx[x + c] * stride;
-#pragma GCC unroll 16
-              for (int j = 0; j < nv; j++)
-                t[c] = _mm256_fmadd_ps (qv[j], _mm256_loadu_ps (k + 8 * j), t[c]);
-            }
-        }
-      float r;
-      __m256 p = batch_weights (reduce8 (t), nb, &m, &l, &r);
-      if (r != 1.0f)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++)
-          acc[j] = _mm256_mul_ps (acc[j], _mm256_set1_ps (r));
-      float pf[8];
-      _mm256_storeu_ps (pf, p);
-      for (int c = 0; c < nb; c++)
-        {
-          const float *v = bv + (gint64) idx[x + c] * stride;
-          __m256 w = _mm256_set1_ps (pf[c]);
-#pragma GCC unroll 16
-          for (int j = 0; j < nv; j++)
-            acc[j] = _mm256_fmadd_ps (w, _mm256_loadu_ps (v + 8 * j), acc[j]);
-        }
-    }
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    _mm256_storeu_ps (st->acc + 8 * j, acc[j]);
-  st->m = m;
-  st->l = l;
-}
-
-/* One entry point per head_dim with a constant vector count, so the row
- * loops unroll and acc and q stay in registers. */
-#define SQ_DEFINE_ACC(isa, ATTR, d, nv)                                                   \
-  static ATTR void acc_##isa##_##d (SqState *st, const float *q, gint32 head_dim, float scale, \
-                                    const float *bk, const float *bv, gint64 stride,     \
-                                    const gint32 *idx, gsize n)                          \
-  {                                                                                      \
-    (void) head_dim;                                                                     \
-    acc_##isa (st, q, nv, scale, bk, bv, stride, idx, n);                                \
-  }
-
-SQ_DEFINE_ACC (avx2, AVX2, 32, 4)
-SQ_DEFINE_ACC (avx2, AVX2, 64, 8)
-SQ_DEFINE_ACC (avx2, AVX2, 128, 16)
-
-/* AVX-512: rows in 16-float vectors, each score folded to 8 lanes first,
- * then the same reduction tree and weights as AVX2. */
-INLINE AVX512 void
-acc_avx512 (SqState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
-            gint64 stride, const gint32 *idx, gsize n)
-{
-  __m512 qv[8], acc[8];
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    {
-      qv[j] = _mm512_mul_ps (_mm512_loadu_ps (q + 16 * j), _mm512_set1_ps (scale));
-      acc[j] = _mm512_loadu_ps (st->acc + 16 * j);
-    }
-  float m = st->m, l = st->l;
-  for (gsize x = 0; x < n; x += 8)
-    {
-      int nb = (int) MIN (8, n - x);
-      __m256 t[8];
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c++)
-        {
-          t[c] = _mm256_setzero_ps ();
-          if (c < nb)
-            {
-              const float *k = bk + (gint64) idx[x + c] * stride;
-              __m512 z = _mm512_mul_ps (qv[0], _mm512_loadu_ps (k));
-#pragma GCC unroll 16
-              for (int j = 1; j < nv; j++)
-                z = _mm512_fmadd_ps (qv[j], _mm512_loadu_ps (k + 16 * j), z);
-              t[c] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
-            }
-        }
-      float r;
-      __m256 p = batch_weights (reduce8 (t), nb, &m, &l, &r);
-      if (r != 1.0f)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++)
-          acc[j] = _mm512_mul_ps (acc[j], _mm512_set1_ps (r));
-      float pf[8];
-      _mm256_storeu_ps (pf, p);
-      for (int c = 0; c < nb; c++)
-        {
-          const float *v = bv + (gint64) idx[x + c] * stride;
-          __m512 w = _mm512_set1_ps (pf[c]);
-#pragma GCC unroll 16
-          for (int j = 0; j < nv; j++)
-            acc[j] = _mm512_fmadd_ps (w, _mm512_loadu_ps (v + 16 * j), acc[j]);
-        }
-    }
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    _mm512_storeu_ps (st->acc + 16 * j, acc[j]);
-  st->m = m;
-  st->l = l;
-}
-
-SQ_DEFINE_ACC (avx512, AVX512, 32, 2)
-SQ_DEFINE_ACC (avx512, AVX512, 64, 4)
-SQ_DEFINE_ACC (avx512, AVX512, 128, 8)
-
+#define AVX512 SIFT_TARGET_AVX512
+#define INLINE SIFT_SIMD_INLINE
 
 /* ---- Band kernel (AVX-512) ----------------------------------------------- */
-
-/* e^x, 16 lanes, x <= 0 (the polynomial of exp256 in 512-bit registers,
- * 2^n applied with scalef); lanes below -87 (and -inf) give exactly 0. */
-INLINE AVX512 __m512
-exp512 (__m512 x)
-{
-  __mmask16 live = _mm512_cmp_ps_mask (x, _mm512_set1_ps (-87.0f), _CMP_GE_OQ);
-  x = _mm512_max_ps (x, _mm512_set1_ps (-87.0f));
-  __m512 fx = _mm512_roundscale_ps (_mm512_fmadd_ps (x, _mm512_set1_ps (1.44269504088896341f), _mm512_set1_ps (0.5f)),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  SQ_EXP_POLY (_mm512, __m512, x, fx, y);
-  return _mm512_maskz_scalef_ps (live, y, fx);
-}
 
 /* Scores of np (1 or 2) panels from p on for all rows, -inf where a row
  * does not see the key, into sb (row r at sb + r * SQ_BAND_SB); mx takes
@@ -325,7 +105,7 @@ band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *
  * not once per panel), then P . V for all rows at once, 32 floats of the
  * head dimension at a time. */
 INLINE AVX512 void
-band_avx512 (const SqBand *b, SqState *st, int nv)
+band_avx512 (const SqBand *b, SiftRowState *st, int nv)
 {
   enum { R = SQ_BAND_ROWS, L = 16, CH = SQ_BAND_CH };
   const int d = 16 * nv;
@@ -377,7 +157,7 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
           __m512 base = _mm512_set1_ps (mn == -INFINITY ? 0.0f : mn), ls = _mm512_setzero_ps ();
           for (int q = 0; q < np; q++)
             {
-              __m512 w = exp512 (_mm512_sub_ps (_mm512_load_ps (&sb[r][q * L]), base));
+              __m512 w = sift_exp_512 (_mm512_sub_ps (_mm512_load_ps (&sb[r][q * L]), base));
               ls = _mm512_add_ps (ls, w);
               _mm512_store_ps (&sb[r][q * L], w);
             }
@@ -428,7 +208,7 @@ band_avx512 (const SqBand *b, SqState *st, int nv)
 
 /* Entry points with a constant vector count, as SQ_DEFINE_ACC. */
 #define SQ_DEFINE_TILE(kernel, Args, d, nv)                                                 \
-  static AVX512 void kernel##_##d (const Args *b, SqState *st)                              \
+  static AVX512 void kernel##_##d (const Args *b, SiftRowState *st)                              \
   {                                                                                         \
     kernel (b, st, nv);                                                                     \
   }
@@ -444,7 +224,7 @@ SQ_DEFINE_TILE (band_avx512, SqBand, 128, 8)
  * zeros past n_rows), their running max and sum into m and l (padding rows
  * at m = 0, so no lane computes -inf - -inf). */
 INLINE AVX512 void
-lanes_load_rows (const float *q, gint64 q_stride, int n_rows, float scale, int nv, float *qs, const SqState *st,
+lanes_load_rows (const float *q, gint64 q_stride, int n_rows, float scale, int nv, float *qs, const SiftRowState *st,
                  __m256 *m, __m256 *l)
 {
   float mf[8], lf[8];
@@ -464,7 +244,7 @@ lanes_load_rows (const float *q, gint64 q_stride, int n_rows, float scale, int n
 
 /* The running max and sum of rows r < n_rows back into their states. */
 INLINE AVX512 void
-lanes_store_states (SqState *st, int n_rows, __m256 m, __m256 l)
+lanes_store_states (SiftRowState *st, int n_rows, __m256 m, __m256 l)
 {
   float mf[8], lf[8];
   _mm256_storeu_ps (mf, m);
@@ -491,14 +271,14 @@ lanes_softmax_step (const __m256 *s, const __m256 *valid, int nc, __m256 *m, __m
       mx = _mm256_max_ps (mx, s[c]);
   /* Rows that have seen nothing yet (m = -inf) rescale by 0, not NaN. */
   __m256 seen = _mm256_cmp_ps (*m, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ);
-  __m256 rf = _mm256_and_ps (exp256 (_mm256_sub_ps (*m, mx)), seen);
+  __m256 rf = _mm256_and_ps (sift_exp_256 (_mm256_sub_ps (*m, mx)), seen);
   __m256 mxs = _mm256_blendv_ps (_mm256_setzero_ps (), mx, _mm256_cmp_ps (mx, _mm256_set1_ps (-INFINITY), _CMP_NEQ_OQ));
   __m256 sum = _mm256_mul_ps (*l, rf);
 #pragma GCC unroll 8
   for (int c = 0; c < 8; c++)
     if (c < nc)
       {
-        __m256 p = _mm256_and_ps (exp256 (_mm256_sub_ps (s[c], mxs)), valid[c]);
+        __m256 p = _mm256_and_ps (sift_exp_256 (_mm256_sub_ps (s[c], mxs)), valid[c]);
         sum = _mm256_add_ps (sum, p);
         _mm256_storeu_ps (pbuf[c], p);
       }
@@ -509,7 +289,7 @@ lanes_softmax_step (const __m256 *s, const __m256 *valid, int nc, __m256 *m, __m
 
 
 INLINE AVX512 void
-rows_avx512 (const SqRows *b, SqState *st, int nv)
+rows_avx512 (const SqRows *b, SiftRowState *st, int nv)
 {
   enum { R = 8 };
   const int d = 16 * nv, n_rows = b->n_rows;
@@ -543,11 +323,11 @@ rows_avx512 (const SqRows *b, SqState *st, int nv)
 #pragma GCC unroll 8
                   for (int j = 1; j < nv; j++)
                     z = _mm512_fmadd_ps (_mm512_load_ps (qs + r * d + 16 * j), _mm512_loadu_ps (k + 16 * j), z);
-                  t[r] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
+                  t[r] = sift_fold_512 (z);
                 }
             }
           valid[c] = _mm256_castsi256_ps (_mm256_cmpgt_epi32 (len, _mm256_set1_epi32 ((int) c0 + c)));
-          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), reduce8 (t), valid[c]);
+          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), sift_hsum8x8_256 (t), valid[c]);
         }
       lanes_softmax_step (s, valid, R, &m, &l, pbuf, rfb);
       for (int r = 0; r < n_rows; r++)
@@ -587,7 +367,7 @@ SQ_DEFINE_TILE (rows_avx512, SqRows, 128, 8)
  * then P . V with the 8 rows' accumulators in registers, 32 floats of d at
  * a time. Rows a level does not name score -inf and read nothing. */
 INLINE AVX512 void
-diag_avx512 (const SqDiag *b, SqState *st, int nv)
+diag_avx512 (const SqDiag *b, SiftRowState *st, int nv)
 {
   enum { R = 8 };
   const int d = 16 * nv, n_rows = b->n_rows;
@@ -626,11 +406,11 @@ diag_avx512 (const SqDiag *b, SqState *st, int nv)
                       z1 = _mm512_fmadd_ps (_mm512_load_ps (qs + r * d + 16 * j + 16), _mm512_loadu_ps (k + 16 * j + 16), z1);
                     }
                   __m512 z = _mm512_add_ps (z0, z1);
-                  t[r] = _mm256_add_ps (_mm512_castps512_ps256 (z), _mm512_extractf32x8_ps (z, 1));
+                  t[r] = sift_fold_512 (z);
                 }
             }
           valid[c] = _mm256_castsi256_ps (_mm256_movm_epi32 (mk[c]));
-          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), reduce8 (t), valid[c]);
+          s[c] = _mm256_blendv_ps (_mm256_set1_ps (-INFINITY), sift_hsum8x8_256 (t), valid[c]);
         }
       lanes_softmax_step (s, valid, nb, &m, &l, pbuf, rfb);
       /* Four rows at a time with their whole accumulators (16 registers
@@ -734,7 +514,7 @@ pack_transpose_avx512 (const float *k, gint64 stride, gint64 n, gint32 d, float 
  * not name score -inf. One max per row, one rescale, then P . V for all
  * rows 32 floats of d at a time, as the band. */
 INLINE AVX512 void
-shared_avx512 (const SqShared *b, SqState *st, int nv)
+shared_avx512 (const SqShared *b, SiftRowState *st, int nv)
 {
   enum { R = SQ_BAND_ROWS, L = 16 };
   const int d = 16 * nv, n_rows = b->n_rows, n = b->n;
@@ -777,7 +557,7 @@ shared_avx512 (const SqShared *b, SqState *st, int nv)
       /* What was summed shrinks by e^(m_old - m_new) (0 for a fresh row). */
       if (mn > st[r].m)
         rf[r] = expf (st[r].m - mn);
-      __m512 w = exp512 (_mm512_sub_ps (sv, _mm512_set1_ps (mn)));
+      __m512 w = sift_exp_512 (_mm512_sub_ps (sv, _mm512_set1_ps (mn)));
       st[r].l = st[r].l * rf[r] + _mm512_reduce_add_ps (w);
       st[r].m = mn;
       _mm512_store_ps (sb[r], w);
@@ -873,16 +653,25 @@ scale_avx512 (float *dst, const float *src, float s, gint32 d)
     _mm512_storeu_ps (dst + x, _mm512_mul_ps (_mm512_loadu_ps (src + x), _mm512_set1_ps (s)));
 }
 
-static SiftIsa plugin_isa (void);
+/* TRUE when the AVX-512 kernels take head_dim-wide rows (d a multiple of 16). */
+static gboolean
+avx512_rows (gint32 d)
+{
+  return d % 16 == 0 && sift_isa_active () >= SIFT_ISA_AVX512;
+}
+
+#endif /* SIFT_SIMD_X86 */
 
 void
 sq_scale_row (float *dst, const float *src, float s, gint32 d)
 {
-  if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
+#ifdef SIFT_SIMD_X86
+  if (avx512_rows (d))
     {
       scale_avx512 (dst, src, s, d);
       return;
     }
+#endif
   for (gint32 x = 0; x < d; x++)
     dst[x] = src[x] * s;
 }
@@ -890,16 +679,18 @@ sq_scale_row (float *dst, const float *src, float s, gint32 d)
 void
 sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
 {
-  if (plugin_isa () >= SIFT_ISA_AVX512 && d % 16 == 0)
+#ifdef SIFT_SIMD_X86
+  if (avx512_rows (d))
     {
       pack_transpose_avx512 (k, stride, n, d, panels);
       return;
     }
-  if (plugin_isa () >= SIFT_ISA_AVX512 && stride * 16 <= G_MAXINT32)
+  if (sift_isa_active () >= SIFT_ISA_AVX512 && stride * 16 <= G_MAXINT32)
     {
       pack_avx512 (k, stride, n, d, panels);
       return;
     }
+#endif
   for (gint64 p = 0; p * 16 < n; p++)
     for (gint64 c = 0; c < 16; c++)
       for (gint32 x = 0; x < d; x++)
@@ -909,46 +700,28 @@ sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels
 void
 sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
 {
-  if (d % 16 == 0 && plugin_isa () >= SIFT_ISA_AVX512)
+#ifdef SIFT_SIMD_X86
+  if (avx512_rows (d))
     {
       mean_avx512 (dst, src, stride, n, d);
       return;
     }
+#endif
   mean_scalar (dst, src, stride, n, d);
 }
 
-/* The core's choice (SIFT_ISA, sift_isa_force) when the core has SIMD
- * kernels of its own; otherwise what this CPU supports, unless SIFT_ISA
- * asks for scalar. */
-static SiftIsa
-own_isa (void)
+void
+sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
 {
-  const char *env = g_getenv ("SIFT_ISA");
-  if (env != NULL && g_str_equal (env, "scalar"))
-    return SIFT_ISA_SCALAR;
-  __builtin_cpu_init ();
-  if (__builtin_cpu_supports ("avx512f") && __builtin_cpu_supports ("avx512vl")
-      && __builtin_cpu_supports ("avx512dq") && __builtin_cpu_supports ("avx512bw")
-      && (env == NULL || !g_str_equal (env, "avx2")))
-    return SIFT_ISA_AVX512;
-  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma"))
-    return SIFT_ISA_AVX2;
-  return SIFT_ISA_SCALAR;
-}
-
-static SiftIsa
-plugin_isa (void)
-{
-  static gsize once = 0;
-  static SiftIsa own = SIFT_ISA_SCALAR;
-  if (sift_isa_detect () > SIFT_ISA_SCALAR)
-    return sift_isa_active ();
-  if (g_once_init_enter (&once))
+  g_assert (n >= 0 && n <= 16);
+#ifdef SIFT_SIMD_X86
+  if (avx512_rows (d) && d <= 128)
     {
-      own = own_isa ();
-      g_once_init_leave (&once, 1);
+      pack_rows_avx512 (rows, n, d, panel);
+      return;
     }
-  return own;
+#endif
+  pack_rows_scalar (rows, n, d, panel);
 }
 
 SiftIsa
@@ -956,134 +729,46 @@ sq_simd_isa (gint32 head_dim)
 {
   if (head_dim != 32 && head_dim != 64 && head_dim != 128)
     return SIFT_ISA_SCALAR;
-  return MIN (plugin_isa (), SIFT_ISA_AVX512);
+  return sift_isa_active ();
 }
 
-SqAccumulateFunc
-sq_simd_accumulate (gint32 head_dim)
-{
-  static const SqAccumulateFunc table[2][3] = {
-    { acc_avx2_32, acc_avx2_64, acc_avx2_128 },
-    { acc_avx512_32, acc_avx512_64, acc_avx512_128 },
-  };
-  SiftIsa isa = sq_simd_isa (head_dim);
-  if (isa == SIFT_ISA_SCALAR)
-    return NULL;
-  return table[isa == SIFT_ISA_AVX512][head_dim == 32 ? 0 : head_dim == 64 ? 1 : 2];
-}
+/* The AVX-512 kernel of `table` ({ d 32, 64, 128 }) for head_dim, or NULL. */
+#define SQ_KERNEL_FOR(table, head_dim)                                                                  \
+  (sq_simd_isa (head_dim) != SIFT_ISA_AVX512 ? NULL                                                    \
+   : (table)[(head_dim) == 32 ? 0 : (head_dim) == 64 ? 1 : 2])
 
-SqBandFunc
-sq_simd_band (gint32 head_dim)
-{
-  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
-    return NULL;
-  return head_dim == 32 ? band_avx512_32 : head_dim == 64 ? band_avx512_64 : band_avx512_128;
-}
-
-SqRowsFunc
-sq_simd_rows (gint32 head_dim)
-{
-  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
-    return NULL;
-  return head_dim == 32 ? rows_avx512_32 : head_dim == 64 ? rows_avx512_64 : rows_avx512_128;
-}
-
-void
-sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
-{
-  g_assert (n >= 0 && n <= 16);
-  if (d % 16 == 0 && d <= 128 && plugin_isa () >= SIFT_ISA_AVX512)
-    pack_rows_avx512 (rows, n, d, panel);
-  else
-    pack_rows_scalar (rows, n, d, panel);
-}
-
-SqDiagFunc
-sq_simd_diag (gint32 head_dim)
-{
-  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
-    return NULL;
-  return head_dim == 32 ? diag_avx512_32 : head_dim == 64 ? diag_avx512_64 : diag_avx512_128;
-}
-
-SqSharedFunc
-sq_simd_shared (gint32 head_dim)
-{
-  if (sq_simd_isa (head_dim) != SIFT_ISA_AVX512)
-    return NULL;
-  return head_dim == 32 ? shared_avx512_32 : head_dim == 64 ? shared_avx512_64 : shared_avx512_128;
-}
-
+#ifdef SIFT_SIMD_X86
+static const SqBandFunc band_table[3] = { band_avx512_32, band_avx512_64, band_avx512_128 };
+static const SqRowsFunc rows_table[3] = { rows_avx512_32, rows_avx512_64, rows_avx512_128 };
+static const SqDiagFunc diag_table[3] = { diag_avx512_32, diag_avx512_64, diag_avx512_128 };
+static const SqSharedFunc shared_table[3] = { shared_avx512_32, shared_avx512_64, shared_avx512_128 };
 #else
-
-SqDiagFunc
-sq_simd_diag (gint32 head_dim)
-{
-  (void) head_dim;
-  return NULL;
-}
-
-void
-sq_pack_rows (const float *const *rows, gint32 n, gint32 d, float *panel)
-{
-  pack_rows_scalar (rows, n, d, panel);
-}
-
-SqSharedFunc
-sq_simd_shared (gint32 head_dim)
-{
-  (void) head_dim;
-  return NULL;
-}
-
-SiftIsa
-sq_simd_isa (gint32 head_dim)
-{
-  (void) head_dim;
-  return SIFT_ISA_SCALAR;
-}
+static const SqBandFunc band_table[3];
+static const SqRowsFunc rows_table[3];
+static const SqDiagFunc diag_table[3];
+static const SqSharedFunc shared_table[3];
+#endif
 
 SqBandFunc
 sq_simd_band (gint32 head_dim)
 {
-  (void) head_dim;
-  return NULL;
+  return SQ_KERNEL_FOR (band_table, head_dim);
 }
 
 SqRowsFunc
 sq_simd_rows (gint32 head_dim)
 {
-  (void) head_dim;
-  return NULL;
+  return SQ_KERNEL_FOR (rows_table, head_dim);
 }
 
-void
-sq_pack_panels (const float *k, gint64 stride, gint64 n, gint32 d, float *panels)
+SqDiagFunc
+sq_simd_diag (gint32 head_dim)
 {
-  for (gint64 p = 0; p * 16 < n; p++)
-    for (gint64 c = 0; c < 16; c++)
-      for (gint32 x = 0; x < d; x++)
-        panels[(p * d + x) * 16 + c] = p * 16 + c < n ? k[(p * 16 + c) * stride + x] : 0.0f;
+  return SQ_KERNEL_FOR (diag_table, head_dim);
 }
 
-void
-sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32 d)
+SqSharedFunc
+sq_simd_shared (gint32 head_dim)
 {
-  mean_scalar (dst, src, stride, n, d);
+  return SQ_KERNEL_FOR (shared_table, head_dim);
 }
-
-void
-sq_scale_row (float *dst, const float *src, float s, gint32 d)
-{
-  for (gint32 x = 0; x < d; x++)
-    dst[x] = src[x] * s;
-}
-
-SqAccumulateFunc
-sq_simd_accumulate (gint32 head_dim)
-{
-  (void) head_dim;
-  return NULL;
-}
-
-#endif

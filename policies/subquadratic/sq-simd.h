@@ -1,5 +1,6 @@
-/* SIMD paths of sq_accumulate (AVX2 + FMA, AVX-512), chosen at run time
- * from sift_isa_active (), so SIFT_ISA=scalar forces the plain path. */
+/* The subquadratic tile kernels (AVX-512), chosen at run time from
+ * sift_isa_active (), so SIFT_ISA=scalar and -Dsimd=false force the plain
+ * paths. */
 #pragma once
 
 #include <sift/plugin.h>
@@ -50,10 +51,6 @@ sq_prefetch_rest (SqPrefetch *p)
     sq_prefetch_step (p);
 }
 
-typedef void (*SqAccumulateFunc) (SqState *st, const float *q, gint32 head_dim, float scale,
-                                  const float *base_k, const float *base_v, gint64 stride,
-                                  const gint32 *idx, gsize n);
-
 /* The window band of one tile for one head: rows r < n_rows (<= 8), q row
  * r at q + r * q_stride, attend keys j in [lo + r, hi + r] (j >= floor), keys
  * read from panels of 16 (sq_pack_panels: dimension-major; a ring of
@@ -73,7 +70,7 @@ typedef struct {
   SqPrefetch *pf;             /* rows to ask into L2 while the band computes, or NULL */
 } SqBand;
 
-typedef void (*SqBandFunc) (const SqBand *band, SqState *st);
+typedef void (*SqBandFunc) (const SqBand *band, SiftRowState *st);
 
 /* Packs keys [0, n) of one head into 64-byte aligned panels of 16 keys
  * ([ceil (n / 16)][d][16] floats; keys past n are zero). */
@@ -93,7 +90,7 @@ typedef struct {
   gsize max;
 } SqRows;
 
-typedef void (*SqRowsFunc) (const SqRows *rows, SqState *st);
+typedef void (*SqRowsFunc) (const SqRows *rows, SiftRowState *st);
 SqRowsFunc sq_simd_rows (gint32 head_dim);
 
 /* Diagonals of up to 8 rows of one head: consecutive rows at the same
@@ -117,7 +114,7 @@ typedef struct {
   gint32 n;
 } SqDiag;
 
-typedef void (*SqDiagFunc) (const SqDiag *diag, SqState *st);
+typedef void (*SqDiagFunc) (const SqDiag *diag, SiftRowState *st);
 /* The diagonal kernel for head_dim on this CPU, or NULL. */
 SqDiagFunc sq_simd_diag (gint32 head_dim);
 
@@ -140,7 +137,7 @@ typedef struct {
 
 #define SQ_SHARED_MAX 16
 
-typedef void (*SqSharedFunc) (const SqShared *shared, SqState *st);
+typedef void (*SqSharedFunc) (const SqShared *shared, SiftRowState *st);
 /* The shared-keys kernel for head_dim on this CPU, or NULL. */
 SqSharedFunc sq_simd_shared (gint32 head_dim);
 
@@ -158,8 +155,7 @@ void sq_mean_rows (float *dst, const float *src, gint64 stride, gint64 n, gint32
 /* The band kernel for head_dim on this CPU, or NULL (then rows go one by one). */
 SqBandFunc sq_simd_band (gint32 head_dim);
 
-/* The instruction set sq_accumulate uses for head_dim. */
+/* The instruction set the kernels above use for head_dim (sift_isa_active ()
+ * for head_dim 32, 64 and 128; scalar otherwise). */
 SiftIsa sq_simd_isa (gint32 head_dim);
-/* The fastest path for head_dim on this CPU, or NULL for the scalar one. */
-SqAccumulateFunc sq_simd_accumulate (gint32 head_dim);
 

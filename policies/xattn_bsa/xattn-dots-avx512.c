@@ -1,106 +1,12 @@
-/* AVX-512 dot products of reshaped rows and columns (this file alone
- * targets AVX-512F; called only when sift_isa_active () >= AVX512). Tiles of
- * 4 rows x 4 columns keep 16 accumulators in registers: each loaded vector
- * feeds 4 FMAs. The tail of a row (len % 16) goes through masked loads. */
+/* AVX-512 products of reshaped rows and packed key panels, and the block
+ * masses (this file alone targets AVX-512F; called only when
+ * sift_isa_active () >= AVX512). Exponentials are <sift/simd.h>'s. */
 #include "xattn-score.h"
 
 #ifdef XATTN_HAVE_AVX512
 #pragma GCC target("avx512f")
 #include <immintrin.h>
 #include <math.h>
-
-/* Up to 4 x 4 dot products with one code path: rows and columns past
- * nr / nc repeat the last valid one and their results are dropped. */
-static inline void
-tile (const float *const a[4], const float *const b[4], gsize len, float r[16])
-{
-  /* Every loop over c is unrolled, so the 16 accumulators live in
-   * registers (at -O2 GCC would otherwise keep them on the stack). */
-  __m512 c[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; i++)
-    c[i] = _mm512_setzero_ps ();
-  gsize t = 0;
-  for (; t + 16 <= len; t += 16)
-    {
-      __m512 k0 = _mm512_loadu_ps (b[0] + t), k1 = _mm512_loadu_ps (b[1] + t);
-      __m512 k2 = _mm512_loadu_ps (b[2] + t), k3 = _mm512_loadu_ps (b[3] + t);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; i++)
-        {
-          __m512 q = _mm512_loadu_ps (a[i] + t);
-          c[4 * i] = _mm512_fmadd_ps (q, k0, c[4 * i]);
-          c[4 * i + 1] = _mm512_fmadd_ps (q, k1, c[4 * i + 1]);
-          c[4 * i + 2] = _mm512_fmadd_ps (q, k2, c[4 * i + 2]);
-          c[4 * i + 3] = _mm512_fmadd_ps (q, k3, c[4 * i + 3]);
-        }
-    }
-  if (t < len)
-    {
-      __mmask16 m = (__mmask16) ((1u << (len - t)) - 1);
-      __m512 k[4];
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; j++)
-        k[j] = _mm512_maskz_loadu_ps (m, b[j] + t);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; i++)
-        {
-          __m512 q = _mm512_maskz_loadu_ps (m, a[i] + t);
-#pragma GCC unroll 4
-          for (int j = 0; j < 4; j++)
-            c[4 * i + j] = _mm512_fmadd_ps (q, k[j], c[4 * i + j]);
-        }
-    }
-  /* The 16 horizontal sums as one transpose-and-add tree (short rows, as
-   * in antidiagonal: sum_exp with len = head_dim, would otherwise spend
-   * more on 16 separate reductions than on the FMAs). c[4i + j] is row i,
-   * column j. Level 1 folds lanes 2, 3 onto 0, 1 with a second vector in
-   * the upper half; level 2 leaves row m's four columns in the four
-   * 128-bit lanes of u[m]; level 3 sums within lanes across rows. */
-  __m512 s[8], u[4];
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; k++)
-    s[k] = _mm512_add_ps (_mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (1, 0, 1, 0)),
-                          _mm512_shuffle_f32x4 (c[2 * k], c[2 * k + 1], _MM_SHUFFLE (3, 2, 3, 2)));
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; m++)
-    u[m] = _mm512_add_ps (_mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (2, 0, 2, 0)),
-                          _mm512_shuffle_f32x4 (s[2 * m], s[2 * m + 1], _MM_SHUFFLE (3, 1, 3, 1)));
-  __m512 v01 = _mm512_add_ps (_mm512_unpacklo_ps (u[0], u[1]), _mm512_unpackhi_ps (u[0], u[1]));
-  __m512 v23 = _mm512_add_ps (_mm512_unpacklo_ps (u[2], u[3]), _mm512_unpackhi_ps (u[2], u[3]));
-  __m512 res = _mm512_add_ps (_mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (1, 0, 1, 0)),
-                              _mm512_shuffle_ps (v01, v23, _MM_SHUFFLE (3, 2, 3, 2)));
-  float sums[16];
-  _mm512_storeu_ps (sums, res); /* sums[4j + i]: row i, column j */
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 4; j++)
-      r[4 * i + j] = sums[4 * j + i];
-}
-
-void
-xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                   gsize col_stride, gint64 n_cols, gsize len, float *out)
-{
-  for (gint64 i = 0; i < n_rows; i += 4)
-    {
-      gint64 nr = MIN (4, n_rows - i);
-      const float *a[4];
-      for (gint64 ii = 0; ii < 4; ii++)
-        a[ii] = rows + (gsize) (i + MIN (ii, nr - 1)) * row_stride;
-      for (gint64 j = 0; j < n_cols; j += 4)
-        {
-          gint64 nc = MIN (4, n_cols - j);
-          const float *b[4];
-          for (gint64 jj = 0; jj < 4; jj++)
-            b[jj] = cols + (gsize) (j + MIN (jj, nc - 1)) * col_stride;
-          float r[16];
-          tile (a, b, len, r);
-          for (gint64 ii = 0; ii < nr; ii++)
-            for (gint64 jj = 0; jj < nc; jj++)
-              out[(i + ii) * n_cols + j + jj] = r[4 * ii + jj];
-        }
-    }
-}
 
 /* ---- Packed key panels -------------------------------------------------
  * The scorer's main path (xattn-score.h, xattn_pack_panels): columns along
@@ -200,46 +106,6 @@ xattn_max_scaled_avx512 (const float *x, gsize n, float scale)
   return _mm512_reduce_max_ps (vm);
 }
 
-/* e^y for y <= 0: y = n ln2 + r with |r| <= ln2 / 2 (ln2 split in a high
- * part exact in float and a low correction), e^r by its Taylor polynomial
- * to degree 6 (Horner), times 2^n by scalef. Below -87 the result is 0. */
-static inline __m512
-exp_neg (__m512 y)
-{
-  y = _mm512_max_ps (y, _mm512_set1_ps (-87.0f));
-  __m512 n = _mm512_roundscale_ps (_mm512_mul_ps (y, _mm512_set1_ps (1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps (n, _mm512_set1_ps (0.693145752f), y);
-  r = _mm512_fnmadd_ps (n, _mm512_set1_ps (1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps (1.0f / 720.0f);
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 120.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 24.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f / 6.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (0.5f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
-  return _mm512_scalef_ps (p, n);
-}
-
-/* 2^y for y <= 0: y = n + r with |r| <= 1/2 (exact), 2^r = e^(r ln2) by its
- * Taylor polynomial to degree 6 (relative error ~2e-7), times 2^n by
- * scalef. Below -126 the result is 0 or negligible. */
-static inline __m512
-exp2_neg (__m512 y)
-{
-  y = _mm512_max_ps (y, _mm512_set1_ps (-126.0f));
-  __m512 n = _mm512_roundscale_ps (y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_sub_ps (y, n);
-  __m512 p = _mm512_set1_ps (1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps (p, r, _mm512_set1_ps (1.0f));
-  return _mm512_scalef_ps (p, n);
-}
-
 float
 xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
 {
@@ -249,7 +115,7 @@ xattn_sum_exp_avx512 (const float *x, gsize n, float scale, float m)
       __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
       /* Fused: the top entry gives e^(rounding of m), within 1e-5 of 1. */
       __m512 y = _mm512_fmsub_ps (_mm512_maskz_loadu_ps (k, x + i), vs, vm);
-      acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
+      acc = _mm512_mask_add_ps (acc, k, acc, sift_exp_512 (y));
     }
   return _mm512_reduce_add_ps (acc);
 }
@@ -282,7 +148,7 @@ xattn_block_mass_avx512 (const float *x, gsize seg_stride, gint64 n_seg, gsize n
       {
         __mmask16 k = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
         __m512 y = _mm512_fmsub_ps (_mm512_maskz_loadu_ps (k, x + (gsize) s * seg_stride + i), vs, vmm);
-        acc = _mm512_mask_add_ps (acc, k, acc, exp_neg (y));
+        acc = _mm512_mask_add_ps (acc, k, acc, sift_exp_512 (y));
       }
   return _mm512_reduce_add_ps (acc);
 }
@@ -309,7 +175,7 @@ xattn_block_masses_16x8_avx512 (const float *x, gsize seg_stride, gint64 n_block
       __m512 acc = _mm512_setzero_ps ();
 #pragma GCC unroll 8
       for (int p = 0; p < 8; p++)
-        acc = _mm512_add_ps (acc, exp2_neg (_mm512_fmsub_ps (v[p], vs2, vm2)));
+        acc = _mm512_add_ps (acc, sift_exp2_512 (_mm512_fmsub_ps (v[p], vs2, vm2)));
       m[b] = mx;
       sum[b] = _mm512_reduce_add_ps (acc);
     }

@@ -52,48 +52,17 @@ xattn_dots_isa (void)
   if (isa >= SIFT_ISA_AVX512)
     return SIFT_ISA_AVX512;
 #endif
-#ifdef XATTN_HAVE_AVX2
-  if (isa >= SIFT_ISA_AVX2)
-    return SIFT_ISA_AVX2;
-#endif
-  (void) isa; /* built without SIMD paths */
-  return SIFT_ISA_SCALAR;
-}
-
-void
-xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                   gsize col_stride, gint64 n_cols, gsize len, float *out)
-{
-  for (gint64 i = 0; i < n_rows; i++)
-    for (gint64 j = 0; j < n_cols; j++)
-      {
-        const float *a = rows + (gsize) i * row_stride, *b = cols + (gsize) j * col_stride;
-        float acc = 0.0f;
-        for (gsize t = 0; t < len; t++)
-          acc += a[t] * b[t];
-        out[i * n_cols + j] = acc;
-      }
+  return isa >= SIFT_ISA_AVX2 ? SIFT_ISA_AVX2 : SIFT_ISA_SCALAR;
 }
 
 static void
 dots (SiftIsa isa, const float *rows, gsize row_stride, gint64 n_rows, const float *cols, gsize col_stride,
       gint64 n_cols, gsize len, float *out)
 {
-  switch (isa)
-    {
-#ifdef XATTN_HAVE_AVX512
-    case SIFT_ISA_AVX512:
-      xattn_dots_avx512 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-      return;
-#endif
-#ifdef XATTN_HAVE_AVX2
-    case SIFT_ISA_AVX2:
-      xattn_dots_avx2 (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-      return;
-#endif
-    default:
-      xattn_dots_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
-    }
+  if (isa == SIFT_ISA_SCALAR)
+    sift_score_tile_scalar (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
+  else
+    sift_score_tile (rows, row_stride, n_rows, cols, col_stride, n_cols, len, out);
 }
 
 XattnScorer *

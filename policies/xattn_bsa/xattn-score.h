@@ -9,11 +9,11 @@
 
 G_BEGIN_DECLS
 
-/* The AVX2 and AVX-512 dot products are compiled wherever GCC-compatible
- * x86-64 compilers can target them (xattn-dots-avx2.c and -avx512.c set
- * their own targets), and used only when sift_isa_active () says so. */
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(XATTN_NO_SIMD)
-#define XATTN_HAVE_AVX2 1
+/* The AVX-512 panel products and masses are compiled where <sift/simd.h>
+ * has its x86 primitives (xattn-dots-avx512.c sets its own target), and
+ * used only when sift_isa_active () says so; plain dot products are
+ * libsift's sift_score_tile. */
+#ifdef SIFT_SIMD_X86
 #define XATTN_HAVE_AVX512 1
 #endif
 
@@ -75,19 +75,6 @@ gint64 xattn_scorer_n_rows (const XattnScorer *s);
  * what the exact rows (xattn_select_exact_rows) select from. */
 void xattn_scorer_finish_rows (XattnScorer *s, float *mass);
 
-/* Dot products of reshaped rows and columns: out[i * n_cols + j] =
- * rows[i] . cols[j], each vector `len` floats, rows `row_stride` and
- * columns `col_stride` floats apart. The scalar path is the reference. */
-void xattn_dots_scalar (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                        gsize col_stride, gint64 n_cols, gsize len, float *out);
-#ifdef XATTN_HAVE_AVX2
-void xattn_dots_avx2 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                      gsize col_stride, gint64 n_cols, gsize len, float *out);
-#endif
-#ifdef XATTN_HAVE_AVX512
-void xattn_dots_avx512 (const float *rows, gsize row_stride, gint64 n_rows, const float *cols,
-                        gsize col_stride, gint64 n_cols, gsize len, float *out);
-#endif
 #ifdef XATTN_HAVE_AVX512
 /* max_i x[i] * scale, and sum_i exp(x[i] * scale - m) for x[i] * scale <= m
  * (a polynomial exp, relative error ~1e-7; the scalar path uses expf). */
@@ -108,7 +95,7 @@ void xattn_pack_panels (const float *k, gsize k_stride, gint64 n_tokens, gint32 
 void xattn_pack_panels_at (const float *k, gsize k_stride, gint64 n_tokens, gint32 stride, gint32 head_dim,
                            gint64 col0, float *dst);
 #ifdef XATTN_HAVE_AVX512
-/* xattn_dots over packed panels, per segment: out[(s * n_rows + i) *
+/* sift_score_tile over packed panels, per segment: out[(s * n_rows + i) *
  * n_cols + j] = sum_t rows[i * row_stride + s * len + t] x entry (s * len
  * + t) of column j, for segments s < n_seg (each panel n_seg * len
  * entries). With n_seg = S and len = head_dim these are the S products of

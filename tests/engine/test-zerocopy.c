@@ -732,10 +732,10 @@ test_config_force_copy (void **state)
   g_autoptr (GError) error = NULL;
   g_autoptr (SiftConfig) d = sift_config_load_string ("a.yaml", "kv:\n  block_size: 64\n", NULL, &error);
   g_assert_no_error (error);
-  assert_false (d->force_copy);
+  assert_false (sift_offload_config (d)->force_copy);
   g_autoptr (SiftConfig) c = sift_config_load_string ("b.yaml", "offload:\n  force_copy: true\n", NULL, &error);
   g_assert_no_error (error);
-  assert_true (c->force_copy);
+  assert_true (sift_offload_config (c)->force_copy);
   g_autoptr (SiftConfig) bad = sift_config_load_string ("c.yaml", "offload:\n  force_copy: 3\n", NULL, &error);
   assert_null (bad);
   assert_non_null (error);

@@ -83,6 +83,7 @@ test_capacity_too_small (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_capacity_too_small),
     cmocka_unit_test (test_capacity_axis),

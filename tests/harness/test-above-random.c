@@ -94,6 +94,7 @@ test_synthetic_policies_above_random (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_synthetic_policies_above_random),
   };

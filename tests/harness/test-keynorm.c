@@ -31,7 +31,7 @@ test_keynorm_fails_interior_cells (void **state)
   for (gsize d = 0; d < G_N_ELEMENTS (depths); d++)
     {
       HarnessCell c;
-      if (!harness_run_cell (cfg, setup, cfg->harness.lengths[0], depths[d], &c, &error))
+      if (!harness_run_cell (cfg, setup, sift_harness_config (cfg)->lengths[0], depths[d], &c, &error))
         fail_msg ("%s", error->message);
       assert_true (c.decode_density <= 0.13); /* 2048 of 16384 tokens */
       passed += c.decode_pass;
@@ -48,6 +48,7 @@ test_keynorm_fails_interior_cells (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_keynorm_fails_interior_cells),
   };

@@ -62,15 +62,15 @@ test_full_passes_every_cell (void **state)
 {
   (void) state;
   g_autoptr (SiftConfig) cfg = load (NULL);
-  for (gsize d = 0; d < cfg->harness.n_depths; d++)
+  for (gsize d = 0; d < sift_harness_config (cfg)->n_depths; d++)
     {
-      HarnessCell c = run (cfg, "full", cfg->harness.lengths[0], cfg->harness.depths[d]);
+      HarnessCell c = run (cfg, "full", sift_harness_config (cfg)->lengths[0], sift_harness_config (cfg)->depths[d]);
       assert_true (c.prefill_pass && c.decode_pass && c.pass);
       /* No selection in either phase: recall is unknown, not 100%. */
       assert_true (isnan (c.prefill_recall) && isnan (c.decode_recall));
       assert_true (c.prefill_density == 1.0 && c.decode_density == 1.0);
       /* A random selection of every block is the full selection. */
-      assert_int_equal (c.baseline.n_seeds, cfg->harness.baseline_seeds);
+      assert_int_equal (c.baseline.n_seeds, sift_harness_config (cfg)->baseline_seeds);
       for (gsize s = 0; s < c.baseline.n_seeds; s++)
         assert_true (c.baseline.pass[s] && c.baseline.prefill_retrieval[s] == c.prefill_retrieval
                      && c.baseline.decode_retrieval[s] == c.decode_retrieval);
@@ -99,11 +99,11 @@ test_sinkwindow_fails_outside_window (void **state)
 {
   (void) state;
   g_autoptr (SiftConfig) cfg = load (NULL);
-  gint64 n = cfg->harness.lengths[0], block = cfg->shape.block_size, chunk = cfg->shape.chunk_size;
+  gint64 n = sift_harness_config (cfg)->lengths[0], block = cfg->shape.block_size, chunk = cfg->shape.chunk_size;
   int inside = 0, outside = 0;
-  for (gsize d = 0; d < cfg->harness.n_depths; d++)
+  for (gsize d = 0; d < sift_harness_config (cfg)->n_depths; d++)
     {
-      HarnessCell c = run (cfg, "sinkwindow", n, cfg->harness.depths[d]);
+      HarnessCell c = run (cfg, "sinkwindow", n, sift_harness_config (cfg)->depths[d]);
       gint64 pos = c.needle_positions[0];
       /* Prefill: the question sits in the last chunk; decode: rows past the prompt. */
       gint64 last_chunk = (n - 1) / chunk * chunk;
@@ -146,7 +146,7 @@ test_baseline_hit_rate (void **state)
   double recall[2] = { 0 }, hits[2] = { 0 };
   for (gsize d = 0; d < n; d++)
     {
-      HarnessCell c = run (cfg, "sinkwindow", cfg->harness.lengths[0], depths[d]);
+      HarnessCell c = run (cfg, "sinkwindow", sift_harness_config (cfg)->lengths[0], depths[d]);
       assert_true (c.needle_positions[0] >= 64 && c.needle_positions[0] < 448);
       assert_false (c.prefill_pass || c.decode_pass); /* the policy itself misses it */
       assert_int_equal (c.baseline.n_seeds, 32);
@@ -173,7 +173,7 @@ test_dense_layers_recall (void **state)
   (void) state;
   const char *sets[] = { "policies.sinkwindow.dense_layers=[0]", NULL };
   g_autoptr (SiftConfig) cfg = load (sets);
-  HarnessCell c = run (cfg, "sinkwindow", cfg->harness.lengths[0], 0.5);
+  HarnessCell c = run (cfg, "sinkwindow", sift_harness_config (cfg)->lengths[0], 0.5);
   assert_int_equal (c.n_layers, 2);
   assert_true (c.recall_by_layer[0] == 1.0 && c.recall_by_layer[1] == 0.0);  /* prefill */
   assert_true (c.recall_by_layer[2] == 1.0 && c.recall_by_layer[3] == 0.0);  /* decode */
@@ -249,14 +249,14 @@ test_shipped_configs (void **state)
       if (cfg == NULL)
         fail_msg ("%s", error->message);
       HarnessGrid g;
-      assert_true (harness_grid_expand (&cfg->harness, &g, &error));
+      assert_true (harness_grid_expand (sift_harness_config (cfg), &g, &error));
       assert_true (g.n_lengths >= 3 && g.n_depths >= 5);
       for (gsize l = 0; l < g.n_lengths; l++)
         {
-          g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g.lengths[l], 1.0,
-                                                                  cfg->synthetic.sink_tokens, cfg->shape.block_size, cfg->harness.seed, &error);
+          g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (sift_harness_config (cfg), g.lengths[l], 1.0,
+                                                                  sift_synthetic_config (cfg)->sink_tokens, cfg->shape.block_size, sift_harness_config (cfg)->seed, &error);
           assert_non_null (plan);
-          g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan,
+          g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, sift_synthetic_config (cfg), plan,
                                                                       &error);
           assert_non_null (src);
         }
@@ -267,6 +267,7 @@ test_shipped_configs (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_full_passes_every_cell),
     cmocka_unit_test (test_sinkwindow_fails_outside_window),

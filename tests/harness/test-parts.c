@@ -273,6 +273,7 @@ test_heatmap (void **state)
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_spacing),
     cmocka_unit_test (test_grid_expand),

@@ -15,6 +15,7 @@
 #include <sift/registry.h>
 
 #include "config-private.h"
+#include "harness-config.h"
 
 static const struct {
   const char *name;
@@ -163,8 +164,9 @@ test_cli_merge (void **state)
   assert_contains (out, "  - label: one\n", "first setup");
   assert_contains (out, "  - label: two\n    prefill: full\n    decode:\n      name: good\n      params:\n        stride: 5\n",
                    "second setup");
-  assert_contains (out, "  # path: elsewhere/kv.store  (default: <harness.out>/kv.store)\n",
-                   "an unset store path follows harness.out");
+  assert_contains (out, "offload:\n  store: host\n  # path: (unset)\n",
+                   "an unset store path stays unset (the harness puts it in the output directory it uses)");
+  assert_contains (out, "  out: elsewhere\n", "harness.out set");
   g_unlink (a);
   g_unlink (b);
   g_rmdir (dir);
@@ -194,7 +196,7 @@ test_fixtures_complete (void **state)
   assert_int_equal (n, G_N_ELEMENTS (fixtures));
 }
 
-/* The defaults documented in include/sift/config.h. */
+/* The defaults of the key tables (docs/config.md), written out here. */
 static void
 test_defaults (void **state)
 {
@@ -214,29 +216,29 @@ test_defaults (void **state)
   assert_int_equal (c->shape.chunk_size, 512);
   assert_float_equal (c->shape.scale, 0.125, 1e-7);
   assert_int_equal (c->seed, 1);
-  assert_int_equal (c->synthetic.sink_tokens, 4);
-  assert_float_equal (c->synthetic.sink_strength, 11.5, 0);
-  assert_float_equal (c->synthetic.locality, 2.0, 0);
-  assert_float_equal (c->synthetic.locality_scale, 64.0, 0);
-  assert_int_equal (c->synthetic.heavy_hitters, 8);
-  assert_float_equal (c->synthetic.heavy_hitter_strength, 9.5, 0);
-  assert_int_equal (c->synthetic.rope_dims, 32);
-  assert_float_equal (c->synthetic.rope_base, 10000.0, 0);
-  assert_float_equal (c->synthetic.retrieval_heads, 0.25, 0);
-  assert_float_equal (c->synthetic.needle_strength, 16.0, 0);
-  assert_float_equal (c->synthetic.noise, 0.8, 0);
-  assert_float_equal (c->synthetic.drift, 6.0, 0);
-  assert_float_equal (c->synthetic.drift_scale, 64.0, 0);
-  assert_int_equal (c->store_dtype, SIFT_DTYPE_F16);
-  assert_int_equal (c->compute_dtype, SIFT_DTYPE_F32);
-  assert_int_equal (c->capacity_tokens, 0);
-  assert_string_equal (c->store, "host");
-  assert_null (c->store_path); /* derived from the output directory at run time */
-  assert_false (c->store_keep);
-  assert_false (c->store_direct);
-  assert_int_equal (c->ring_slots, 4);
-  assert_int_equal (c->pipeline, SIFT_PIPELINE_RING);
-  const SiftHarnessConfig *h = &c->harness;
+  assert_int_equal (sift_synthetic_config (c)->sink_tokens, 4);
+  assert_float_equal (sift_synthetic_config (c)->sink_strength, 11.5, 0);
+  assert_float_equal (sift_synthetic_config (c)->locality, 2.0, 0);
+  assert_float_equal (sift_synthetic_config (c)->locality_scale, 64.0, 0);
+  assert_int_equal (sift_synthetic_config (c)->heavy_hitters, 8);
+  assert_float_equal (sift_synthetic_config (c)->heavy_hitter_strength, 9.5, 0);
+  assert_int_equal (sift_synthetic_config (c)->rope_dims, 32);
+  assert_float_equal (sift_synthetic_config (c)->rope_base, 10000.0, 0);
+  assert_float_equal (sift_synthetic_config (c)->retrieval_heads, 0.25, 0);
+  assert_float_equal (sift_synthetic_config (c)->needle_strength, 16.0, 0);
+  assert_float_equal (sift_synthetic_config (c)->noise, 0.8, 0);
+  assert_float_equal (sift_synthetic_config (c)->drift, 6.0, 0);
+  assert_float_equal (sift_synthetic_config (c)->drift_scale, 64.0, 0);
+  assert_int_equal (sift_kv_config (c)->store_dtype, SIFT_DTYPE_F16);
+  assert_int_equal (sift_kv_config (c)->compute_dtype, SIFT_DTYPE_F32);
+  assert_int_equal (sift_kv_config (c)->capacity_tokens, 0);
+  assert_string_equal (sift_offload_config (c)->store, "host");
+  assert_null (sift_offload_config (c)->store_path); /* derived from the output directory at run time */
+  assert_false (sift_offload_config (c)->store_keep);
+  assert_false (sift_offload_config (c)->store_direct);
+  assert_int_equal (sift_offload_config (c)->ring_slots, 4);
+  assert_int_equal (sift_offload_config (c)->pipeline, SIFT_PIPELINE_RING);
+  const SiftHarnessConfig *h = sift_harness_config (c);
   assert_int_equal (h->n_lengths, 3);
   assert_int_equal (h->lengths[0], 1024);
   assert_int_equal (h->lengths[2], 4096);
@@ -285,13 +287,13 @@ test_values_and_params (void **state)
   assert_string_equal (c->source, "random");
   assert_float_equal (c->shape.scale, 0.5, 0);
   assert_true (c->seed == G_MAXUINT64);
-  assert_int_equal (c->store_dtype, SIFT_DTYPE_Q8_0);
-  assert_int_equal (c->compute_dtype, SIFT_DTYPE_BF16);
-  assert_null (c->store_path); /* follows harness.out (/tmp/x) when the harness runs */
-  assert_true (c->store_keep);
-  assert_int_equal (c->pipeline, SIFT_PIPELINE_CROSS_LAYER);
-  assert_int_equal (c->harness.needle, SIFT_NEEDLE_MULTIKEY);
-  assert_int_equal (c->harness.length_spacing, SIFT_SPACING_SIGMOID);
+  assert_int_equal (sift_kv_config (c)->store_dtype, SIFT_DTYPE_Q8_0);
+  assert_int_equal (sift_kv_config (c)->compute_dtype, SIFT_DTYPE_BF16);
+  assert_null (sift_offload_config (c)->store_path); /* follows harness.out (/tmp/x) when the harness runs */
+  assert_true (sift_offload_config (c)->store_keep);
+  assert_int_equal (sift_offload_config (c)->pipeline, SIFT_PIPELINE_CROSS_LAYER);
+  assert_int_equal (sift_harness_config (c)->needle, SIFT_NEEDLE_MULTIKEY);
+  assert_int_equal (sift_harness_config (c)->length_spacing, SIFT_SPACING_SIGMOID);
   assert_int_equal (c->setups->len, 2);
   const SiftPolicySetup *a = c->setups->pdata[0], *b = c->setups->pdata[1];
   assert_string_equal (a->label, "full+good");
@@ -313,7 +315,7 @@ test_values_and_params (void **state)
   assert_float_equal (sift_params_get_float (b->decode.params, "ratio"), 0.25, 0);
   assert_true (sift_config_set (c, "harness.lengths=[1024, 2048]", registry, &error));
   assert_true (sift_config_set (c, "model.synthetic.noise=0.5", registry, &error));
-  assert_float_equal (c->synthetic.noise, 0.5, 0);
+  assert_float_equal (sift_synthetic_config (c)->noise, 0.5, 0);
   assert_true (sift_config_set (c, "policies.second.decode=full", registry, &error));
   assert_null (b->decode.params == NULL ? NULL : sift_params_specs (b->decode.params));
   assert_string_equal (b->label, "second");
@@ -496,9 +498,10 @@ test_round_trip (void **state)
     }
 }
 
-/* docs/config.md documents every key of every table. */
+/* docs/config.md documents every key of every table, registered or
+ * core's, and each default is a value its own key accepts. */
 static void
-walk (const Key *table, const char *prefix, const char *doc)
+document_table (const Key *table, const char *prefix, const char *doc, SiftConfig *config)
 {
   for (const Key *k = table; k->name; k++)
     {
@@ -506,10 +509,15 @@ walk (const Key *table, const char *prefix, const char *doc)
       g_autofree char *quoted = g_strdup_printf ("`%s`", path);
       if (strstr (doc, quoted) == NULL)
         fail_msg ("docs/config.md does not document %s", quoted);
-      if (k->type == KEY_SECTION)
-        walk (k->section, path, doc);
       if (k->type == KEY_SETUP)
-        walk (sift_config_setup_keys, path, doc);
+        document_table (sift_config_setup_keys, path, doc, NULL);
+      if (config != NULL && k->def != NULL && k->type != KEY_SETUP && k->type != KEY_SETUPS)
+        {
+          g_autoptr (GError) error = NULL;
+          g_autofree char *set = g_strdup_printf ("%s=%s", path, k->def);
+          if (!sift_config_set (config, set, NULL, &error))
+            fail_msg ("the default of %s does not pass its own key: %s", path, error->message);
+        }
     }
 }
 
@@ -519,12 +527,122 @@ test_documented (void **state)
   (void) state;
   g_autofree char *doc = NULL;
   assert_true (g_file_get_contents (SOURCE_DIR "/docs/config.md", &doc, NULL, NULL));
-  walk (sift_config_root_keys, NULL, doc);
+  g_autoptr (SiftConfig) config = sift_config_new_default (NULL, NULL);
+  document_table (sift_config_root_keys, NULL, doc, NULL);
+  g_autoptr (GPtrArray) sections = sift_config_sections ();
+  for (guint i = 0; i < sections->len; i++)
+    {
+      const SiftConfigSection *section = sections->pdata[i];
+      g_autofree char *quoted = g_strdup_printf ("`%s`", section->path);
+      if (strstr (doc, quoted) == NULL)
+        fail_msg ("docs/config.md does not document the section %s", quoted);
+      document_table (section->keys, section->path, doc, config);
+    }
+}
+
+/* ---- A section registered by its owner ---------------------------------------- */
+
+typedef struct {
+  gint64 level;
+  int mode;
+  char *name;
+  double *weights;
+  gsize n_weights;
+} Demo;
+
+static const SiftConfigEnumValue demo_modes[] = { { "slow", 0 }, { "fast", 1 }, { NULL, 0 } };
+static const SiftConfigKey demo_keys[] = {
+  { "level", SIFT_CONFIG_KEY_INT, G_STRUCT_OFFSET (Demo, level), 0, 1, 10, NULL, "3", "a level" },
+  { "mode", SIFT_CONFIG_KEY_ENUM, G_STRUCT_OFFSET (Demo, mode), 0, SIFT_CONFIG_NO_RANGE, demo_modes, "fast", "how" },
+  { "name", SIFT_CONFIG_KEY_STRING, G_STRUCT_OFFSET (Demo, name), 0, SIFT_CONFIG_NO_RANGE, NULL, NULL, "a name" },
+  { "weights", SIFT_CONFIG_KEY_FLOAT_LIST, G_STRUCT_OFFSET (Demo, weights), G_STRUCT_OFFSET (Demo, n_weights), 0, 1,
+    NULL, "[0.5, 0.25]", "weights" },
+  { NULL },
+};
+
+/* Across sections: a fast demo needs at least two layers of the model. */
+static gboolean
+demo_check (const SiftConfig *config, gconstpointer values, GError **error)
+{
+  const Demo *d = values;
+  if (d->mode == 1 && d->level > config->shape.n_layers)
+    return sift_config_fail (config, error, SIFT_CONFIG_ERROR_INVALID,
+                             (const char *const[]) { "demo.deep.level", "model.layers", NULL },
+                             "demo.deep.level = %" G_GINT64_FORMAT " is above model.layers = %d", d->level,
+                             config->shape.n_layers);
+  return TRUE;
+}
+
+static const SiftConfigSection demo_section = {
+  "demo.deep", 700, "a test section", sizeof (Demo), demo_keys, demo_check,
+};
+
+static void
+expect_error (const char *text, gint code, const char *message)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftConfig) c = sift_config_load_string ("d.yaml", text, NULL, &error);
+  assert_null (c);
+  assert_true (g_error_matches (error, SIFT_CONFIG_ERROR, code));
+  if (!g_str_has_prefix (error->message, message))
+    fail_msg ("expected '%s...', got '%s'", message, error->message);
+}
+
+static void
+test_registered_section (void **state)
+{
+  (void) state;
+  g_autoptr (GError) error = NULL;
+  /* Before registration the section is unknown, and a config made then has none. */
+  g_autoptr (SiftConfig) before = sift_config_new_default (NULL, &error);
+  assert_non_null (before);
+  assert_null (sift_config_get_section (before, &demo_section));
+  expect_error ("model: {layers: 4}\ndemo:\n  deep: {level: 2}\n", SIFT_CONFIG_ERROR_UNKNOWN_KEY,
+                "d.yaml:2:1: unknown section 'demo'");
+
+  sift_config_register_section (&demo_section);
+  sift_config_register_section (&demo_section); /* twice: once */
+  g_autoptr (SiftConfig) c = sift_config_load_string ("d.yaml", "model: {layers: 4}\ndemo:\n  deep: {level: 2, name: x}\n",
+                                                      NULL, &error);
+  if (c == NULL)
+    fail_msg ("%s", error->message);
+  const Demo *d = sift_config_get_section (c, &demo_section);
+  assert_int_equal (d->level, 2);
+  assert_int_equal (d->mode, 1);              /* the table's default */
+  assert_string_equal (d->name, "x");
+  assert_int_equal (d->n_weights, 2);
+  assert_float_equal (d->weights[1], 0.25, 0);
+  /* --set reaches it, and a copy has its own values. */
+  assert_true (sift_config_set (c, "demo.deep.weights=[1]", NULL, &error));
+  g_autoptr (SiftConfig) copy = sift_config_copy (c);
+  Demo *e = sift_config_edit_section (copy, &demo_section);
+  e->level = 9;
+  assert_int_equal (d->level, 2);
+  assert_int_equal (d->n_weights, 1);
+  assert_int_equal (e->n_weights, 1);
+  assert_string_equal (e->name, "x");
+  g_autofree char *yaml = sift_config_to_yaml (c);
+  assert_non_null (strstr (yaml, "demo:\n  deep:\n    level: 2\n    mode: fast\n    name: x\n    weights: [1.0]\n"));
+
+  /* Validated like core's keys: type, range, choices, unknown keys, the owner's check. */
+  expect_error ("demo:\n  deep:\n    level: 11\n", SIFT_CONFIG_ERROR_RANGE,
+                "d.yaml:3:12: demo.deep.level: 11 is out of range [1, 10]");
+  expect_error ("demo:\n  deep:\n    mode: slo\n", SIFT_CONFIG_ERROR_RANGE,
+                "d.yaml:3:11: demo.deep.mode: 'slo' is not one of slow | fast; did you mean 'slow'?");
+  expect_error ("demo:\n  deep:\n    levle: 2\n", SIFT_CONFIG_ERROR_UNKNOWN_KEY,
+                "d.yaml:3:5: unknown key 'levle' in demo.deep; did you mean 'level'?");
+  expect_error ("demo:\n  deep: 3\n", SIFT_CONFIG_ERROR_TYPE, "d.yaml:2:9: demo.deep: expected a mapping, got a scalar");
+  expect_error ("model:\n  layers: 2\ndemo:\n  deep:\n    level: 5\n", SIFT_CONFIG_ERROR_INVALID,
+                "d.yaml:5:12: demo.deep.level = 5 is above model.layers = 2");
+  /* An unknown section is still an error naming the file and line. */
+  expect_error ("kv: {block_size: 64}\nharnes:\n  lengths: [1]\n", SIFT_CONFIG_ERROR_UNKNOWN_KEY,
+                "d.yaml:2:1: unknown section 'harnes'; did you mean 'harness'?");
 }
 
 int
 main (void)
 {
+  sift_harness_config_register ();
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_fixtures_complete),
     cmocka_unit_test (test_fixtures_api),
@@ -539,6 +657,7 @@ main (void)
     cmocka_unit_test (test_merge),
     cmocka_unit_test (test_round_trip),
     cmocka_unit_test (test_documented),
+    cmocka_unit_test (test_registered_section),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

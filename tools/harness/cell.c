@@ -158,19 +158,21 @@ ratio (guint64 a, guint64 b)
 static SiftStore *
 make_store (const SiftConfig *cfg, const SiftModelShape *shape, GError **error)
 {
-  g_autofree char *path = cfg->store_path != NULL ? g_strdup (cfg->store_path)
-                                                   : g_build_filename (cfg->harness.out_dir, "kv.store", NULL);
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
+  const char *out_dir = sift_harness_config (cfg)->out_dir;
+  g_autofree char *path = off->store_path != NULL ? g_strdup (off->store_path)
+                                                  : g_build_filename (out_dir, "kv.store", NULL);
   SiftStoreConfig sc = {
-    .dtype = cfg->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
+    .dtype = sift_kv_config (cfg)->store_dtype, .n_kv_heads = shape->n_kv_heads, .block_size = shape->block_size,
     .head_dim = shape->head_dim,
-    .path = path, .keep = cfg->store_keep, .direct = cfg->store_direct,
+    .path = path, .keep = off->store_keep, .direct = off->store_direct,
   };
-  if (g_strcmp0 (cfg->store, "file") == 0)
+  if (g_strcmp0 (off->store, "file") == 0)
     {
-      if (g_mkdir_with_parents (cfg->harness.out_dir, 0755) != 0)
+      if (g_mkdir_with_parents (out_dir, 0755) != 0)
         {
           g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s",
-                       cfg->harness.out_dir, g_strerror (errno));
+                       sift_harness_config (cfg)->out_dir, g_strerror (errno));
           return NULL;
         }
       return sift_store_file_new (&sc, error);
@@ -250,28 +252,30 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       return FALSE;
     }
   SiftModelShape shape = cfg->shape;
-  const SiftHarnessConfig *h = &cfg->harness;
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, cfg->synthetic.sink_tokens, cfg->shape.block_size,
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
+  const SiftSyntheticConfig *knobs = sift_synthetic_config (cfg);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, length, depth, knobs->sink_tokens, cfg->shape.block_size,
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, &cfg->synthetic, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, knobs, plan, error);
   if (src == NULL)
     return FALSE;
 
   g_autoptr (SiftStore) store = make_store (cfg, &shape, error);
   if (store == NULL)
     return FALSE;
+  const SiftKvConfig *kv = sift_kv_config (cfg);
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
   SiftEngineConfig ec = {
-    .shape = shape, .compute_dtype = cfg->compute_dtype, .n_slots = cfg->ring_slots,
-    .pipeline = cfg->pipeline,
+    .shape = shape, .compute_dtype = kv->compute_dtype, .n_slots = off->ring_slots, .pipeline = off->pipeline,
   };
   /* kv.capacity_tokens bounds the cache: the engine evicts (docs/eviction.md). */
-  SiftEvictConfig ev = { cfg->capacity_tokens, cfg->evict_granularity, cfg->protect_sinks, cfg->protect_recent };
+  SiftEvictConfig ev = { kv->capacity_tokens, kv->evict_granularity, kv->protect_sinks, kv->protect_recent };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
   if (engine == NULL || !sift_engine_set_eviction (engine, &ev, error))
     return FALSE;
-  sift_engine_set_force_copy (engine, cfg->force_copy);
+  sift_engine_set_force_copy (engine, off->force_copy);
 
   gint32 L = shape.n_layers;
   SiftPolicy **prefill = g_new0 (SiftPolicy *, L), **decode = g_new0 (SiftPolicy *, L);
@@ -334,7 +338,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
       /* A phase without any selection over an unbounded cache has no
        * recall to speak of (dense layers alone would read 100%); under a
        * bounded cache recall still tells what eviction kept. */
-      gboolean bounded = cfg->capacity_tokens > 0;
+      gboolean bounded = kv->capacity_tokens > 0;
       cell->prefill_recall = c.selection_calls[0] > 0 || bounded ? ratio (c.covered[0], c.asked[0]) : NAN;
       cell->decode_recall = c.selection_calls[1] > 0 || bounded ? ratio (c.covered[1], c.asked[1]) : NAN;
       cell->n_layers = L;

@@ -1,8 +1,7 @@
 /* The needle planner: where a cell's needles, distractors and question go. */
 #pragma once
 
-#include <sift/config.h>
-#include <synthetic/synthetic.h>
+#include "harness-config.h"
 
 G_BEGIN_DECLS
 

@@ -62,12 +62,12 @@ check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
       return FALSE;
     }
   /* The shortest context must hold the needles. */
-  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (&cfg->harness, g->lengths[0], 0.0,
-                                                          cfg->synthetic.sink_tokens, cfg->shape.block_size, cfg->harness.seed, error);
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (sift_harness_config (cfg), g->lengths[0], 0.0,
+                                                          sift_synthetic_config (cfg)->sink_tokens, cfg->shape.block_size, sift_harness_config (cfg)->seed, error);
   if (plan == NULL)
     return config_error (cfg, plan_keys, error);
   /* The model must take the knobs and the plan's needle keys. */
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, &cfg->synthetic, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, sift_synthetic_config (cfg), plan, error);
   return src != NULL || config_error (cfg, model_keys, error);
 }
 
@@ -87,7 +87,7 @@ results_free (HarnessSetupResult *results, gsize n)
 static gint64
 setup_capacity (const SiftConfig *cfg, const SiftPolicySetup *setup)
 {
-  return setup->capacity_tokens >= 0 ? setup->capacity_tokens : cfg->capacity_tokens;
+  return setup->capacity_tokens >= 0 ? setup->capacity_tokens : sift_kv_config (cfg)->capacity_tokens;
 }
 
 static gboolean
@@ -102,24 +102,25 @@ run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, 
       const SiftPolicySetup *setup = g_ptr_array_index (cfg->setups, s);
       HarnessSetupResult *res = &results[s];
       /* A setup's own KV budget (policy.capacity_tokens) replaces kv's. */
-      SiftConfig own = *cfg;
-      own.capacity_tokens = setup_capacity (cfg, setup);
+      g_autoptr (SiftConfig) own = sift_config_copy (cfg);
+      ((SiftKvConfig *) sift_config_edit_section (own, &sift_kv_config_section))->capacity_tokens
+        = setup_capacity (cfg, setup);
       for (gsize d = 0; ok && d < g->n_depths; d++)
         for (gsize l = 0; ok && l < g->n_lengths; l++)
           {
             HarnessCell *cell = &res->cells[d * g->n_lengths + l];
-            g_autofree char *key = harness_settings_key (&own, setup, g->lengths[l], g->depths[d]);
+            g_autofree char *key = harness_settings_key (own, setup, g->lengths[l], g->depths[d]);
             harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
             if (!harness_records_find (records, key, cell))
               {
-                ok = harness_run_cell (&own, setup, g->lengths[l], g->depths[d], cell, error);
+                ok = harness_run_cell (own, setup, g->lengths[l], g->depths[d], cell, error);
                 if (!ok)
                   {
                     g_prefix_error (error, "setup '%s', length %" G_GINT64_FORMAT ", depth %g: ", setup->label,
                                     g->lengths[l], g->depths[d]);
                     break;
                   }
-                g_autofree char *line = harness_record_json (&own, setup, key, cell);
+                g_autofree char *line = harness_record_json (own, setup, key, cell);
                 ok = harness_records_append (records, line, error);
                 fresh++;
               }
@@ -154,7 +155,7 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
 {
   *below_out = FALSE;
   HarnessGrid grid;
-  if (!harness_grid_expand (&cfg->harness, &grid, error))
+  if (!harness_grid_expand (sift_harness_config (cfg), &grid, error))
     {
       g_prefix_error (error, "%s: ", cfg->file);
       return FALSE;
@@ -164,7 +165,7 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
       harness_grid_clear (&grid);
       return FALSE;
     }
-  const char *out_dir = o->out_dir != NULL ? o->out_dir : cfg->harness.out_dir;
+  const char *out_dir = o->out_dir != NULL ? o->out_dir : sift_harness_config (cfg)->out_dir;
   g_autofree char *records_path = g_build_filename (out_dir, "records.jsonl", NULL);
   /* An output folder that cannot be made or written is a usage error found
    * before the first cell runs, not after it. */
@@ -179,7 +180,7 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
   g_autoptr (HarnessRecords) records = harness_records_open (records_path, error);
   /* harness.capacities: the grid once per KV budget, each setup's column
    * labelled with it (docs/eviction.md); otherwise kv.capacity_tokens alone. */
-  const SiftHarnessConfig *h = &cfg->harness;
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
   const gsize n_caps = MAX (h->n_capacities, 1), n_setups = cfg->setups->len, n = n_setups * n_caps;
   g_autoptr (GPtrArray) labels = g_ptr_array_new_with_free_func (g_free);
   HarnessSetupResult *results = g_new0 (HarnessSetupResult, n);
@@ -200,18 +201,21 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
           /* Full attention over a bounded cache is no yardstick. */
           .is_full = is_full (setup)
                      && (setup->capacity_tokens >= 0 ? setup->capacity_tokens
-                         : h->n_capacities > 0 ? h->capacities[ci] : cfg->capacity_tokens) == 0,
+                         : h->n_capacities > 0 ? h->capacities[ci] : sift_kv_config (cfg)->capacity_tokens) == 0,
         };
       }
   /* A copy whose out_dir is the one used (the file store lives there). */
-  SiftConfig local = *cfg;
-  local.harness.out_dir = (char *) out_dir;
+  g_autoptr (SiftConfig) local = sift_config_copy (cfg);
+  SiftHarnessConfig *local_h = sift_config_edit_section (local, &sift_harness_config_section);
+  g_free (local_h->out_dir);
+  local_h->out_dir = g_strdup (out_dir);
   gboolean ok = records != NULL;
   for (gsize ci = 0; ok && ci < n_caps; ci++)
     {
       if (h->n_capacities > 0)
-        local.capacity_tokens = h->capacities[ci];
-      ok = run_grid (&local, o, &grid, records, results + ci * n_setups, error);
+        ((SiftKvConfig *) sift_config_edit_section (local, &sift_kv_config_section))->capacity_tokens
+          = h->capacities[ci];
+      ok = run_grid (local, o, &grid, records, results + ci * n_setups, error);
     }
   if (ok)
     {
@@ -232,11 +236,11 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
                    " faint for these lengths; raise model.synthetic.needle_strength (docs/synthetic-model.md)\n",
                    results[i].label, 100.0 * (1.0 - harness_setup_accuracy (&results[i])));
       for (gsize i = 0; i < n; i++)
-        if (harness_setup_accuracy (&results[i]) < cfg->harness.min_accuracy)
+        if (harness_setup_accuracy (&results[i]) < sift_harness_config (cfg)->min_accuracy)
           {
             fprintf (o->log, "sift needle: '%s' passes %.1f%% of cells, below harness.min_accuracy %.1f%%\n",
                      results[i].label, 100.0 * harness_setup_accuracy (&results[i]),
-                     100.0 * cfg->harness.min_accuracy);
+                     100.0 * sift_harness_config (cfg)->min_accuracy);
             *below_out = TRUE;
           }
     }

@@ -27,8 +27,10 @@ char *
 harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 length, double depth)
 {
   const SiftModelShape *m = &c->shape;
-  const SiftSyntheticConfig *k = &c->synthetic;
-  const SiftHarnessConfig *h = &c->harness;
+  const SiftSyntheticConfig *k = sift_synthetic_config (c);
+  const SiftHarnessConfig *h = sift_harness_config (c);
+  const SiftKvConfig *kv = sift_kv_config (c);
+  const SiftOffloadConfig *off = sift_offload_config (c);
   GString *s = g_string_new (NULL);
   /* Every value that changes a cell's scores or counters; the grid's other
    * cells, out_dir and min_accuracy do not. */
@@ -41,11 +43,11 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
                           k->heavy_hitter_strength, k->rope_dims, k->rope_base, k->retrieval_heads,
                           k->needle_strength, k->noise);
   g_string_append_printf (s, "kv %s %s %" G_GINT64_FORMAT "\noffload %s %d %d\n",
-                          sift_dtype_name (c->store_dtype), sift_dtype_name (c->compute_dtype),
-                          c->capacity_tokens, c->store, c->ring_slots, (int) c->pipeline);
-  if (c->capacity_tokens > 0) /* unbounded keys stay as before eviction existed */
-    g_string_append_printf (s, "evict %d %" G_GINT64_FORMAT " %" G_GINT64_FORMAT "\n", (int) c->evict_granularity,
-                            c->protect_sinks, c->protect_recent);
+                          sift_dtype_name (kv->store_dtype), sift_dtype_name (kv->compute_dtype),
+                          kv->capacity_tokens, off->store, off->ring_slots, (int) off->pipeline);
+  if (kv->capacity_tokens > 0) /* unbounded keys stay as before eviction existed */
+    g_string_append_printf (s, "evict %d %" G_GINT64_FORMAT " %" G_GINT64_FORMAT "\n", (int) kv->evict_granularity,
+                            kv->protect_sinks, kv->protect_recent);
   g_string_append_printf (s, "label %s\nprefill ", setup->label);
   params_text (s, &setup->prefill);
   g_string_append (s, "\ndecode ");
@@ -161,7 +163,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
 {
   JsonWriter w = { g_string_new (NULL), TRUE };
   const SiftModelShape *m = &c->shape;
-  const SiftHarnessConfig *h = &c->harness;
+  const SiftHarnessConfig *h = sift_harness_config (c);
   json_begin_object (&w, NULL);
   json_string (&w, "sift_version", sift_version_string ());
   json_string (&w, "config", c->file);
@@ -182,13 +184,14 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "block_size", m->block_size);
   json_int (&w, "chunk_size", m->chunk_size);
   json_uint (&w, "seed", c->seed);
-  json_string (&w, "planted_keys", c->synthetic.planted_exact ? "exact" : "matched");
+  json_string (&w, "planted_keys", sift_synthetic_config (c)->planted_exact ? "exact" : "matched");
   json_end_object (&w);
+  const SiftKvConfig *kv = sift_kv_config (c);
   json_begin_object (&w, "kv");
-  json_int (&w, "capacity_tokens", c->capacity_tokens);
-  json_string (&w, "evict_granularity", c->evict_granularity == SIFT_EVICT_BLOCK ? "block" : "token");
-  json_int (&w, "protect_sinks", c->protect_sinks);
-  json_int (&w, "protect_recent", c->protect_recent);
+  json_int (&w, "capacity_tokens", kv->capacity_tokens);
+  json_string (&w, "evict_granularity", kv->evict_granularity == SIFT_EVICT_BLOCK ? "block" : "token");
+  json_int (&w, "protect_sinks", kv->protect_sinks);
+  json_int (&w, "protect_recent", kv->protect_recent);
   json_end_object (&w);
   json_int (&w, "length", cell->length);
   json_double (&w, "depth", cell->depth);

@@ -49,16 +49,18 @@ static SiftStore *
 reference_store (const SiftConfig *cfg, GError **error)
 {
   const SiftModelShape *s = &cfg->shape;
-  g_autofree char *path = g_build_filename (cfg->harness.out_dir, "kv-reference.store", NULL);
+  const char *out_dir = sift_harness_config (cfg)->out_dir;
+  const SiftOffloadConfig *off = sift_offload_config (cfg);
+  g_autofree char *path = g_build_filename (out_dir, "kv-reference.store", NULL);
   SiftStoreConfig sc = {
     .dtype = SIFT_DTYPE_F32, .n_kv_heads = s->n_kv_heads, .block_size = s->block_size, .head_dim = s->head_dim,
-    .path = path, .keep = FALSE, .direct = cfg->store_direct,
+    .path = path, .keep = FALSE, .direct = off->store_direct,
   };
-  if (g_strcmp0 (cfg->store, "file") != 0)
+  if (g_strcmp0 (off->store, "file") != 0)
     return sift_store_host_new (&sc, error);
-  if (g_mkdir_with_parents (cfg->harness.out_dir, 0755) != 0)
+  if (g_mkdir_with_parents (out_dir, 0755) != 0)
     {
-      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", cfg->harness.out_dir,
+      g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_IO, "cannot create %s: %s", out_dir,
                    g_strerror (errno));
       return NULL;
     }
@@ -73,7 +75,8 @@ harness_dense_reference_runner (const SiftConfig *cfg, SiftModel *model, gint64 
   if (store == NULL)
     return FALSE;
   SiftEngineConfig ec = {
-    .shape = cfg->shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = cfg->ring_slots, .pipeline = SIFT_PIPELINE_RING,
+    .shape = cfg->shape, .compute_dtype = SIFT_DTYPE_F32, .n_slots = sift_offload_config (cfg)->ring_slots,
+    .pipeline = SIFT_PIPELINE_RING,
   };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
   if (engine == NULL)

@@ -301,7 +301,7 @@ test_pick_matches_oracle (void **state)
           score[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind == 2 ? INFINITY
                                                              : (float) g_rand_int_range (rng, -4, 5);
         }
-      gsize got_n = quest_pick (score, n, budget, sinks, recent, keep);
+      gsize got_n = sift_top_k (score, n, budget, sinks, recent, keep);
       gsize want_n = oracle_pick (score, n, budget, sinks, recent, want);
       assert_int_equal (got_n, want_n);
       assert_memory_equal (keep, want, n);
@@ -323,13 +323,13 @@ test_pick_keeps_sinks_and_recent (void **state)
   guint8 keep[20];
   for (gsize i = 0; i < n; i++)
     score[i] = (i < 2 || i >= n - 3) ? -INFINITY : (float) i;
-  assert_int_equal (quest_pick (score, n, 7, 2, 3, keep), 7);
+  assert_int_equal (sift_top_k (score, n, 7, 2, 3, keep), 7);
   for (gsize i = 0; i < n; i++)
     assert_int_equal (keep[i], i < 2 || i >= n - 3 || i == 16 || i == 15);
-  assert_int_equal (quest_pick (score, n, 3, 2, 3, keep), 5);
+  assert_int_equal (sift_top_k (score, n, 3, 2, 3, keep), 5);
   for (gsize i = 0; i < n; i++)
     assert_int_equal (keep[i], i < 2 || i >= n - 3);
-  assert_int_equal (quest_pick (score, n, 100, 2, 3, keep), n);
+  assert_int_equal (sift_top_k (score, n, 100, 2, 3, keep), n);
 }
 
 int

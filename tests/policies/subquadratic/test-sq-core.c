@@ -375,7 +375,7 @@ test_paths_agree (void **state)
       run_forward (&t, &c, 64);
       memcpy (tiled, t.out, n * sizeof (float));
       /* The scalar function is the reference. */
-      SqState st = { .acc = g_new (float, t.d) };
+      SiftRowState st = { .acc = g_new (float, t.d) };
       double e_fast = 0.0, e_tiled = 0.0;
       for (gint32 h = 0; h < t.qh; h++)
         for (gint64 i = 0; i < t.seq; i += 7)
@@ -402,13 +402,13 @@ test_paths_agree (void **state)
             gint32 g = h / (t.qh / t.kvh);
             const float *q = t.q + (h * t.seq + i) * t.d;
             float scale = 1.0f / sqrtf ((float) t.d);
-            sq_state_reset (&st, t.d);
-            sq_accumulate_scalar (&st, q, t.d, scale, t.k + g * t.seq * t.d, t.v + g * t.seq * t.d,
+            sift_row_state_reset (&st, t.d);
+            sift_attend_row_sparse_scalar (&st, q, t.d, scale, t.k + g * t.seq * t.d, t.v + g * t.seq * t.d,
                                   t.d, idx, nt);
-            sq_accumulate_scalar (&st, q, t.d, scale, lk + g * n_blocks * t.d, lv + g * n_blocks * t.d,
+            sift_attend_row_sparse_scalar (&st, q, t.d, scale, lk + g * n_blocks * t.d, lv + g * n_blocks * t.d,
                                   t.d, lidx, nb);
             float o[128], lse;
-            sq_state_finish (&st, t.d, o, &lse);
+            sift_row_state_finish (&st, t.d, o, &lse);
             for (gint32 y = 0; y < t.d; y++)
               {
                 e_fast = MAX (e_fast, fabs (o[y] - fast[(h * t.seq + i) * t.d + y]));
@@ -444,32 +444,32 @@ random_rows (guint32 *seed, gint32 d, float q[SQ_BAND_ROWS][128], float pre_k[3]
  * three other keys first (pre_k, pre_v), as a tile's earlier kernels leave
  * them. */
 static void
-start_states (SqState *st, SqState *ref, float *acc, float *ref_acc, gint32 r, gint32 d, const float *q,
+start_states (SiftRowState *st, SiftRowState *ref, float *acc, float *ref_acc, gint32 r, gint32 d, const float *q,
               float scale, float pre_k[3][128], float pre_v[3][128])
 {
   static const gint32 pre_idx[] = { 0, 1, 2 };
-  *st = (SqState) { .acc = acc };
-  *ref = (SqState) { .acc = ref_acc };
-  sq_state_reset (st, d);
-  sq_state_reset (ref, d);
+  *st = (SiftRowState) { .acc = acc };
+  *ref = (SiftRowState) { .acc = ref_acc };
+  sift_row_state_reset (st, d);
+  sift_row_state_reset (ref, d);
   if (r < 4)
     {
-      sq_accumulate_scalar (st, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
-      sq_accumulate_scalar (ref, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
+      sift_attend_row_sparse_scalar (st, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
+      sift_attend_row_sparse_scalar (ref, q, d, scale, pre_k[0], pre_v[0], 128, pre_idx, 3);
     }
 }
 
 /* Rows r < n_rows of a kernel's states against the scalar path's within
  * 1e-5 (output and lse); a row the reference left empty stays empty. */
 static void
-assert_states_match (const SqState *st, const SqState *ref, gint32 n_rows, gint32 d, const char *kernel,
+assert_states_match (const SiftRowState *st, const SiftRowState *ref, gint32 n_rows, gint32 d, const char *kernel,
                      gint32 n)
 {
   for (gint32 r = 0; r < n_rows; r++)
     {
       float o[128], ro[128], lse, rlse;
-      sq_state_finish (&st[r], d, o, &lse);
-      sq_state_finish (&ref[r], d, ro, &rlse);
+      sift_row_state_finish (&st[r], d, o, &lse);
+      sift_row_state_finish (&ref[r], d, ro, &rlse);
       if (ref[r].l == 0.0f)
         {
           /* Nothing at all (row 1 without earlier keys): still nothing. */
@@ -523,7 +523,7 @@ test_shared_kernel (void **state)
          * 0..3 start from a state over three other keys, the rest afresh. */
         guint16 mask[SQ_BAND_ROWS];
         float acc[SQ_BAND_ROWS][128], ref_acc[SQ_BAND_ROWS][128];
-        SqState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
+        SiftRowState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
         for (gint32 r = 0; r < n_rows; r++)
           {
             mask[r] = r == 0 ? (guint16) ((1u << n) - 1u) : r == 1 ? 0 : (guint16) ((seed = seed * 1664525u + 1013904223u) >> 16);
@@ -532,7 +532,7 @@ test_shared_kernel (void **state)
             for (gint32 c = 0; c < n; c++)
               if (mask[r] & (1u << c))
                 idx[ni++] = c;
-            sq_accumulate_scalar (&ref[r], q[r], d, scale, keys[0], vals[0], 128, idx, (gsize) ni);
+            sift_attend_row_sparse_scalar (&ref[r], q[r], d, scale, keys[0], vals[0], 128, idx, (gsize) ni);
           }
         SqShared b = {
           .q = q[0], .q_stride = 128, .n_rows = n_rows, .scale = scale,
@@ -585,7 +585,7 @@ test_diag_kernel (void **state)
             mask[c] &= (guint8) ~2u; /* row 1 names nothing */
           }
         float acc[SQ_BAND_ROWS][128], ref_acc[SQ_BAND_ROWS][128];
-        SqState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
+        SiftRowState st[SQ_BAND_ROWS], ref[SQ_BAND_ROWS];
         for (gint32 r = 0; r < n_rows; r++)
           {
             start_states (&st[r], &ref[r], acc[r], ref_acc[r], r, d, q[r], scale, pre_k, pre_v);
@@ -597,7 +597,7 @@ test_diag_kernel (void **state)
                   assert_true (j >= 0 && j < N);
                   idx[ni++] = (gint32) j;
                 }
-            sq_accumulate_scalar (&ref[r], q[r], d, scale, keys, vals, d, idx, (gsize) ni);
+            sift_attend_row_sparse_scalar (&ref[r], q[r], d, scale, keys, vals, d, idx, (gsize) ni);
           }
         SqDiag b = {
           .q = q[0], .q_stride = 128, .n_rows = n_rows, .scale = scale,

@@ -433,7 +433,7 @@ G_GNUC_UNUSED check_dots (DotsFunc f)
             b[i] = (float) g_rand_double_range (r, -1, 1);
           g_autofree float *x = g_new (float, (gsize) (nr * nc));
           g_autofree float *y = g_new (float, (gsize) (nr * nc));
-          xattn_dots_scalar (a, rs, nr, b, cs, nc, len, x);
+          sift_score_tile_scalar (a, rs, nr, b, cs, nc, len, x);
           f (a, rs, nr, b, cs, nc, len, y);
           double num = 0, den = 0;
           for (gint64 i = 0; i < nr * nc; i++)
@@ -539,7 +539,7 @@ test_pack_panels_layout (void **state)
 }
 
 #ifdef XATTN_HAVE_AVX512
-/* The AVX-512 panel products against xattn_dots_scalar on the same
+/* The AVX-512 panel products against sift_score_tile_scalar on the same
  * reshaped columns (row-major, zero padded): per segment (sum_exp's S
  * products of length d) and whole (the summed antidiagonal), over row and
  * column counts cutting the 4 x 4-panel microkernel at every edge. */
@@ -569,7 +569,7 @@ check_panels_avx512 (void)
             g_autofree float *want = g_new (float, (gsize) (n_seg * nr * n_cols));
             g_autofree float *got = g_new (float, (gsize) (n_seg * nr * n_cols));
             for (gint64 p = 0; p < n_seg; p++)
-              xattn_dots_scalar (rows + (gsize) p * len, rs, nr, k + (gsize) p * len, rlen, n_cols, len,
+              sift_score_tile_scalar (rows + (gsize) p * len, rs, nr, k + (gsize) p * len, rlen, n_cols, len,
                                  want + (gsize) (p * nr * n_cols));
             xattn_dots_panels_avx512 (rows, rs, nr, panels, n_cols, len, n_seg, got);
             for (gint64 i = 0; i < n_seg * nr * n_cols; i++)
@@ -640,20 +640,19 @@ test_simd_matches_scalar (void **state)
 {
   (void) state;
   int checked = 0;
-#if defined(XATTN_HAVE_AVX2) || defined(XATTN_HAVE_AVX512)
-  __builtin_cpu_init ();
-#endif
-#ifdef XATTN_HAVE_AVX2
-  if (__builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma"))
-    {
-      check_dots (xattn_dots_avx2);
-      checked++;
-    }
-#endif
+  /* The score tile is libsift's (sift_score_tile): each ISA forced in turn. */
+  const SiftIsa active = sift_isa_active ();
+  for (SiftIsa isa = SIFT_ISA_AVX2; isa <= SIFT_ISA_AVX512; isa++)
+    if (sift_isa_force (isa))
+      {
+        check_dots (sift_score_tile);
+        checked++;
+      }
+  sift_isa_force (active);
 #ifdef XATTN_HAVE_AVX512
+  __builtin_cpu_init ();
   if (__builtin_cpu_supports ("avx512f"))
     {
-      check_dots (xattn_dots_avx512);
       check_exp_avx512 ();
       check_panels_avx512 ();
       checked++;

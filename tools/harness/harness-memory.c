@@ -8,7 +8,7 @@
 
 #include <sift/attn.h>
 
-#include "config-private.h"
+#include "harness-config.h"
 
 static double
 element_bytes (SiftDType dtype)
@@ -19,16 +19,19 @@ element_bytes (SiftDType dtype)
 }
 
 void
-sift_config_memory_estimate (const SiftConfig *config, gint64 longest, SiftConfigMemory *out)
+harness_memory_estimate (const SiftConfig *config, gint64 longest, HarnessMemory *out)
 {
+  const SiftKvConfig *kv = sift_kv_config (config);
+  const SiftOffloadConfig *off = sift_offload_config (config);
+  const SiftHarnessConfig *h = sift_harness_config (config);
   const SiftModelShape *s = &config->shape;
   const double L = s->n_layers, hq = s->n_q_heads, hkv = s->n_kv_heads, d = s->head_dim;
   const double block = s->block_size, chunk = s->chunk_size;
-  const double es = element_bytes (config->compute_dtype);
-  /* Per layer: prefill and decode buffers for K and V (engine/engine.c). */
+  const double es = element_bytes (kv->compute_dtype);
+  /* Per layer: prefill and decode buffers for K and V (engine/). */
   double engine = L * 2.0 * hkv * d * es * (chunk + block + SIFT_ATTN_DECODE_MAX_ROWS);
   /* Ring slots, the partial output of a chunk, and the model's q, k, v rows. */
-  engine += (double) config->ring_slots * 2.0 * hkv * block * d * es;
+  engine += (double) off->ring_slots * 2.0 * hkv * block * d * es;
   engine += hq * chunk * (d + 1) * 4.0;
   engine += chunk * (hq + 2.0 * hkv) * d * 4.0;
   /* The synthetic source keeps at most head_dim directions of head_dim per kv head. */
@@ -36,22 +39,22 @@ sift_config_memory_estimate (const SiftConfig *config, gint64 longest, SiftConfi
     engine += L * hkv * d * d * 4.0;
   out->engine = engine;
   out->store = 0;
-  if (g_strcmp0 (config->store, "host") == 0)
+  if (g_strcmp0 (off->store, "host") == 0)
     {
-      double tokens = (double) longest + (double) config->harness.decode_steps;
+      double tokens = (double) longest + (double) h->decode_steps;
       /* A bounded cache holds its budget plus what one offload adds before
        * eviction (docs/eviction.md); harness.capacities runs each budget. */
-      gint64 budget = config->capacity_tokens; /* 0: unbounded */
-      if (config->harness.n_capacities > 0)
+      gint64 budget = kv->capacity_tokens; /* 0: unbounded */
+      if (h->n_capacities > 0)
         {
           budget = 1;
-          for (gsize i = 0; i < config->harness.n_capacities && budget > 0; i++)
-            budget = config->harness.capacities[i] == 0 ? 0 : MAX (budget, config->harness.capacities[i]);
+          for (gsize i = 0; i < h->n_capacities && budget > 0; i++)
+            budget = h->capacities[i] == 0 ? 0 : MAX (budget, h->capacities[i]);
         }
       if (budget > 0)
         tokens = MIN (tokens, (double) budget + chunk + block);
       double blocks = ceil (tokens / block);
-      out->store = L * 2.0 * hkv * blocks * block * d * element_bytes (config->store_dtype);
+      out->store = L * 2.0 * hkv * blocks * block * d * element_bytes (kv->store_dtype);
     }
   long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
   out->machine = pages > 0 && page > 0 ? (double) pages * (double) page : 0;
