@@ -87,11 +87,39 @@ pipeline_clear (Pipeline *p)
   sift_model_free (p->model);
 }
 
+/* A config for a GGUF model (model.source: gguf) takes the model's shape
+ * from the file; a shape key it writes must say what the file says, or the
+ * run stops with both values (issue 19). The rope base, norm epsilon and
+ * context length have no config keys: they come from the file alone. A
+ * config for another source (the default one is synthetic) describes
+ * another model, so its shape is not compared. */
+static gboolean
+check_shape (const SiftConfig *cfg, const char *path, const SiftModelShape *file, GError **error)
+{
+  if (g_strcmp0 (cfg->source, "gguf") != 0)
+    return TRUE;
+  const struct {
+    const char *key, *what;
+    gint32 config, file;
+  } keys[] = {
+    { "model.layers", "layers", cfg->shape.n_layers, file->n_layers },
+    { "model.q_heads", "query heads", cfg->shape.n_q_heads, file->n_q_heads },
+    { "model.kv_heads", "kv heads", cfg->shape.n_kv_heads, file->n_kv_heads },
+    { "model.head_dim", "dims per head", cfg->shape.head_dim, file->head_dim },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (keys); i++)
+    if (keys[i].config != keys[i].file && sift_config_is_set (cfg, keys[i].key))
+      return sift_config_fail (cfg, error, SIFT_CONFIG_ERROR_INVALID, (const char *const[]) { keys[i].key, NULL },
+                               "%s is %d but %s has %d %s (its GGUF metadata); leave the key out to take the file's",
+                               keys[i].key, keys[i].config, path, keys[i].file, keys[i].what);
+  return TRUE;
+}
+
 static gboolean
 pipeline_init (Pipeline *p, const SiftConfig *cfg, const char *path, GError **error)
 {
   p->model = sift_model_gguf_new (path, cfg->shape.block_size, cfg->shape.chunk_size, cfg->shape.scale, error);
-  if (p->model == NULL)
+  if (p->model == NULL || !check_shape (cfg, path, &p->model->shape, error))
     return FALSE;
   SiftModelShape shape = p->model->shape;
   p->n_layers = shape.n_layers;
