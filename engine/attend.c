@@ -439,85 +439,37 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
   return ok;
 }
 
-/* Queues the selection's blocks [*queued, to) into their ring slots (block
- * i into slot i mod n_slots), in one call. ids, slots: scratch of n_slots. */
-static gboolean
-queue_blocks (SiftEngine *e, gint32 layer, const SiftSelection *selection, gint64 *queued, gint64 to, gint64 *ids,
-              gint32 *slots, GError **error)
-{
-  gint32 n = 0;
-  for (gint64 i = *queued; i < to; i++, n++)
-    {
-      ids[n] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
-      slots[n] = (gint32) (i % e->config.n_slots);
-    }
-  if (!sift_engine_ring_load (e, layer, ids, slots, n, error))
-    return FALSE;
-  *queued = to;
-  return TRUE;
-}
-
-/* The ring: block i goes to slot i mod n_slots. Blocks are taken in groups
- * of G (sift_engine_ring_group: n_slots / 2 when a block's attention wakes
- * the kernels' threads, else as few as keep a call's fixed cost small; a
- * group never wraps around the ring): wait for the group's slots, attend
- * the group in one batch (the last group with the local tokens), free it,
- * refill every free slot at once, so the copy worker loads ahead while the
- * group is attended. The groups depend on the selection, the shape and
- * n_slots only, never on load timing: results are reproducible bit for bit. */
+/* The ring: the selection streams through the slots in groups of G blocks
+ * (sift_engine_ring_group: n_slots / 2 when a block's attention wakes the
+ * kernels' threads, else as few as keep a call's fixed cost small); each
+ * group is attended in one batch (the last with the local tokens) while
+ * the copy worker loads the next ones into the slots the previous group
+ * freed. The groups depend on the selection, the shape and n_slots only,
+ * never on load timing: results are reproducible bit for bit. */
 static gboolean
 attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
              guint64 *attended, gint64 *compute_us, GError **error)
 {
-  const gint32 layer = ctx->layer;
-  const gint32 n_slots = e->config.n_slots;
   g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
-  g_autofree gint64 *ids = g_new (gint64, n_slots);
-  g_autofree gint32 *slots = g_new (gint32, n_slots), *nv = g_new (gint32, n_slots);
-#define BLOCK_AT(i) (selection != NULL ? sift_selection_block (selection, (gsize) (i)) : (i))
-  const gint64 G = sift_engine_ring_group (e, ctx->n_q);
-  gint64 queued = 0, done = 0;
-  gboolean ok = queue_blocks (e, layer, selection, &queued, MIN (m, n_slots), ids, slots, error);
-  while (done < queued && ok)
+  g_autofree gint64 *ids = g_new (gint64, MAX (m, 1));
+  for (gint64 i = 0; i < m; i++)
+    ids[i] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+  const gsize G = (gsize) sift_engine_ring_group (e, ctx->n_q);
+  g_autofree SiftStreamBlock *blocks = g_new (SiftStreamBlock, G);
+  SiftStream *stream = sift_engine_stream_begin_ring (e, ctx->layer, ids, (gsize) m);
+  gboolean ok = TRUE;
+  gsize n;
+  while (ok && (n = sift_engine_stream_next (stream, blocks, G, error)) > 0)
     {
-      gint64 end = MIN (queued, (done / G + 1) * G);
-      end = MIN (end, done + (n_slots - done % n_slots)); /* no wrap */
-      const gint32 n = (gint32) (end - done);
-      for (gint32 i = 0; i < n; i++)
-        slots[i] = (gint32) ((done + i) % n_slots);
-      gint32 ready = 0;
-      if (!sift_engine_ring_wait (e, slots, n, nv, &ready, error))
-        {
-          ok = FALSE;
-          sift_engine_ring_done (e, slots, ready);
-          done += ready + 1; /* the failed slot is free again */
-          break;
-        }
-      for (gint32 i = 0; i < n; i++)
-        {
-          SiftView k, v;
-          sift_engine_slots_kv (e, slots[i], nv[i], &k, &v);
-          batch_add (e, b, &k, &v, block_heads (e, selection, BLOCK_AT (done + i), flags));
-        }
+      for (gsize i = 0; i < n; i++)
+        batch_add (e, b, &blocks[i].k, &blocks[i].v, block_heads (e, selection, blocks[i].block_id, flags));
       gint64 t0 = g_get_monotonic_time ();
-      const gboolean last = end == m;
+      const gboolean last = (gint64) blocks[n - 1].index == m - 1;
       ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
       *compute_us += g_get_monotonic_time () - t0;
-      sift_engine_ring_done (e, slots, n);
-      done = end;
-      if (ok && queued < m)
-        ok = queue_blocks (e, layer, selection, &queued, MIN (m, done + n_slots), ids, slots, error);
     }
-#undef BLOCK_AT
-  /* After a failure, let the loads still in flight finish and free their slots. */
-  for (; done < queued; done++)
-    {
-      gint32 slot = (gint32) (done % n_slots);
-      sift_engine_wait_slot (e, slot, NULL);
-      sift_engine_slot_done (e, slot);
-    }
-  if (!ok)
+  if (!sift_engine_stream_end (stream) || !ok)
     return FALSE;
   if (m > 0)
     return TRUE;

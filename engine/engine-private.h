@@ -189,6 +189,12 @@ void sift_engine_local_kv_host (SiftEngine *engine, const SiftPolicyContext *ctx
 /* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
 
+/* ---- Streams (stream.c) ----------------------------------------------------- */
+
+/* The default pipeline's stream: KV loads through the group calls above
+ * (copies only: for an engine that does not map). */
+SiftStream *sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n);
+
 /* ---- The cross-layer pipeline (cross-layer.c) ------------------------------ */
 
 void sift_engine_xl_init (SiftEngine *engine);

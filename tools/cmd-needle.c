@@ -1,4 +1,4 @@
-/* sift needle [--config FILE]... [--set K=V]... [--out DIR] [--policy-path DIR]...
+/* sift needle [--config FILE]... [--set K=V]... [--model FILE.gguf] [--out DIR] [--policy-path DIR]...
  * The needle-in-a-haystack grid (docs/needle.md). */
 #include <stdio.h>
 
@@ -6,17 +6,20 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "gguf-model.h"
 #include "harness/harness.h"
 
 int
 sift_cmd_needle (int argc, char **argv)
 {
   SiftCliOptions cli = { 0 };
-  g_autofree char *out_dir = NULL;
+  g_autofree char *out_dir = NULL, *model = NULL;
   gboolean progress = FALSE;
   GOptionEntry entries[] = {
     SIFT_CLI_CONFIG_ENTRY (&cli),
     SIFT_CLI_SET_ENTRY (&cli),
+    { "model", 'm', 0, G_OPTION_ARG_FILENAME, &model,
+      "Run the grid on this GGUF model with text needles (model.source gguf, model.path FILE)", "FILE" },
     { "out", 'o', 0, G_OPTION_ARG_FILENAME, &out_dir, "Write records and heatmaps to DIR (default: harness.out)",
       "DIR" },
     SIFT_CLI_POLICY_PATH_ENTRY (&cli),
@@ -42,6 +45,14 @@ sift_cmd_needle (int argc, char **argv)
   sift_cli_options_clear (&cli);
   if (config == NULL)
     return sift_cli_fail ("needle", error);
+  if (model != NULL)
+    {
+      g_free (config->source);
+      config->source = g_strdup ("gguf");
+      SiftGgufConfig *gguf = sift_config_edit_section (config, &sift_gguf_config_section);
+      g_free (gguf->path);
+      gguf->path = g_strdup (model);
+    }
   HarnessOptions opts = { .out_dir = out_dir, .table = stdout, .log = stderr, .force_progress = progress };
   gboolean below = FALSE;
   if (!harness_needle_run (config, &opts, &below, &error))

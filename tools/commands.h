@@ -17,9 +17,3 @@ int sift_bench_attention (int argc, char **argv);
 int sift_bench_offload (int argc, char **argv);
 int sift_bench_policy (int argc, char **argv);
 int sift_bench_evict (int argc, char **argv);
-
-/* `sift bench policy NAME`, one per shipped policy (tools/bench-policy-NAME.c). */
-int sift_bench_policy_quest (int argc, char **argv);
-int sift_bench_policy_minference (int argc, char **argv);
-int sift_bench_policy_xattn_bsa (int argc, char **argv);
-int sift_bench_policy_subquadratic (int argc, char **argv);

@@ -105,12 +105,13 @@ typedef struct {
   gint64 capacity_tokens;             /* -1: kv.capacity_tokens; else this setup's KV budget (0: unbounded) */
 } SiftPolicySetup;
 
+/* Core's keys (defaults: the key table, core/config-tables.c). */
 struct _SiftConfig {
   char *file;                         /* the first file read */
   /* model */
   char *source;                       /* "synthetic" | "random" | "gguf" */
-  SiftModelShape shape;               /* layers 2, q_heads 8, kv_heads 2, head_dim 64; scale 0 = 1/sqrt(d) */
-  guint64 seed;                       /* 1 */
+  SiftModelShape shape;               /* scale resolved (model.scale 0: 1/sqrt(head_dim)) */
+  guint64 seed;
   /* policies */
   GPtrArray *setups;                  /* SiftPolicySetup *, at least one */
 };

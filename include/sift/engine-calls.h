@@ -1,7 +1,8 @@
 /* sift — the OffloadEngine calls meant for policies.
  *
- * A policy reaches KV only through these: ring slots (load, wait, view,
- * done), the tokens not yet stored, row gathers, a stored block's
+ * A policy reaches KV only through these: streams of stored blocks through
+ * the ring slots (or the slots themselves: load, wait, view, done), the
+ * tokens not yet stored, row gathers, a stored block's
  * positions, the default pipeline and the density counters. The engine's
  * host side (construction, configuration, counters) is <sift/engine.h>.
  * Part of the plugin SDK, <sift/plugin.h>. */
@@ -34,6 +35,42 @@ SIFT_API gboolean sift_engine_wait_slot (SiftEngine *engine, gint32 slot, GError
 SIFT_API void sift_engine_slot_kv (SiftEngine *engine, gint32 slot, SiftView *k, SiftView *v, gint32 *n_valid_out);
 /* Compute on the slot is finished: it may be loaded again. */
 SIFT_API void sift_engine_slot_done (SiftEngine *engine, gint32 slot);
+
+/* ---- Streams (since ABI 2.0) ----------------------------------------------
+ * Blocks of one layer through the ring slots in order, the ring's slot
+ * arithmetic and its error drain kept inside the engine:
+ *
+ *   SiftStream *s = sift_engine_stream_begin (engine, layer, ids, n, SIFT_LOAD_KV);
+ *   SiftStreamBlock b;
+ *   while (sift_engine_stream_next (s, &b, 1, error) > 0)
+ *     ... b.k, b.v: block b.block_id, valid until the next call ...
+ *   return sift_engine_stream_end (s);
+ *
+ * Up to n_slots loads are in flight ahead of the blocks handed out. */
+typedef struct _SiftStream SiftStream;
+
+typedef struct {
+  gsize index;       /* position in the stream's list */
+  gint64 block_id;   /* the stored block (its SiftBlockMeta: ctx->blocks[block_id]) */
+  gint32 n_valid;    /* its valid tokens */
+  SiftView k, v;     /* [n_kv_heads][n_valid][head_dim]; v undefined after a K-only load */
+} SiftStreamBlock;
+
+/* A stream over stored blocks block_ids[0, n) of `layer` (copied; NULL:
+ * blocks 0 .. n - 1), loading `what`. Nothing is loaded before the first
+ * sift_engine_stream_next. */
+SIFT_API SiftStream *sift_engine_stream_begin (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n,
+                                               SiftLoadWhat what);
+/* Releases the blocks the previous call handed out, starts the loads that
+ * fit in the freed slots, and hands out the next blocks: up to max (>= 1),
+ * consecutive in the list, waited for, never more than n_slots and never
+ * across the end of the ring. Returns how many: 0 at the end of the list
+ * or when a load failed (then error is set, once). */
+SIFT_API gsize sift_engine_stream_next (SiftStream *stream, SiftStreamBlock *blocks, gsize max, GError **error);
+/* Releases what is held, waits for the loads still in flight and frees
+ * their slots (every slot is free afterwards), frees the stream. FALSE when
+ * a load of the stream failed (its error was given by stream_next). */
+SIFT_API gboolean sift_engine_stream_end (SiftStream *stream);
 
 /* The tokens not yet stored that this call may attend: prefill, the current
  * chunk [q_pos, q_pos + n_q); decode, the decode buffer [kv_len, q_pos + n_q)

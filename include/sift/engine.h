@@ -28,15 +28,16 @@ typedef enum {
   SIFT_PIPELINE_CROSS_LAYER = 1, /* decode: load layer l+1 while layer l computes */
 } SiftPipeline;
 
-/* The engine's keys of the config (docs/config.md), registered by libsift
- * itself: kv.* beside core's block and chunk sizes, and offload.*. */
+/* The engine's keys of the config (docs/config.md; defaults: the key table,
+ * engine/config-engine.c), registered by libsift itself: kv.* beside core's
+ * block and chunk sizes, and offload.*. */
 typedef struct {
-  SiftDType store_dtype;              /* f16 */
-  SiftDType compute_dtype;            /* f32 */
+  SiftDType store_dtype;
+  SiftDType compute_dtype;
   gint64 capacity_tokens;             /* stored tokens kept per layer, evicting beyond; 0 = unbounded */
-  SiftEvictGranularity evict_granularity; /* token */
-  gint64 protect_sinks;               /* 4; first tokens never evicted */
-  gint64 protect_recent;              /* 64; most recent tokens never evicted */
+  SiftEvictGranularity evict_granularity;
+  gint64 protect_sinks;               /* first tokens never evicted */
+  gint64 protect_recent;              /* most recent tokens never evicted */
 } SiftKvConfig;
 
 typedef struct {
@@ -44,9 +45,9 @@ typedef struct {
   char *store_path;                   /* the file store's file; NULL: <harness.out>/kv.store */
   gboolean store_keep;
   gboolean store_direct;
-  gint32 ring_slots;                  /* 4 */
-  SiftPipeline pipeline;              /* ring */
-  gboolean force_copy;                /* false: ring loads from a host store in the compute dtype map (zero-copy) */
+  gint32 ring_slots;
+  SiftPipeline pipeline;
+  gboolean force_copy;                /* FALSE: ring loads from a host store in the compute dtype map (zero-copy) */
 } SiftOffloadConfig;
 
 SIFT_API const SiftConfigSection sift_kv_config_section;

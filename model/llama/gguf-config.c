@@ -33,5 +33,8 @@ sift_gguf_config_register (void)
 const SiftGgufConfig *
 sift_gguf_config (const SiftConfig *config)
 {
-  return sift_config_get_section (config, &sift_gguf_config_section);
+  const SiftGgufConfig *values = sift_config_get_section (config, &sift_gguf_config_section);
+  if (values == NULL)
+    g_error ("%s: made before sift_gguf_config_register () was called", config->file);
+  return values;
 }

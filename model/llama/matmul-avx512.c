@@ -1,6 +1,7 @@
 /* AVX-512 VNNI matmul dot products (built with the AVX-512 flags and
  * -mavx512vnni; chosen only when the CPU has VNNI): vpdpbusd on 256-bit
- * vectors, exact (no 16-bit intermediate). */
+ * vectors, exact (no 16-bit intermediate); and the register tiles that
+ * prefill's multi-token products run on (F16, Q8_0, Q4_K). */
 #include <immintrin.h>
 
 static inline __attribute__ ((always_inline)) __m256i
@@ -11,4 +12,204 @@ dpbusd (__m256i acc, __m256i u, __m256i s)
 
 #include "matmul-simd.h"
 
-const LlamaMatmulKernels llama_matmul_avx512 = MATMUL_KERNELS ("avx512-vnni");
+/* ---- register tiles (prefill): TR weight rows x up to TT tokens ---- */
+
+#define TR 4
+#define TT 4
+
+/* Each tile body is written for a constant token count NT and instantiated
+ * for 1..TT, so its loops over rows and tokens unroll into registers. */
+#define TILE_DISPATCH(NAME)                                                              \
+  static void NAME (const guint8 *w, gsize ws, const guint8 *a, gsize as, int nt, gint64 n, \
+                    float *y, gsize ys)                                                  \
+  {                                                                                      \
+    switch (nt)                                                                          \
+      {                                                                                  \
+      case 1: NAME##_nt (w, ws, a, as, 1, n, y, ys); break;                              \
+      case 2: NAME##_nt (w, ws, a, as, 2, n, y, ys); break;                              \
+      case 3: NAME##_nt (w, ws, a, as, 3, n, y, ys); break;                              \
+      default: NAME##_nt (w, ws, a, as, TT, n, y, ys); break;                            \
+      }                                                                                  \
+  }
+
+ALWAYS_INLINE float
+hsum512 (__m512 v)
+{
+  return _mm512_reduce_add_ps (v);
+}
+
+/* F16 weights, f32 activations: 16 lanes; each converted weight vector
+ * serves NT tokens. The tail (n % 16) is scalar. */
+ALWAYS_INLINE void
+tile_f16_nt (const guint8 *w, gsize ws, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  __m512 acc[TR][TT];
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = _mm512_setzero_ps ();
+  gint64 i = 0;
+  for (; i + 16 <= n; i += 16)
+    {
+      __m512 x[TT];
+      for (int t = 0; t < NT; t++)
+        x[t] = _mm512_loadu_ps ((const float *) (a + t * as) + i);
+      for (int r = 0; r < TR; r++)
+        {
+          __m512 wv = _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) ((const guint16 *) (w + r * ws) + i)));
+          for (int t = 0; t < NT; t++)
+            acc[r][t] = _mm512_fmadd_ps (wv, x[t], acc[r][t]);
+        }
+    }
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      {
+        const guint16 *wr = (const guint16 *) (w + r * ws);
+        const float *xt = (const float *) (a + t * as);
+        float s = hsum512 (acc[r][t]);
+        for (gint64 k = i; k < n; k++)
+          s += h2f (wr[k]) * xt[k];
+        y[t * ys + r] = s;
+      }
+}
+TILE_DISPATCH (tile_f16)
+
+/* Q8_0: (q + 128) as u8 times the token's i8 codes, so one vpdpbusd per
+ * pair; the bias 128 * sum (x codes) comes off through the accumulator's
+ * start (lane 0). */
+ALWAYS_INLINE void
+tile_q8_0_nt (const guint8 *w, gsize ws, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  __m256 acc[TR][TT];
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = _mm256_setzero_ps ();
+  const __m256i bias = _mm256_set1_epi8 ((char) 0x80);
+  for (gint64 i = 0; i < n / QK; i++)
+    {
+      __m256i q[TR];
+      __m256 dw[TR];
+      for (int r = 0; r < TR; r++)
+        {
+          const BlockQ8_0 *b = (const BlockQ8_0 *) (w + r * ws) + i;
+          q[r] = _mm256_xor_si256 (_mm256_loadu_si256 ((const __m256i *) b->qs), bias);
+          dw[r] = _mm256_set1_ps (h2f (b->d));
+        }
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8 *x = (const ActQ8 *) (a + t * as) + i;
+          __m256i xq = _mm256_loadu_si256 ((const __m256i *) x->qs);
+          __m256i start = _mm256_zextsi128_si256 (_mm_cvtsi32_si128 (-128 * x->sum));
+          __m256 dx = _mm256_set1_ps (x->d);
+          for (int r = 0; r < TR; r++)
+            {
+              __m256i dot = _mm256_dpbusd_epi32 (start, q[r], xq);
+              acc[r][t] = _mm256_fmadd_ps (_mm256_mul_ps (dw[r], dx), _mm256_cvtepi32_ps (dot), acc[r][t]);
+            }
+        }
+    }
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      y[t * ys + r] = hsum_ps (acc[r][t]);
+}
+TILE_DISPATCH (tile_q8_0)
+
+/* Q4_K: a row's nibbles and 6-bit scales are unpacked once per super-block
+ * for NT tokens; per sub-block of 32, u8 nibbles x i8 codes to i16 pairs
+ * (vpmaddubsw, at most 2 * 15 * 127: no saturation), then vpdpwssd with the
+ * sub-block's scale. The mins meet the token's 16-element sums. */
+ALWAYS_INLINE void
+tile_q4_k_nt (const guint8 *w, gsize ws, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  __m256 acc[TR][TT];
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = _mm256_setzero_ps ();
+  const __m256i m4 = _mm256_set1_epi8 (15);
+  for (gint64 i = 0; i < n / QK_K; i++)
+    {
+      __m256i sq[TR][TT], sm[TR][TT];
+      __m256i mins[TR];
+      __m256i sc16[TR][8];
+      for (int r = 0; r < TR; r++)
+        {
+          const BlockQ4_K *b = (const BlockQ4_K *) (w + r * ws) + i;
+          gint16 mv[16];
+          for (int j = 0; j < 8; j++)
+            {
+              guint8 sc, m;
+              llama_q4_k_scale_min (b->scales, j, &sc, &m);
+              sc16[r][j] = _mm256_set1_epi16 (sc);
+              mv[2 * j] = mv[2 * j + 1] = m;
+            }
+          mins[r] = _mm256_loadu_si256 ((const __m256i *) mv);
+          for (int t = 0; t < NT; t++)
+            sq[r][t] = _mm256_setzero_si256 ();
+        }
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8K *x = (const ActQ8K *) (a + t * as) + i;
+          __m256i bs = _mm256_loadu_si256 ((const __m256i *) x->bsums);
+          for (int r = 0; r < TR; r++)
+            sm[r][t] = _mm256_madd_epi16 (mins[r], bs);
+        }
+      for (int c = 0; c < 4; c++)
+        {
+          __m256i lo[TR], hi[TR];
+          for (int r = 0; r < TR; r++)
+            {
+              const BlockQ4_K *b = (const BlockQ4_K *) (w + r * ws) + i;
+              __m256i qv = _mm256_loadu_si256 ((const __m256i *) (b->qs + 32 * c));
+              lo[r] = _mm256_and_si256 (qv, m4);
+              hi[r] = _mm256_and_si256 (_mm256_srli_epi16 (qv, 4), m4);
+            }
+          for (int t = 0; t < NT; t++)
+            {
+              const ActQ8K *x = (const ActQ8K *) (a + t * as) + i;
+              __m256i x0 = _mm256_loadu_si256 ((const __m256i *) (x->qs + 64 * c));
+              __m256i x1 = _mm256_loadu_si256 ((const __m256i *) (x->qs + 64 * c + 32));
+              for (int r = 0; r < TR; r++)
+                {
+                  sq[r][t] = _mm256_dpwssd_epi32 (sq[r][t], _mm256_maddubs_epi16 (lo[r], x0), sc16[r][2 * c]);
+                  sq[r][t] = _mm256_dpwssd_epi32 (sq[r][t], _mm256_maddubs_epi16 (hi[r], x1), sc16[r][2 * c + 1]);
+                }
+            }
+        }
+      for (int r = 0; r < TR; r++)
+        {
+          const BlockQ4_K *b = (const BlockQ4_K *) (w + r * ws) + i;
+          __m256 d = _mm256_set1_ps (h2f (b->d)), dmin = _mm256_set1_ps (-h2f (b->dmin));
+          for (int t = 0; t < NT; t++)
+            {
+              const ActQ8K *x = (const ActQ8K *) (a + t * as) + i;
+              __m256 dx = _mm256_set1_ps (x->d);
+              __m256 v = _mm256_fmadd_ps (d, _mm256_cvtepi32_ps (sq[r][t]), _mm256_mul_ps (dmin, _mm256_cvtepi32_ps (sm[r][t])));
+              acc[r][t] = _mm256_fmadd_ps (dx, v, acc[r][t]);
+            }
+        }
+    }
+  for (int r = 0; r < TR; r++)
+    for (int t = 0; t < NT; t++)
+      y[t * ys + r] = hsum_ps (acc[r][t]);
+}
+TILE_DISPATCH (tile_q4_k)
+
+
+const LlamaMatmulKernels llama_matmul_avx512 = {
+  .name = "avx512-vnni",
+  .dot = {
+    [GGUF_TENSOR_F32] = dot_f32,
+    [GGUF_TENSOR_F16] = dot_f16,
+    [GGUF_TENSOR_BF16] = dot_bf16,
+    [GGUF_TENSOR_Q8_0] = dot_q8_0,
+    [GGUF_TENSOR_Q4_0] = dot_q4_0,
+    [GGUF_TENSOR_Q4_K] = dot_q4_k,
+    [GGUF_TENSOR_Q6_K] = dot_q6_k,
+  },
+  .tile = {
+    [GGUF_TENSOR_F16] = tile_f16,
+    [GGUF_TENSOR_Q8_0] = tile_q8_0,
+    [GGUF_TENSOR_Q4_K] = tile_q4_k,
+  },
+  .tile_r = TR,
+  .tile_t = TT,
+};

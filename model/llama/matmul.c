@@ -157,7 +157,25 @@ llama_matmul_kernels_get (SiftIsa isa)
     {
 #ifdef SIFT_HAVE_AVX512
     case SIFT_ISA_AVX512:
-      return __builtin_cpu_supports ("avx512vnni") ? &llama_matmul_avx512 : llama_matmul_kernels_get (SIFT_ISA_AVX2);
+      if (!__builtin_cpu_supports ("avx512vnni"))
+        return llama_matmul_kernels_get (SIFT_ISA_AVX2);
+#ifdef SIFT_HAVE_AMX
+      if (llama_amx_usable ())
+        {
+          static LlamaMatmulKernels amx;
+          static gsize once = 0;
+          if (g_once_init_enter (&once))
+            {
+              amx = llama_matmul_avx512;
+              amx.name = "avx512-amx";
+              amx.panel[GGUF_TENSOR_Q8_0] = llama_amx_panel_q8_0;
+              amx.panel[GGUF_TENSOR_Q4_K] = llama_amx_panel_q4_k;
+              g_once_init_leave (&once, 1);
+            }
+          return &amx;
+        }
+#endif
+      return &llama_matmul_avx512;
 #endif
 #ifdef SIFT_HAVE_AVX2
     case SIFT_ISA_AVX2: return &llama_matmul_avx2;
@@ -199,24 +217,42 @@ typedef struct {
   gsize act_bytes;
   float *y;          /* [n_tok][n_out] */
   gint64 n_tok;
+  gint64 tok_tile;   /* tokens per pass over a range of rows: their activations stay in L2 */
+  int rows_per_item; /* the parallel loop's items are groups of this many rows (the tile's or panel's) */
+  LlamaPanelFn panel; /* or NULL */
 } Job;
-
-#define TOKEN_TILE 16 /* tokens per pass over a range of rows: their activations stay in L1/L2 */
 
 static void
 rows_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
 {
   (void) worker;
   const Job *j = user_data;
-  LlamaDotFn dot = j->k->dot[j->w->type];
-  for (gint64 t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+  const LlamaMat *w = j->w;
+  LlamaDotFn dot = j->k->dot[w->type];
+  LlamaTileFn tile = j->k->tile[w->type];
+  int tr = j->k->tile_r, tt = j->k->tile_t;
+  gint64 r0 = begin * j->rows_per_item, r1 = MIN (end * j->rows_per_item, w->n_out);
+  if (j->panel != NULL)
+    for (; r0 + LLAMA_PANEL_ROWS <= r1; r0 += LLAMA_PANEL_ROWS)
+      j->panel (w->data + (gsize) r0 * w->row_bytes, w->row_bytes, j->act, j->act_bytes, j->n_tok, w->n_in, j->y + r0,
+                (gsize) w->n_out);
+  for (gint64 t0 = 0; t0 < j->n_tok; t0 += j->tok_tile)
     {
-      gint64 t1 = MIN (t0 + TOKEN_TILE, j->n_tok);
-      for (gint64 r = begin; r < end; r++)
+      gint64 t1 = MIN (t0 + j->tok_tile, j->n_tok);
+      gint64 r = r0;
+      if (tile != NULL)
+        for (; r + tr <= r1; r += tr)
+          {
+            const guint8 *row = w->data + (gsize) r * w->row_bytes;
+            for (gint64 t = t0; t < t1; t += tt)
+              tile (row, w->row_bytes, j->act + (gsize) t * j->act_bytes, j->act_bytes, (int) MIN (tt, t1 - t),
+                    w->n_in, j->y + t * w->n_out + r, (gsize) w->n_out);
+          }
+      for (; r < r1; r++)
         {
-          const guint8 *row = j->w->data + (gsize) r * j->w->row_bytes;
+          const guint8 *row = w->data + (gsize) r * w->row_bytes;
           for (gint64 t = t0; t < t1; t++)
-            j->y[t * j->w->n_out + r] = dot (row, j->act + (gsize) t * j->act_bytes, j->w->n_in);
+            j->y[t * w->n_out + r] = dot (row, j->act + (gsize) t * j->act_bytes, w->n_in);
         }
     }
 }
@@ -249,19 +285,32 @@ void
 llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok)
 {
   g_assert (k != NULL && k->dot[w->type] != NULL && n_tok >= 0);
-  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok };
+  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok, 0, 1, NULL };
   g_autofree guint8 *act = NULL;
   if (w->type == GGUF_TENSOR_Q8_0 || w->type == GGUF_TENSOR_Q4_0
       || w->type == GGUF_TENSOR_Q4_K || w->type == GGUF_TENSOR_Q6_K)
     {
-      act = g_malloc ((gsize) n_tok * job.act_bytes);
+      if (k->panel[w->type] != NULL && n_tok >= LLAMA_PANEL_MIN_TOKENS)
+        job.panel = k->panel[w->type];
+      /* A panel reads whole tiles of 16 tokens: the rows past n_tok are zeros. */
+      gint64 rows = job.panel != NULL ? (n_tok + 15) / 16 * 16 : n_tok;
+      act = g_malloc ((gsize) rows * job.act_bytes);
+      memset (act + (gsize) n_tok * job.act_bytes, 0, (gsize) (rows - n_tok) * job.act_bytes);
       Prep prep = { w->type, x, act, w->n_in, job.act_bytes };
       sift_parallel_for (n_tok, 8, prep_body, &prep);
       job.act = act;
     }
+  int tt = k->tile[w->type] != NULL ? k->tile_t : 1;
+  if (k->tile[w->type] != NULL)
+    job.rows_per_item = k->tile_r;
+  if (job.panel != NULL)
+    job.rows_per_item = LLAMA_PANEL_ROWS; /* a multiple of tile_r */
+  /* ~256 KiB of activations per pass, a whole number of tiles. */
+  job.tok_tile = MAX (tt, (gint64) (262144 / MAX (job.act_bytes, 1)) / tt * tt);
   /* A range of rows should carry enough work (~64K multiply-adds) to pay for a hand-off. */
-  gint64 grain = MAX (1, 65536 / MAX (1, w->n_in * n_tok));
-  sift_parallel_for (w->n_out, grain, rows_body, &job);
+  gint64 items = (w->n_out + job.rows_per_item - 1) / job.rows_per_item;
+  gint64 grain = MAX (1, 65536 / MAX (1, w->n_in * n_tok * job.rows_per_item));
+  sift_parallel_for (items, grain, rows_body, &job);
 }
 
 void

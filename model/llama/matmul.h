@@ -24,9 +24,26 @@ typedef struct {
  * ActQ8K blocks for Q4_K/Q6_K). */
 typedef float (*LlamaDotFn) (const void *w, const void *act, gint64 n);
 
+/* A register tile: tile_r weight rows (w_stride bytes apart) against nt
+ * (1..tile_t) activation rows (act_stride bytes apart), n elements each:
+ * y[t * y_stride + r] = dot (row r, activation t). Each weight vector is
+ * loaded and unpacked once for nt tokens, which is what prefill needs. */
+typedef void (*LlamaTileFn) (const guint8 *w, gsize w_stride, const guint8 *act, gsize act_stride, int nt,
+                             gint64 n, float *y, gsize y_stride);
+
+/* A panel: LLAMA_PANEL_ROWS weight rows against all n_tok activation rows
+ * (the activations are padded with zeros to a multiple of 16 rows). */
+typedef void (*LlamaPanelFn) (const guint8 *w, gsize w_stride, const guint8 *act, gsize act_stride, gint64 n_tok,
+                              gint64 n, float *y, gsize y_stride);
+#define LLAMA_PANEL_ROWS 16
+#define LLAMA_PANEL_MIN_TOKENS 16 /* fewer tokens take the tiles or dots */
+
 typedef struct {
   const char *name;
   LlamaDotFn dot[GGUF_TENSOR_TYPE_COUNT];
+  LlamaTileFn tile[GGUF_TENSOR_TYPE_COUNT];   /* optional per type (NULL: dot only) */
+  int tile_r, tile_t;
+  LlamaPanelFn panel[GGUF_TENSOR_TYPE_COUNT]; /* optional per type, for >= LLAMA_PANEL_MIN_TOKENS */
 } LlamaMatmulKernels;
 
 extern const LlamaMatmulKernels llama_matmul_scalar;
@@ -35,6 +52,16 @@ extern const LlamaMatmulKernels llama_matmul_avx2;
 #endif
 #ifdef SIFT_HAVE_AVX512
 extern const LlamaMatmulKernels llama_matmul_avx512; /* needs AVX-512 VNNI */
+#endif
+#ifdef SIFT_HAVE_AMX
+/* AMX int8 (matmul-amx.c): whether the CPU has it and the kernel grants the
+ * tile state; the Q8_0 and Q4_K panels. llama_matmul_kernels_get
+ * (SIFT_ISA_AVX512) adds them to the AVX-512 kernels when usable. */
+gboolean llama_amx_usable (void);
+void llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
+                           gsize ys);
+void llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
+                           gsize ys);
 #endif
 
 /* The kernels of `isa`, or NULL when the CPU lacks it. */

@@ -57,7 +57,10 @@ sift_synthetic_config_register (void)
 const SiftSyntheticConfig *
 sift_synthetic_config (const SiftConfig *config)
 {
-  return sift_config_get_section (config, &sift_synthetic_config_section);
+  const SiftSyntheticConfig *values = sift_config_get_section (config, &sift_synthetic_config_section);
+  if (values == NULL)
+    g_error ("%s: made before sift_synthetic_config_register () was called", config->file);
+  return values;
 }
 
 void

@@ -18,23 +18,24 @@
 
 G_BEGIN_DECLS
 
-/* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md). */
+/* model.synthetic: knobs of the synthetic source (docs/synthetic-model.md;
+ * their defaults: the key table, model/synthetic/synthetic-config.c). */
 typedef struct {
-  gint64 sink_tokens;            /* 4; first tokens every query attends to (0: off) */
-  double sink_strength;          /* 11.5; logit boost of sink keys */
-  double locality;               /* 2.0; strength of the rotary recency bias (0: off) */
-  double locality_scale;         /* 64.0; tokens over which recency decays */
-  gint64 heavy_hitters;          /* 8; columns that attract attention everywhere (0: off) */
-  double heavy_hitter_strength;  /* 9.5; logit boost of heavy-hitter keys */
-  gint64 rope_dims;              /* 32; dims with rotary embedding (0: none; even, <= head_dim) */
-  double rope_base;              /* 10000.0 */
-  double retrieval_heads;        /* 0.25; fraction of heads whose question attends to the needle */
-  double needle_strength;        /* 16.0; logit of question . needle key in retrieval heads */
-  double noise;                  /* 0.8; scale of the random part of q and k */
-  double drift;                  /* 6.0; logit a key gets from a query at its own position through the
+  gint64 sink_tokens;            /* first tokens every query attends to (0: off) */
+  double sink_strength;          /* logit boost of sink keys */
+  double locality;               /* strength of the rotary recency bias (0: off) */
+  double locality_scale;         /* tokens over which recency decays */
+  gint64 heavy_hitters;          /* columns that attract attention everywhere (0: off) */
+  double heavy_hitter_strength;  /* logit boost of heavy-hitter keys */
+  gint64 rope_dims;              /* dims with rotary embedding (0: none; even, <= head_dim) */
+  double rope_base;              /* rotary base */
+  double retrieval_heads;        /* fraction of heads whose question attends to the needle */
+  double needle_strength;        /* logit of question . needle key in retrieval heads */
+  double noise;                  /* scale of the random part of q and k */
+  double drift;                  /* logit a key gets from a query at its own position through the
                                   * slowly drifting content q and k share (0: off) */
-  double drift_scale;            /* 64.0; tokens over which the drifting content decorrelates */
-  gint64 logn_length;            /* 0 (off); queries at position p >= logn_length are scaled by
+  double drift_scale;            /* tokens over which the drifting content decorrelates */
+  gint64 logn_length;            /* 0: off; queries at position p >= logn_length are scaled by
                                   * ln(p + 1) / ln(logn_length), so attention stays as sharp past
                                   * that length as at it (Qwen's logn attention, SSMax) */
   gboolean planted_exact;        /* false ("planted_keys: matched"): needle and distractor keys carry an

@@ -93,8 +93,8 @@ head_sizes (const MinferencePolicy *p, gint32 layer, gint32 n_heads, gint64 n, V
     }
 }
 
-/* The layer's stored blocks through the ring slots (up to n_slots loads in
- * flight), then the chunk's own keys. */
+/* The layer's stored blocks through an engine stream (up to n_slots loads
+ * in flight), then the chunk's own keys. */
 typedef struct {
   const SiftPolicyContext *ctx;
 } EngineSource;
@@ -104,42 +104,12 @@ engine_source (gpointer source, gboolean want_v, VsBlockFunc fn, gpointer data, 
 {
   const SiftPolicyContext *ctx = ((EngineSource *) source)->ctx;
   SiftEngine *engine = ctx->engine;
-  const gint32 n_slots = sift_engine_n_slots (engine);
-  const SiftLoadWhat what = want_v ? SIFT_LOAD_KV : SIFT_LOAD_K;
-  gint64 next = 0, done = 0;
-  gboolean ok = TRUE;
-
-  while (ok && next < ctx->n_blocks && next < n_slots)
-    {
-      ok = sift_engine_load_block (engine, ctx->layer, next, (gint32) (next % n_slots), what, error);
-      next++;
-    }
-  while (ok && done < next)
-    {
-      const gint32 slot = (gint32) (done % n_slots);
-      SiftView k, v;
-      gint32 n_valid = 0;
-      if (!(ok = sift_engine_wait_slot (engine, slot, error)))
-        break;
-      sift_engine_slot_kv (engine, slot, &k, &v, &n_valid);
-      SiftView kt = sift_view_tokens (&k, 0, n_valid), vt = sift_view_tokens (&v, 0, n_valid);
-      fn (data, &kt, want_v ? &vt : NULL, ctx->blocks[done].first_token);
-      sift_engine_slot_done (engine, slot);
-      done++;
-      if (next < ctx->n_blocks)
-        {
-          ok = sift_engine_load_block (engine, ctx->layer, next, (gint32) (next % n_slots), what, error);
-          next++;
-        }
-    }
-  /* On failure, let the loads in flight finish before the slots are reused. */
-  for (; done < next; done++)
-    {
-      const gint32 slot = (gint32) (done % n_slots);
-      sift_engine_wait_slot (engine, slot, NULL);
-      sift_engine_slot_done (engine, slot);
-    }
-  if (!ok)
+  SiftStream *stream = sift_engine_stream_begin (engine, ctx->layer, NULL, (gsize) ctx->n_blocks,
+                                                 want_v ? SIFT_LOAD_KV : SIFT_LOAD_K);
+  SiftStreamBlock b;
+  while (sift_engine_stream_next (stream, &b, 1, error) > 0)
+    fn (data, &b.k, want_v ? &b.v : NULL, ctx->blocks[b.block_id].first_token);
+  if (!sift_engine_stream_end (stream))
     return FALSE;
   SiftView k, v;
   sift_engine_local_kv (engine, ctx, &k, &v);

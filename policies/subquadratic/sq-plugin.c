@@ -359,7 +359,7 @@ sq_policy_score_eviction (SqPolicy *self, const SiftPolicyContext *ctx, const Si
   return TRUE;
 }
 
-/* Window rows [r_lo, kv_len) from the stored blocks, n_slots at a time. */
+/* Window rows [r_lo, kv_len) from the stored blocks, through an engine stream. */
 static gboolean
 load_window (Call *c, GError **error)
 {
@@ -384,61 +384,37 @@ load_window (Call *c, GError **error)
       else
         z = mid;
     }
-  gint32 n_slots = sift_engine_n_slots (ctx->engine);
-  if (n_slots < 1)
+  gint64 b_end = a;
+  while (b_end < ctx->n_blocks && ctx->blocks[b_end].first_token < hi)
+    b_end++;
+  g_autofree gint64 *ids = g_new (gint64, MAX (b_end - a, 1));
+  for (gint64 b = a; b < b_end; b++)
+    ids[b - a] = b;
+  GError *local = NULL;
+  SiftStream *stream = sift_engine_stream_begin (ctx->engine, ctx->layer, ids, (gsize) (b_end - a), SIFT_LOAD_KV);
+  SiftStreamBlock blk;
+  while (sift_engine_stream_next (stream, &blk, 1, &local) > 0)
     {
-      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
-                   "subquadratic: the engine has no ring slots to load the window through");
-      return FALSE;
+      const gint64 first = ctx->blocks[blk.block_id].first_token;
+      const gint64 *pos = evicted ? sift_engine_block_positions (ctx->engine, ctx->layer, blk.block_id) : NULL;
+      for (gint64 t = 0; t < blk.n_valid; t++)
+        {
+          gint64 p = pos != NULL ? pos[t] : first + t;
+          if (p < lo || p >= hi)
+            continue;
+          filled++;
+          for (gint32 g = 0; g < self->kv_heads; g++)
+            {
+              gsize at = ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
+              sift_view_row_to_f32 (&blk.k, g, t, self->ws_k + at);
+              sift_view_row_to_f32 (&blk.v, g, t, self->ws_v + at);
+            }
+        }
     }
-  gint64 b = a;
-  while (b < ctx->n_blocks && ctx->blocks[b].first_token < hi)
+  if (!sift_engine_stream_end (stream))
     {
-      GError *local = NULL;
-      gint32 queued = 0;
-      while (queued < n_slots && b + queued < ctx->n_blocks && ctx->blocks[b + queued].first_token < hi
-             && sift_engine_load_block (ctx->engine, ctx->layer, b + queued, queued, SIFT_LOAD_KV, &local))
-        queued++;
-      for (gint32 s = 0; s < queued; s++)
-        {
-          /* After a failure the other slots are still waited for and freed. */
-          if (local != NULL)
-            {
-              sift_engine_wait_slot (ctx->engine, s, NULL);
-              sift_engine_slot_done (ctx->engine, s);
-              continue;
-            }
-          if (!sift_engine_wait_slot (ctx->engine, s, &local))
-            {
-              sift_engine_slot_done (ctx->engine, s);
-              continue;
-            }
-          SiftView sk, sv;
-          gint32 n_valid;
-          sift_engine_slot_kv (ctx->engine, s, &sk, &sv, &n_valid);
-          gint64 first = ctx->blocks[b + s].first_token;
-          const gint64 *pos = evicted ? sift_engine_block_positions (ctx->engine, ctx->layer, b + s) : NULL;
-          for (gint64 t = 0; t < n_valid; t++)
-            {
-              gint64 p = pos != NULL ? pos[t] : first + t;
-              if (p < lo || p >= hi)
-                continue;
-              filled++;
-              for (gint32 g = 0; g < self->kv_heads; g++)
-                {
-                  gsize at = ((gsize) g * c->n_ws + (gsize) ws_row (c, p)) * d;
-                  sift_view_row_to_f32 (&sk, g, t, self->ws_k + at);
-                  sift_view_row_to_f32 (&sv, g, t, self->ws_v + at);
-                }
-            }
-          sift_engine_slot_done (ctx->engine, s);
-        }
-      if (local != NULL)
-        {
-          g_propagate_prefixed_error (error, local, "subquadratic: window of layer %d: ", ctx->layer);
-          return FALSE;
-        }
-      b += queued;
+      g_propagate_prefixed_error (error, local, "subquadratic: window of layer %d: ", ctx->layer);
+      return FALSE;
     }
   if (filled < hi - lo)
     {

@@ -58,18 +58,6 @@ xattn_bsa_configure (SiftPolicy *policy, const XattnBsaConfig *cfg, GError **err
   return TRUE;
 }
 
-/* Waits for and releases the slots of loads still in flight after an error,
- * so the engine is left with every slot free. */
-static void
-drain (SiftEngine *engine, gint64 from, gint64 to, gint32 n_slots)
-{
-  for (gint64 i = from; i < to; i++)
-    {
-      sift_engine_wait_slot (engine, (gint32) (i % n_slots), NULL);
-      sift_engine_slot_done (engine, (gint32) (i % n_slots));
-    }
-}
-
 /* Adds the K of every available (stored) block to the scorer, streaming
  * them through the ring slots with K-only loads, n_slots in flight (the
  * scorer stages them, so a slot is free as soon as it is copied). */
@@ -77,49 +65,29 @@ static gboolean
 score_history (XattnBsa *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
                gint64 n_exact, GError **error)
 {
-  SiftEngine *engine = ctx->engine;
-  const gint32 n_slots = sift_engine_n_slots (engine);
   const gint64 S = self->geo.stride;
-  gint64 queued = 0;
-  for (gint64 i = 0; i < (gint64) n; i++)
+  SiftStream *stream = sift_engine_stream_begin (ctx->engine, ctx->layer, available, n, SIFT_LOAD_K);
+  SiftStreamBlock b;
+  while (sift_engine_stream_next (stream, &b, 1, error) > 0)
     {
-      for (; queued < (gint64) n && queued < i + n_slots; queued++)
-        if (!sift_engine_load_block (engine, ctx->layer, available[queued], (gint32) (queued % n_slots),
-                                     SIFT_LOAD_K, error))
-          {
-            drain (engine, i, queued, n_slots);
-            return FALSE;
-          }
-      gint32 slot = (gint32) (i % n_slots);
-      if (!sift_engine_wait_slot (engine, slot, error))
-        {
-          sift_engine_slot_done (engine, slot);
-          drain (engine, i + 1, queued, n_slots);
-          return FALSE;
-        }
-      SiftView k, v;
-      gint32 n_valid = 0;
-      sift_engine_slot_kv (engine, slot, &k, &v, &n_valid);
-      const SiftBlockMeta *m = &ctx->blocks[available[i]];
-      if (m->first_token % S != 0 || (n_valid % S != 0 && m->first_token + n_valid != ctx->q_pos))
+      const SiftBlockMeta *m = &ctx->blocks[b.block_id];
+      if (m->first_token % S != 0 || (b.n_valid % S != 0 && m->first_token + b.n_valid != ctx->q_pos))
         {
           g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
                        "xattn_bsa: block %" G_GINT64_FORMAT " (tokens %" G_GINT64_FORMAT
                        "..+%d) is not aligned to stride %" G_GINT64_FORMAT,
-                       available[i], m->first_token, n_valid, S);
-          sift_engine_slot_done (engine, slot);
-          drain (engine, i + 1, queued, n_slots);
+                       b.block_id, m->first_token, b.n_valid, S);
+          sift_engine_stream_end (stream);
           return FALSE;
         }
-      if (n_valid > 0)
+      if (b.n_valid > 0)
         {
-          xattn_scorer_stage_keys (self->scorer, &k, m->first_token, n_valid);
+          xattn_scorer_stage_keys (self->scorer, &b.k, m->first_token, b.n_valid);
           if (n_exact > 0)
-            xattn_scorer_stage_keys (self->exact, &k, m->first_token, n_valid);
+            xattn_scorer_stage_keys (self->exact, &b.k, m->first_token, b.n_valid);
         }
-      sift_engine_slot_done (engine, slot);
     }
-  return TRUE;
+  return sift_engine_stream_end (stream);
 }
 
 typedef struct {

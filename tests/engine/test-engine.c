@@ -455,6 +455,74 @@ test_k_only_load (void **state)
   run_close (&r, TRUE);
 }
 
+/* Every slot can take a load: none was left busy. */
+static void
+assert_slots_free (SiftEngine *engine, gint32 n_slots)
+{
+  g_autoptr (GError) error = NULL;
+  for (gint32 slot = 0; slot < n_slots; slot++)
+    {
+      assert_true (sift_engine_load_block (engine, 0, 0, slot, SIFT_LOAD_K, &error));
+      assert_true (sift_engine_wait_slot (engine, slot, &error));
+      sift_engine_slot_done (engine, slot);
+    }
+}
+
+/* A stream hands out every listed block in order, its K equal to the
+ * stored keys, in groups that never cross the end of the ring; an early
+ * end and a bad block id (an error, not a read) both leave every slot free. */
+static void
+test_stream (void **state)
+{
+  (void) state;
+  Case c = { 1, 2, 2, 32, 16, 32, 3, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 120, 0, POL_NULL };
+  Run r;
+  run_open (&r, &c, 5, NULL);
+  run_sequence (&r, &c); /* 120 tokens: blocks 0..6 full, 7 partial */
+  g_autoptr (GError) error = NULL;
+  const gint64 ids[] = { 6, 0, 3, 3, 5, 1, 2 };
+  for (gsize max = 1; max <= 4; max++)
+    {
+      SiftStream *s = sift_engine_stream_begin (r.engine, 0, ids, G_N_ELEMENTS (ids), SIFT_LOAD_K);
+      SiftStreamBlock b[4];
+      gsize n, seen = 0;
+      while ((n = sift_engine_stream_next (s, b, max, &error)) > 0)
+        {
+          assert_true (n <= MIN (max, 3));
+          /* Slots are index mod 3: a group stays inside one turn of the ring. */
+          assert_true (b[0].index % 3 + n <= 3);
+          for (gsize i = 0; i < n; i++, seen++)
+            {
+              assert_int_equal (b[i].index, seen);
+              assert_int_equal (b[i].block_id, ids[seen]);
+              assert_int_equal (b[i].n_valid, 16);
+              for (gint32 t = 0; t < 16; t++)
+                for (gint32 h = 0; h < 2; h++)
+                  assert_memory_equal (sift_view_row (&b[i].k, h, t),
+                                       r.check->k[0] + ((ids[seen] * 16 + t) * 2 + h) * 32, 32 * sizeof (float));
+            }
+        }
+      assert_null (error);
+      assert_int_equal (seen, G_N_ELEMENTS (ids));
+      assert_true (sift_engine_stream_end (s));
+    }
+  /* An early end: loads in flight are waited for and their slots freed. */
+  SiftStream *s = sift_engine_stream_begin (r.engine, 0, NULL, 7, SIFT_LOAD_KV);
+  SiftStreamBlock b;
+  assert_int_equal (sift_engine_stream_next (s, &b, 1, &error), 1);
+  assert_true (sift_engine_stream_end (s));
+  assert_slots_free (r.engine, 3);
+  /* A bad id: the error comes from next, end reports the failure. */
+  const gint64 bad[] = { 0, 1, 9, 2 };
+  s = sift_engine_stream_begin (r.engine, 0, bad, G_N_ELEMENTS (bad), SIFT_LOAD_KV);
+  assert_int_equal (sift_engine_stream_next (s, &b, 1, &error), 0);
+  assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
+  g_clear_error (&error);
+  assert_false (sift_engine_stream_end (s));
+  assert_slots_free (r.engine, 3);
+  run_close (&r, TRUE);
+}
+
 static void
 test_config_errors (void **state)
 {
@@ -566,6 +634,7 @@ main (void)
     cmocka_unit_test (test_multi_sequence),
     cmocka_unit_test (test_gather_rows),
     cmocka_unit_test (test_k_only_load),
+    cmocka_unit_test (test_stream),
     cmocka_unit_test (test_config_errors),
     cmocka_unit_test (test_max_tokens),
     cmocka_unit_test (test_random_source),

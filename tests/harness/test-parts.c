@@ -244,7 +244,7 @@ test_heatmap (void **state)
       cells[i].prefill_retrieval = cells[i].decode_retrieval = i == 3 ? 1.0 : 0.0;
       cells[i].pass = i == 3;
     }
-  HarnessSetupResult r = { "configs/x.yaml", "test", FALSE, &g, cells };
+  HarnessSetupResult r = { "configs/x.yaml", "test", FALSE, &g, cells, FALSE };
   assert_true (fabs (harness_setup_accuracy (&r) - 0.25) < 1e-12);
   g_autofree char *dir = g_dir_make_tmp ("sift-heatmap-XXXXXX", NULL);
   g_autofree char *base = g_build_filename (dir, "heatmap", NULL);

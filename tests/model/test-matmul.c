@@ -140,12 +140,14 @@ test_dequantize (void **state)
   g_rand_free (r);
 }
 
+/* Every ISA's kernels against the scalar ones and those against f64: 37 rows
+ * (two AMX panels, register tiles of 4 and one row left for the dot) by n_tok
+ * tokens (5: tiles and dots only; 37: panels of 16 tokens, the last padded). */
 static void
-test_matmul (void **state)
+check_matmul (gint64 n_tok)
 {
-  (void) state;
   GRand *r = g_rand_new_with_seed (12);
-  const gint64 n_in = 768, n_out = 37, n_tok = 5;
+  const gint64 n_in = 768, n_out = 37;
   g_autofree float *w = g_new (float, n_in * n_out), *x = g_new (float, n_in * n_tok);
   g_autofree float *y = g_new (float, n_out * n_tok), *ys = g_new (float, n_out * n_tok);
   g_autofree double *ref = g_new (double, n_out * n_tok);
@@ -177,9 +179,16 @@ test_matmul (void **state)
       double e = nmse (ys, ref, (gsize) (n_out * n_tok));
       if (e > (quant ? 1e-4 : 1e-10))
         fail_msg ("%s scalar vs f64: NMSE %g", gguf_tensor_type_name (types[t]), e);
-      for (SiftIsa isa = SIFT_ISA_AVX2; isa <= SIFT_ISA_AVX512; isa++)
+      const LlamaMatmulKernels *ks[] = {
+        llama_matmul_kernels_get (SIFT_ISA_AVX2),
+#ifdef SIFT_HAVE_AVX512
+        __builtin_cpu_supports ("avx512vnni") ? &llama_matmul_avx512 : NULL,
+#endif
+        llama_matmul_kernels_get (SIFT_ISA_AVX512), /* with AMX panels where usable */
+      };
+      for (gsize i_k = 0; i_k < G_N_ELEMENTS (ks); i_k++)
         {
-          const LlamaMatmulKernels *k = llama_matmul_kernels_get (isa);
+          const LlamaMatmulKernels *k = ks[i_k];
           if (k == NULL)
             continue;
           llama_matmul_with (k, &m, xs, y, n_tok);
@@ -196,13 +205,28 @@ test_matmul (void **state)
   g_rand_free (r);
 }
 
+static void
+test_matmul_few_tokens (void **state)
+{
+  (void) state;
+  check_matmul (5);
+}
+
+static void
+test_matmul_many_tokens (void **state)
+{
+  (void) state;
+  check_matmul (37);
+}
+
 int
 main (void)
 {
   sift_parallel_set_n_threads (2);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_dequantize),
-    cmocka_unit_test (test_matmul),
+    cmocka_unit_test (test_matmul_few_tokens),
+    cmocka_unit_test (test_matmul_many_tokens),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -506,7 +506,8 @@ test_round_trip (void **state)
 }
 
 /* docs/config.md documents every key of every table, registered or
- * core's, and each default is a value its own key accepts. */
+ * core's, with the table's default; each default is a value its own key
+ * accepts. */
 static void
 document_table (const Key *table, const char *prefix, const char *doc, SiftConfig *config)
 {
@@ -516,6 +517,22 @@ document_table (const Key *table, const char *prefix, const char *doc, SiftConfi
       g_autofree char *quoted = g_strdup_printf ("`%s`", path);
       if (strstr (doc, quoted) == NULL)
         fail_msg ("docs/config.md does not document %s", quoted);
+      if (k->def != NULL)
+        {
+          /* Its row, "| `path` | type | default | ...", gives the table's default. */
+          g_autofree char *row_start = g_strdup_printf ("| `%s` |", path);
+          const char *row = strstr (doc, row_start);
+          if (row == NULL)
+            fail_msg ("docs/config.md has no table row for %s", path);
+          g_auto (GStrv) cells = g_strsplit (row, "|", 5);
+          assert_true (g_strv_length (cells) == 5);
+          g_autofree char *documented = g_strdup (g_strstrip (cells[3]));
+          if (documented[0] == '`' && documented[strlen (documented) - 1] == '`')
+            documented[strlen (documented) - 1] = '\0';
+          if (strcmp (documented + (documented[0] == '`'), k->def) != 0)
+            fail_msg ("docs/config.md gives %s the default '%s', its key table '%s'", path,
+                      documented + (documented[0] == '`'), k->def);
+        }
       if (k->type == KEY_SETUP)
         document_table (sift_config_setup_keys, path, doc, NULL);
       if (config != NULL && k->def != NULL && k->type != KEY_SETUP && k->type != KEY_SETUPS)

@@ -138,5 +138,8 @@ sift_harness_config_register (void)
 const SiftHarnessConfig *
 sift_harness_config (const SiftConfig *config)
 {
-  return sift_config_get_section (config, &sift_harness_config_section);
+  const SiftHarnessConfig *values = sift_config_get_section (config, &sift_harness_config_section);
+  if (values == NULL)
+    g_error ("%s: made before sift_harness_config_register () was called", config->file);
+  return values;
 }

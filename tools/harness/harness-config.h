@@ -25,28 +25,28 @@ typedef enum {
   SIFT_DEPTH_FULL = 1,        /* depths span the whole haystack (0 in the first block, 1 in the last) */
 } SiftDepthSpan;
 
-/* harness: the needle grid. */
+/* harness: the needle grid (defaults: the key table, harness-config.c). */
 typedef struct {
-  gint64 *lengths; gsize n_lengths;   /* [1024, 2048, 4096] */
-  SiftSpacing length_spacing;         /* explicit; linear/sigmoid use length_min/max/count */
+  gint64 *lengths; gsize n_lengths;   /* length_spacing explicit */
+  SiftSpacing length_spacing;         /* linear/sigmoid use length_min/max/count */
   gint64 length_min, length_max, length_count;
-  double *depths; gsize n_depths;     /* [0.0, 0.25, 0.5, 0.75, 1.0] */
-  SiftSpacing depth_spacing;          /* explicit; linear/sigmoid use depth_count over [0, 1] */
+  double *depths; gsize n_depths;     /* depth_spacing explicit */
+  SiftSpacing depth_spacing;          /* linear/sigmoid use depth_count over [0, 1] */
   gint64 depth_count;
-  SiftDepthSpan depth_span;           /* interior */
-  SiftNeedleKind needle;              /* single */
-  gint64 n_distractors;               /* 3 (multikey) */
-  gint64 n_values;                    /* 3 (multivalue) */
-  gint64 n_queries;                   /* 2 (multiquery) */
-  SiftNeedleValue value;              /* number (text needles: model.source gguf) */
+  SiftDepthSpan depth_span;
+  SiftNeedleKind needle;
+  gint64 n_distractors;               /* multikey */
+  gint64 n_values;                    /* multivalue */
+  gint64 n_queries;                   /* multiquery */
+  SiftNeedleValue value;              /* text needles (model.source gguf) */
   char *haystack;                     /* NULL: the King James Bible from Debian's `bible`; else a text file */
-  gint64 question_tokens;             /* 4: last tokens of the prompt that ask */
-  gint64 decode_steps;                /* 8 */
-  gint64 *capacities; gsize n_capacities; /* []: KV budgets swept (kv.capacity_tokens per run) */
-  double min_accuracy;                /* 0.0; exit 1 below this (fraction of cells passed) */
-  guint64 seed;                       /* 1 */
-  gint64 baseline_seeds;              /* 5: random-baseline draws per cell (0: none) */
-  char *out_dir;                      /* "sift-out" */
+  gint64 question_tokens;             /* last tokens of the prompt that ask */
+  gint64 decode_steps;
+  gint64 *capacities; gsize n_capacities; /* KV budgets swept (kv.capacity_tokens per run) */
+  double min_accuracy;                /* exit 1 below this (fraction of cells passed) */
+  guint64 seed;
+  gint64 baseline_seeds;              /* random-baseline draws per cell (0: none) */
+  char *out_dir;
 } SiftHarnessConfig;
 
 /* harness, with the model sections the harness reads (model.synthetic,

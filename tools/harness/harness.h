@@ -11,6 +11,7 @@
 #include <sift/sift.h>
 
 #include "needle-plan.h"
+#include "tokenizer.h"
 
 G_BEGIN_DECLS
 
@@ -30,6 +31,76 @@ void harness_grid_clear (HarnessGrid *grid);
  * classic needle plots space depths), ends exactly 0 and 1. */
 void harness_spacing (SiftSpacing spacing, gsize n, double *out);
 
+/* ---- A run's machinery (pipeline.c) ------------------------------------------ */
+
+typedef struct {
+  SiftStore *store;
+  SiftEngine *engine;
+  SiftRunner *runner;
+  SiftPolicy **prefill, **decode;  /* [n_layers], owned; NULL entries: dense layers */
+  gint32 n_layers;
+} HarnessPipeline;
+
+/* Store (the config's kind at store_path), engine with the config's
+ * eviction, one policy instance per layer and phase of `setup`, runner
+ * over `model` (borrowed). On failure *p holds nothing. */
+gboolean harness_pipeline_init (HarnessPipeline *p, const SiftConfig *cfg, const SiftPolicySetup *setup,
+                                SiftModel *model, const char *store_path, GError **error);
+/* The same with ready policies (the arrays and instances pass to *p, which frees them). */
+gboolean harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, SiftModel *model,
+                                     SiftPolicy **prefill, SiftPolicy **decode, const char *store_path,
+                                     GError **error);
+void harness_pipeline_clear (HarnessPipeline *p);
+/* A config for a GGUF model (model.source: gguf) takes the model's shape
+ * from the file; a shape key it writes (model.layers, q_heads, kv_heads,
+ * head_dim) must say what the file says, else SIFT_CONFIG_ERROR_INVALID
+ * with both values at the key's line. The rope base, norm epsilon and
+ * context length have no config keys: they come from the file alone. A
+ * config for another source describes another model: not compared. */
+gboolean harness_check_model_shape (const SiftConfig *cfg, const char *path, const SiftModel *model,
+                                    GError **error);
+/* OUT/name, creating OUT (harness.out) when the store is a file. */
+char *harness_store_path (const SiftConfig *cfg, const char *name, GError **error);
+
+typedef struct {
+  GArray *ids;          /* gint32: generated tokens (an end-of-generation token last when stopped) */
+  GString *text;        /* their text, end-of-generation token left out (tokenizer given) */
+  gboolean stopped;     /* ended on an end-of-generation token */
+  gint64 n_decoded;     /* decode steps run */
+  double prefill_seconds, decode_seconds;
+} HarnessGeneration;
+
+/* Greedy generation: prefills prompt[0..n_prompt), then takes the argmax
+ * token up to max_new times, feeding each back, until the tokenizer (may
+ * be NULL) says a token ends generation. */
+gboolean harness_generate (SiftRunner *runner, SiftModel *model, const SiftTokenizer *tok, const gint32 *prompt,
+                           gint64 n_prompt, gint64 max_new, HarnessGeneration *out, GError **error);
+void harness_generation_clear (HarnessGeneration *g);
+
+/* ---- Needle recall (recall.c) ----------------------------------------------------- */
+
+typedef struct _HarnessCell HarnessCell;
+
+typedef struct {
+  gint32 n_layers, n_q_heads;
+  guint64 covered[2], asked[2];          /* per phase (index phase - 1) */
+  guint64 *head_covered, *head_asked;    /* [2][n_layers][n_q_heads] */
+  guint64 unknown_calls[2];              /* question calls whose policy computes without a selection */
+  guint64 selection_calls[2];            /* question calls answered with a validated selection */
+} HarnessRecall;
+
+void harness_recall_init (HarnessRecall *r, const SiftModelShape *shape);
+void harness_recall_clear (HarnessRecall *r);
+/* A policy that attends every block through the default pipeline (NULL: a dense layer). */
+gboolean harness_policy_is_dense (SiftPolicy *p, SiftPhase phase);
+/* Counts positions[0..n) for every query head of the call's layer:
+ * covered when still in the local buffer or in a stored block that `sel`
+ * holds for the head (sel NULL: every block); an evicted token is lost. */
+void harness_recall_count (HarnessRecall *r, const SiftPolicyContext *ctx, const SiftSelection *sel,
+                           const gint64 *positions, gsize n);
+/* The cell's recall fields: per phase, layer and head, and how it was known. */
+void harness_recall_finish (const HarnessRecall *r, gboolean bounded, HarnessCell *cell);
+
 /* ---- One cell (cell.c, score.c, reference.c, baseline.c) ----------------- */
 
 #define HARNESS_BASELINE_MAX_SEEDS 32
@@ -46,7 +117,7 @@ typedef struct {
   double prefill_recall, decode_recall;               /* fraction of draws holding the needle; NAN: none */
 } HarnessBaseline;
 
-typedef struct {
+struct _HarnessCell {
   gint64 length;
   double depth;
   /* Retrieval: fraction of (layer, retrieval head, question row) whose
@@ -70,7 +141,18 @@ typedef struct {
   gsize n_needle_positions;
   HarnessBaseline baseline;
   gboolean resumed;          /* read back from records, not run now */
-} HarnessCell;
+  /* Text needles (model.source gguf): the answer the model generated and
+   * RULER's scores of it; NULL / NAN for the synthetic source. There the
+   * retrieval fields hold `match` (both phases: one answer) and the
+   * relative errors are the last layer's attention output vs dense. */
+  char *generated;           /* (owned) */
+  char *expected;            /* the trained answer, " v1, v2 and v3." (owned) */
+  double match;              /* string_match_all: fraction of values in the generated text */
+  gboolean exact;            /* the generated answer equals the expected one */
+  gint64 *needle_spans;      /* [n_needle_positions][2] first token and one past the last (owned) */
+  gint64 question_start;     /* first token of the question */
+  gint64 generated_tokens;
+};
 
 void harness_cell_clear (HarnessCell *cell);
 
@@ -127,6 +209,30 @@ gboolean harness_baseline_compute (SiftModel *src, const SiftNeedlePlan *plan, c
 gsize harness_score_retrieval (SiftModel *src, const SiftNeedlePlan *plan, const float *out,
                                gint64 row0, gint64 n_rows, gsize *hits, double *chance);
 
+/* ---- Real-text cells (text-cell.c; model.source gguf) ------------------------------- */
+
+/* What every text cell of a run shares: the GGUF model and its tokenizer,
+ * the haystack text, and the dense runs kept as references. */
+typedef struct _HarnessText HarnessText;
+/* Opens model.path (relative: from the working folder, else beside the
+ * config file) and harness.haystack. SIFT_HARNESS_ERROR_INVALID for a
+ * missing file, a model without a tokenizer, or missing haystack text. */
+HarnessText *harness_text_new (const SiftConfig *cfg, GError **error);
+void harness_text_free (HarnessText *text);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (HarnessText, harness_text_free)
+const char *harness_text_model_path (const HarnessText *text);
+/* The model's shape (layers, heads, head_dim from the file; block and chunk from the config). */
+const SiftModelShape *harness_text_shape (const HarnessText *text);
+/* llama.context_length of the model (its trained length). */
+gint64 harness_text_context_length (const HarnessText *text);
+/* Whether a prompt of `length` tokens holds the needles and question. */
+gboolean harness_text_check (HarnessText *text, const SiftConfig *cfg, gint64 length, GError **error);
+/* Runs one cell of `setup`. reference: the setup attends densely over an
+ * unbounded cache, so its run is kept as the cell's dense reference for
+ * the setups after it (otherwise a dense run is made when first needed). */
+gboolean harness_text_run_cell (HarnessText *text, const SiftConfig *cfg, const SiftPolicySetup *setup,
+                                gboolean reference, gint64 length, double depth, HarnessCell *cell, GError **error);
+
 /* ---- Records (records.c, json.c) ------------------------------------------ */
 
 /* What identifies a cell's results: every setting that changes them. */
@@ -156,6 +262,7 @@ typedef struct {
   gboolean is_full;           /* full attention in both phases: the speedup baseline */
   const HarnessGrid *grid;
   HarnessCell *cells;         /* [n_depths][n_lengths] */
+  gboolean text;              /* real-text cells (answers scored, not attention outputs) */
 } HarnessSetupResult;
 
 double harness_setup_accuracy (const HarnessSetupResult *r);

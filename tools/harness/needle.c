@@ -51,14 +51,21 @@ config_error (const SiftConfig *cfg, const char *const *keys, GError **error)
 }
 
 /* Catches what would fail in every cell before any runs. */
+static const char *const text_keys[] = {
+  "harness.lengths", "harness.length_min", "harness.needle", "harness.n_distractors", "harness.n_values",
+  "harness.n_queries", "harness.value", NULL,
+};
+
 static gboolean
-check_config (const SiftConfig *cfg, const HarnessGrid *g, GError **error)
+check_config (const SiftConfig *cfg, const HarnessGrid *g, HarnessText *text, GError **error)
 {
+  if (text != NULL)
+    return harness_text_check (text, cfg, g->lengths[0], error) || config_error (cfg, text_keys, error);
   if (g_strcmp0 (cfg->source, "synthetic") != 0)
     {
       g_set_error (error, SIFT_HARNESS_ERROR, SIFT_HARNESS_ERROR_INVALID,
-                   "%s: model.source is '%s'; the needle harness needs the synthetic source (it plants the needles)",
-                   cfg->file, cfg->source);
+                   "%s: model.source is '%s'; the needle harness runs the synthetic source or a GGUF model"
+                   " (model.source gguf)", cfg->file, cfg->source);
       return FALSE;
     }
   /* The shortest context must hold the needles. */
@@ -91,8 +98,8 @@ setup_capacity (const SiftConfig *cfg, const SiftPolicySetup *setup)
 }
 
 static gboolean
-run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, HarnessRecords *records,
-          HarnessSetupResult *results, GError **error)
+run_grid (const SiftConfig *cfg, HarnessText *text, const HarnessOptions *o, const HarnessGrid *g,
+          HarnessRecords *records, HarnessSetupResult *results, GError **error)
 {
   gsize total = cfg->setups->len * g->n_lengths * g->n_depths, done = 0, passed = 0, fresh = 0;
   HarnessProgress *progress = harness_progress_new (o->log, total, o->force_progress);
@@ -113,7 +120,9 @@ run_grid (const SiftConfig *cfg, const HarnessOptions *o, const HarnessGrid *g, 
             harness_progress_update (progress, done, setup->label, g->lengths[l], g->depths[d], passed);
             if (!harness_records_find (records, key, cell))
               {
-                ok = harness_run_cell (own, setup, g->lengths[l], g->depths[d], cell, error);
+                ok = text != NULL ? harness_text_run_cell (text, own, setup, res->is_full, g->lengths[l],
+                                                           g->depths[d], cell, error)
+                                  : harness_run_cell (own, setup, g->lengths[l], g->depths[d], cell, error);
                 if (!ok)
                   {
                     g_prefix_error (error, "setup '%s', length %" G_GINT64_FORMAT ", depth %g: ", setup->label,
@@ -160,11 +169,21 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
       g_prefix_error (error, "%s: ", cfg->file);
       return FALSE;
     }
-  if (!check_config (cfg, &grid, error))
+  /* A GGUF model: text needles, generated answers (docs/needle.md, "Real text"). */
+  g_autoptr (HarnessText) text = NULL;
+  if (g_strcmp0 (cfg->source, "gguf") == 0 && (text = harness_text_new (cfg, error)) == NULL)
     {
       harness_grid_clear (&grid);
       return FALSE;
     }
+  if (!check_config (cfg, &grid, text, error))
+    {
+      harness_grid_clear (&grid);
+      return FALSE;
+    }
+  if (text != NULL && grid.lengths[grid.n_lengths - 1] > harness_text_context_length (text))
+    fprintf (o->log, "sift needle: note: lengths above %" G_GINT64_FORMAT " pass the model's trained context"
+             " (%s): expect it to fail there\n", harness_text_context_length (text), harness_text_model_path (text));
   const char *out_dir = o->out_dir != NULL ? o->out_dir : sift_harness_config (cfg)->out_dir;
   g_autofree char *records_path = g_build_filename (out_dir, "records.jsonl", NULL);
   /* An output folder that cannot be made or written is a usage error found
@@ -196,7 +215,7 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
             g_ptr_array_add (labels, (gpointer) label);
           }
         results[ci * n_setups + s] = (HarnessSetupResult) {
-          .config_file = cfg->file, .label = label, .grid = &grid,
+          .config_file = cfg->file, .label = label, .grid = &grid, .text = text != NULL,
           .cells = g_new0 (HarnessCell, grid.n_lengths * grid.n_depths),
           /* Full attention over a bounded cache is no yardstick. */
           .is_full = is_full (setup)
@@ -209,13 +228,15 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
   SiftHarnessConfig *local_h = sift_config_edit_section (local, &sift_harness_config_section);
   g_free (local_h->out_dir);
   local_h->out_dir = g_strdup (out_dir);
+  if (text != NULL) /* records and settings name the model's own shape */
+    local->shape = *harness_text_shape (text);
   gboolean ok = records != NULL;
   for (gsize ci = 0; ok && ci < n_caps; ci++)
     {
       if (h->n_capacities > 0)
         ((SiftKvConfig *) sift_config_edit_section (local, &sift_kv_config_section))->capacity_tokens
           = h->capacities[ci];
-      ok = run_grid (local, o, &grid, records, results + ci * n_setups, error);
+      ok = run_grid (local, text, o, &grid, records, results + ci * n_setups, error);
     }
   if (ok)
     {
@@ -231,7 +252,11 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
       /* Dense attention is the yardstick: if it misses needles, the grid
        * asks more than the model can answer and every column reads low. */
       for (gsize i = 0; i < n; i++)
-        if (results[i].is_full && harness_setup_accuracy (&results[i]) < 1.0)
+        if (text != NULL && results[i].is_full && harness_setup_accuracy (&results[i]) < 1.0)
+          fprintf (o->log, "sift needle: note: full attention ('%s') fails %.0f%% of cells: the model does not"
+                   " answer every cell even with all of its context (models/README.md has its accuracy)\n",
+                   results[i].label, 100.0 * (1.0 - harness_setup_accuracy (&results[i])));
+        else if (results[i].is_full && harness_setup_accuracy (&results[i]) < 1.0)
           fprintf (o->log, "sift needle: warning: full attention ('%s') fails %.0f%% of cells: the needles are too"
                    " faint for these lengths; raise model.synthetic.needle_strength (docs/synthetic-model.md)\n",
                    results[i].label, 100.0 * (1.0 - harness_setup_accuracy (&results[i])));

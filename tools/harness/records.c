@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gguf-model.h"
 #include "harness.h"
 #include "json.h"
 
@@ -62,6 +63,9 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
   g_string_append_printf (s, "baseline %" G_GINT64_FORMAT "\ndepths %d\nplanted %d %.17g %.17g %" G_GINT64_FORMAT "\n",
                           h->baseline_seeds, (int) h->depth_span, k->planted_exact, k->drift, k->drift_scale,
                           k->logn_length);
+  if (g_strcmp0 (c->source, "gguf") == 0) /* text needles: the model file, the value kind, the haystack */
+    g_string_append_printf (s, "gguf %s\nvalue %d\nhaystack %s\n", sift_gguf_config (c)->path, (int) h->value,
+                            h->haystack != NULL ? h->haystack : "");
   g_string_append_printf (s, "cell %" G_GINT64_FORMAT " %.17g\n", length, depth);
   char *sum = g_compute_checksum_for_string (G_CHECKSUM_SHA256, s->str, (gssize) s->len);
   g_string_free (s, TRUE);
@@ -251,6 +255,33 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_double (&w, "prefill_density", cell->prefill_density);
   json_double (&w, "decode_density", cell->decode_density);
   json_end_object (&w);
+  if (cell->generated != NULL)
+    {
+      static const char *const values[] = { "number", "word", "uuid" };
+      json_begin_object (&w, "text");
+      json_string (&w, "model", sift_gguf_config (c)->path);
+      json_string (&w, "haystack", h->haystack != NULL && h->haystack[0] ? h->haystack : "kjv");
+      json_string (&w, "value", values[h->value]);
+      json_string (&w, "generated", cell->generated);
+      json_string (&w, "expected", cell->expected);
+      json_double (&w, "match", cell->match);
+      json_bool (&w, "exact", cell->exact);
+      json_int (&w, "generated_tokens", cell->generated_tokens);
+      json_int (&w, "question_start", cell->question_start);
+      /* [first, end) token of each needle sentence: asked ones first. */
+      json_begin_array (&w, "needle_spans");
+      for (gsize i = 0; i < cell->n_needle_positions; i++)
+        {
+          json_begin_array (&w, NULL);
+          json_int (&w, NULL, cell->needle_spans[2 * i]);
+          json_int (&w, NULL, cell->needle_spans[2 * i + 1]);
+          json_end_array (&w);
+        }
+      json_end_array (&w);
+      json_string (&w, "rel_error", "last layer's attention output vs dense: prefill at the question's tokens,"
+                   " decode at the steps whose tokens so far equal the dense run's");
+      json_end_object (&w);
+    }
   write_baseline (&w, &cell->baseline);
   json_begin_object (&w, "timings");
   json_double (&w, "prefill_seconds", cell->prefill_seconds);
@@ -366,6 +397,14 @@ harness_records_find (HarnessRecords *rec, const char *settings, HarnessCell *ce
   read_counters (r, "counters.prefill", &cell->prefill_counters);
   read_counters (r, "counters.decode", &cell->decode_counters);
   read_baseline (r, &cell->baseline);
+  const char *generated = json_get_string (r, "text.generated");
+  if (generated != NULL)
+    {
+      cell->generated = g_strdup (generated);
+      cell->expected = g_strdup (json_get_string (r, "text.expected"));
+      cell->match = json_get_double (r, "text.match");
+      cell->exact = json_get_double (r, "text.exact") == 1.0;
+    }
   const JsonNode *pos = json_get (r, "needle.positions");
   if (pos != NULL && pos->type == JSON_ARRAY)
     {

@@ -54,6 +54,8 @@ typedef struct {
   double prefill_seconds, decode_seconds;
   double tokens;                           /* prompt tokens summed */
   double rel_error;                        /* mean prefill relative error */
+  double match_sum;                        /* text: string_match_all summed over cells */
+  int match_n;
 } Totals;
 
 static void
@@ -77,8 +79,17 @@ totals (const HarnessSetupResult *r)
   for (gsize i = 0; i < n; i++)
     {
       const HarnessCell *c = &r->cells[i];
-      pp += c->prefill_pass;
-      pd += c->decode_pass;
+      /* Text cells: the answer's mean string_match_all and exact matches. */
+      if (r->text)
+        {
+          mean_add (c->match, &t.match_sum, &t.match_n);
+          pd += c->exact;
+        }
+      else
+        {
+          pp += c->prefill_pass;
+          pd += c->decode_pass;
+        }
       mean_add (c->prefill_density, &dp, &ndp);
       mean_add (c->decode_density, &dd, &ndd);
       mean_add (c->prefill_recall, &rp, &nrp);
@@ -90,7 +101,7 @@ totals (const HarnessSetupResult *r)
       t.tokens += (double) c->length;
     }
   t.acc = harness_setup_accuracy (r);
-  t.acc_prefill = n ? (double) pp / (double) n : 0;
+  t.acc_prefill = r->text ? (t.match_n ? t.match_sum / t.match_n : NAN) : n ? (double) pp / (double) n : 0;
   t.acc_decode = n ? (double) pd / (double) n : 0;
   t.density_prefill = ndp ? dp / ndp : NAN;
   t.density_decode = ndd ? dd / ndd : NAN;
@@ -129,7 +140,7 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
           double full_seconds = full != NULL ? totals (full).seconds : NAN;
           fprintf (to, "\n%s: %zu lengths x %zu depths\n", r->config_file, r->grid->n_lengths, r->grid->n_depths);
           fprintf (to, "%-24s %7s %13s %7s %7s %7s %7s %7s %8s %8s %8s %9s %9s %8s %8s\n", "setup", "acc",
-                   "random", "vs.rand", "prefill", "decode", "rec.pf", "rec.dc", "dens.pf", "dens.dc", "rel.err",
+                   "random", "vs.rand", r->text ? "match" : "prefill", r->text ? "exact" : "decode", "rec.pf", "rec.dc", "dens.pf", "dens.dc", "rel.err",
                    "MiB/cell", "prefill/s", "time s", "speedup");
           for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
             {
@@ -160,14 +171,18 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
               else
                 fprintf (to, " %8s\n", "-");
             }
+          if (r->text)
+            fprintf (to, "acc: cells whose answer holds every value asked (RULER's string_match_all = 1); match: its"
+                     " mean; exact: the answer as trained; rel.err: the last layer's attention vs dense\n");
           /* The chance of a hit by luck, worst cell: a pass must not be it. */
           double chance = 0;
           for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
             for (gsize c = 0; c < n_cells (&results[j]); c++)
               if (isfinite (results[j].cells[c].chance))
                 chance = MAX (chance, results[j].cells[c].chance);
-          fprintf (to, "chance of a retrieval hit by luck with the needle unseen: at most %.2g per row (a cell passes"
-                   " above 50%% of rows)\n", chance);
+          if (!r->text)
+            fprintf (to, "chance of a retrieval hit by luck with the needle unseen: at most %.2g per row (a cell passes"
+                     " above 50%% of rows)\n", chance);
           /* How far above luck: cells passed minus those a random selection
            * of the policy's own size passes (mean over seeds). */
           for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)

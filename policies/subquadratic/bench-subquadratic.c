@@ -11,12 +11,13 @@
 
 #include <glib.h>
 #include <gmodule.h>
+#include <sift/bench.h>
 #include <sift/sift.h>
 
-#include "bench-peak.h"
+#include "sq-core.h"
 
-#include "commands.h"
-#include "../policies/subquadratic/sq-core.h"
+/* What `sift bench policy` lends this benchmark (set on entry). */
+static const SiftBenchHost *bench_host;
 
 typedef struct {
   void (*config_default) (SqConfig *c);
@@ -150,7 +151,7 @@ time_run (const Api *api, const SqConfig *c, Data *d, Run run, int reps, GError 
   Timing best = { INFINITY, INFINITY };
   for (int r = 0; r < reps; r++)
     {
-      double c0 = sift_bench_cpu_seconds ();
+      double c0 = bench_host->cpu_seconds ();
       gint64 t0 = g_get_monotonic_time ();
       gboolean ok;
       if (run == RUN_DENSE)
@@ -165,14 +166,14 @@ time_run (const Api *api, const SqConfig *c, Data *d, Run run, int reps, GError 
       if (!ok)
         return (Timing) { -1.0, -1.0 };
       best.wall = MIN (best.wall, (double) (g_get_monotonic_time () - t0) / 1e6);
-      best.cpu = MIN (best.cpu, sift_bench_cpu_seconds () - c0);
+      best.cpu = MIN (best.cpu, bench_host->cpu_seconds () - c0);
     }
   return best;
 }
 
-int
-sift_bench_policy_subquadratic (int argc, char **argv)
+SIFT_POLICY_BENCH_DEFINE (subquadratic)
 {
+  bench_host = host;
   gint64 seq = 8192, min_seq = 1024, max_seq = 32768;
   gint heads = 8, dim = 64, reps = 3, threads = 0;
   gboolean no_dense = FALSE, no_tiled = FALSE, table_only = FALSE;

@@ -14,14 +14,13 @@
 #include <time.h>
 
 #include <glib.h>
+#include <sift/bench.h>
 #include <sift/sift.h>
 
-#include "bench-peak.h"
+#include "vs.h"
 
-#include "../policies/minference/vs.h"
-#include "bench-synth.h"
-#include "commands.h"
-#include "sift-paths.h"
+/* What `sift bench policy` lends this benchmark (set on entry). */
+static const SiftBenchHost *bench_host;
 
 typedef struct {
   gint32 q_heads, kv_heads, head_dim, heads, tile;
@@ -106,7 +105,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
       SiftView kt = sift_view_tokens (k, 0, a + rows), vt = sift_view_tokens (v, 0, a + rows);
       SiftView ov = sift_view_htd (out, SIFT_DTYPE_F32, q->n_heads, rows, q->head_dim);
       gint64 t0 = g_get_monotonic_time ();
-      double c0 = sift_bench_cpu_seconds ();
+      double c0 = bench_host->cpu_seconds ();
       if (vs)
         {
           g_autoptr (VsAttn) at = vs_attn_new (&qt, a, k->n_heads, scale, o_tile, pat, work);
@@ -121,7 +120,7 @@ time_dense (const SiftView *q, const SiftView *k, const SiftView *v, float scale
             g_error ("dense: %s", error->message);
         }
       seconds += (g_get_monotonic_time () - t0) / 1e6;
-      cpu_s += sift_bench_cpu_seconds () - c0;
+      cpu_s += bench_host->cpu_seconds () - c0;
       sampled += (double) rows * a + rows * (rows + 1) / 2.0;
     }
   double total = (double) n * (n + 1) / 2.0;
@@ -143,7 +142,7 @@ run_length (const Options *o, gint64 n)
   g_autofree float *lse = g_new (float, (gsize) H * n);
   if (o->cfg != NULL)
     {
-      if (!sift_bench_synth_qkv (o->cfg, H, n, q, k, v, &error))
+      if (!bench_host->synth_qkv (o->cfg, H, n, q, k, v, &error))
         {
           fprintf (stderr, "sift bench policy minference: %s\n", error->message);
           return 2;
@@ -176,14 +175,14 @@ run_length (const Options *o, gint64 n)
   vs_work_reserve (work, H, n, d, G, n, max_vertical);
   double work_s = (g_get_monotonic_time () - tw) / 1e6 * head_factor;
   gint64 t0 = g_get_monotonic_time ();
-  double c0 = sift_bench_cpu_seconds ();
+  double c0 = bench_host->cpu_seconds ();
   if (!vs_prefill (&qv, &kv, &vv, scale, &est, sizes, work, &ov, lse, &st, &error))
     {
       fprintf (stderr, "sift: minference prefill: %s\n", error->message);
       return 2;
     }
   double sparse = (g_get_monotonic_time () - t0) / 1e6 * head_factor;
-  double sparse_cpu = (sift_bench_cpu_seconds () - c0) * head_factor;
+  double sparse_cpu = (bench_host->cpu_seconds () - c0) * head_factor;
   double dense_cpu, dense_vs_cpu;
   double dense = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, FALSE, &dense_cpu) * head_factor;
   double dense_vs = time_dense (&qv, &kv, &vv, scale, o->dense_tiles, o->tile, TRUE, &dense_vs_cpu) * head_factor;
@@ -197,9 +196,9 @@ run_length (const Options *o, gint64 n)
   return 0;
 }
 
-int
-sift_bench_policy_minference (int argc, char **argv)
+SIFT_POLICY_BENCH_DEFINE (minference)
 {
+  bench_host = host;
   Options o = {
     .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 32, .tile = VS_TILE_DEFAULT,
     .vertical = 1000, .slash = 6096, .last_q = 64, .sink = 30, .recent = 100,
@@ -245,7 +244,7 @@ sift_bench_policy_minference (int argc, char **argv)
   if (strcmp (data, "synth") == 0)
     {
       if (config == NULL)
-        config = g_strdup (SIFT_SOURCE_CONFIG_DIR "/large.yaml");
+        config = g_build_filename (host->config_dir, "large.yaml", NULL);
       cfg = sift_config_load (config, NULL, &error);
       if (cfg == NULL)
         {

@@ -24,11 +24,13 @@
 #include <time.h>
 
 #include <glib.h>
+#include <sift/bench.h>
 #include <sift/sift.h>
 
-#include "bench-synth.h"
-#include "commands.h"
-#include "../policies/xattn_bsa/xattn-score.h"
+#include "xattn-score.h"
+
+/* What `sift bench policy` lends this benchmark (set on entry). */
+static const SiftBenchHost *bench_host;
 
 typedef struct {
   char *lengths;
@@ -123,13 +125,13 @@ input_new (const Options *o, gint64 n)
   return in;
 }
 
-/* The input from the config's synthetic source (bench-synth.h): q heads
+/* The input from the config's synthetic source (the host's synth_qkv): q heads
  * 0..heads-1 and kv head 0 of layer 0. */
 static Input *
 input_from_config (const Options *o, gint64 n, GError **error)
 {
   Input *in = input_alloc (o->heads, n, o->cfg->shape.head_dim);
-  if (!sift_bench_synth_qkv (o->cfg, o->heads, n, in->q, in->k, in->v, error))
+  if (!bench_host->synth_qkv (o->cfg, o->heads, n, in->q, in->k, in->v, error))
     {
       input_free (in);
       return NULL;
@@ -536,9 +538,9 @@ run_length (const Options *o, gint64 n, GError **error)
   return TRUE;
 }
 
-int
-sift_bench_policy_xattn_bsa (int argc, char **argv)
+SIFT_POLICY_BENCH_DEFINE (xattn_bsa)
 {
+  bench_host = host;
   Options o = {
     .lengths = NULL, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .heads = 4,
     .kv_block = 128, .chunk = 4096, .stride = 8, .block = 128, .sample = 4, .threads = 1,

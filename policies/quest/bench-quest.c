@@ -10,10 +10,8 @@
 #include <string.h>
 
 #include <glib.h>
+#include <sift/bench.h>
 #include <sift/sift.h>
-
-#include "cli.h"
-#include "commands.h"
 
 typedef struct {
   gchar *lengths;     /* "8192,32768,131072" */
@@ -136,13 +134,13 @@ run_one (const Options *o, const SiftModelShape *shape, gint64 length, SiftPolic
   return TRUE;
 }
 
-int
-sift_bench_policy_quest (int argc, char **argv)
+SIFT_POLICY_BENCH_DEFINE (quest)
 {
   Options o = { NULL, 2048, 8, 64, 2, 8, 2, 64, NULL, NULL, FALSE };
-  SiftCliOptions cli = { 0 };
+  g_auto (GStrv) policy_paths = NULL;
   GOptionEntry entries[] = {
-    SIFT_CLI_POLICY_PATH_ENTRY (&cli),
+    { "policy-path", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &policy_paths,
+      "Search DIR for policy plugins before SIFT_POLICY_PATH (repeatable)", "DIR" },
     { "lengths", 'l', 0, G_OPTION_ARG_STRING, &o.lengths, "context lengths (default 8192,32768,131072)", "L,..." },
     { "budget", 'b', 0, G_OPTION_ARG_INT, &o.budget, "Quest token budget (default 2048)", "TOKENS" },
     { "steps", 's', 0, G_OPTION_ARG_INT, &o.steps, "decode steps timed per run (default 8)", "N" },
@@ -156,13 +154,13 @@ sift_bench_policy_quest (int argc, char **argv)
     { "json", 0, 0, G_OPTION_ARG_NONE, &o.json, "one JSON record per length instead of the table", NULL },
     G_OPTION_ENTRY_NULL,
   };
-  if (!sift_cli_parse ("bench policy quest",
+  if (!host->parse ("bench policy quest",
                        "- Quest decode against full decode. Each length is prefilled once per\n"
                        "policy by the same cheap Quest prefill; then decode steps are timed with full\n"
                        "and with Quest (every layer sparse: dense_layers=[]) through one engine\n"
                        "configuration, host store; figures are medians over the steps.",
                        entries, &argc, &argv))
-    return SIFT_EXIT_USAGE;
+    return SIFT_BENCH_EXIT_USAGE;
   g_autoptr (GError) error = NULL;
   g_autofree gchar *lengths_text = o.lengths ? o.lengths : g_strdup ("8192,32768,131072");
   g_autofree gchar *mode = o.mode ? o.mode : g_strdup ("per_kv_head");
@@ -173,18 +171,18 @@ sift_bench_policy_quest (int argc, char **argv)
       || o.head_dim < 1 || o.q_heads % o.kv_heads != 0)
     {
       fprintf (stderr, "sift bench policy quest: steps, budget and shape must be positive, kv heads dividing q heads\n");
-      return SIFT_EXIT_USAGE;
+      return SIFT_BENCH_EXIT_USAGE;
     }
   SiftDType dt;
   if (!g_str_equal (o.mode, "per_kv_head") && !g_str_equal (o.mode, "per_q_head") && !g_str_equal (o.mode, "shared"))
     {
       fprintf (stderr, "sift bench policy quest: --mode '%s' is not per_kv_head, per_q_head or shared\n", o.mode);
-      return SIFT_EXIT_USAGE;
+      return SIFT_BENCH_EXIT_USAGE;
     }
   if (!sift_dtype_from_name (o.store_dtype, &dt))
     {
       fprintf (stderr, "sift bench policy quest: --store-dtype '%s' is not f32, f16, bf16 or q8_0\n", o.store_dtype);
-      return SIFT_EXIT_USAGE;
+      return SIFT_BENCH_EXIT_USAGE;
     }
 
   g_auto (GStrv) parts = g_strsplit (lengths_text, ",", -1);
@@ -195,15 +193,14 @@ sift_bench_policy_quest (int argc, char **argv)
       if (!g_ascii_string_to_signed (g_strstrip (parts[i]), 10, 1, G_MAXINT32, &v, NULL))
         {
           fprintf (stderr, "sift bench policy quest: --lengths: '%s' is not a positive integer\n", parts[i]);
-          return SIFT_EXIT_USAGE;
+          return SIFT_BENCH_EXIT_USAGE;
         }
       g_array_append_val (lengths, v);
     }
 
   SiftModelShape shape = { o.layers, o.q_heads, o.kv_heads, o.head_dim, o.block_size, 8 * o.block_size, 0.0f };
   shape.scale = 1.0f / sqrtf ((float) o.head_dim);
-  g_autoptr (SiftRegistry) registry = sift_cli_registry (&cli);
-  sift_cli_options_clear (&cli);
+  g_autoptr (SiftRegistry) registry = host->registry ((const char *const *) policy_paths);
   g_autofree gchar *budget = g_strdup_printf ("token_budget=%d", o.budget);
   g_autofree gchar *mode_set = g_strdup_printf ("mode=%s", o.mode);
   const char *quest_decode[] = { budget, mode_set, "dense_layers=[]", NULL };
@@ -213,7 +210,7 @@ sift_bench_policy_quest (int argc, char **argv)
   g_autoptr (SiftPolicy) full = prefill ? policy_new (registry, "full", NULL, &shape, &error) : NULL;
   g_autoptr (SiftPolicy) quest = full ? policy_new (registry, "quest", quest_decode, &shape, &error) : NULL;
   if (quest == NULL)
-    return sift_cli_fail ("bench policy quest", error);
+    return host->fail ("bench policy quest", error);
 
   if (!o.json)
     printf ("%8s %-6s %9s %9s %9s %12s %8s %8s %8s\n", "context", "decode", "ms/step", "attn ms", "stall ms",
@@ -226,7 +223,7 @@ sift_bench_policy_quest (int argc, char **argv)
           || !run_one (&o, &shape, len, prefill, quest, &r[1], &error))
         {
           g_prefix_error (&error, "context %" G_GINT64_FORMAT ": ", len);
-          return sift_cli_fail ("bench policy quest", error);
+          return host->fail ("bench policy quest", error);
         }
       for (int p = 0; p < 2; p++)
         {
