@@ -2,13 +2,15 @@
  * with -mamx-tile -mamx-int8 beside the AVX-512 flags; used only when the
  * CPU has AMX and the kernel grants this process the tile state).
  *
- * A panel is 16 weight rows against every token. Per 32-element block (a
- * Q8_0 block, a Q4_K sub-block) the 16 rows' codes are laid out once as a B
- * tile (8 rows of 64 bytes: 4 consecutive k of each of 16 columns) and meet
- * 16 tokens at a time: A is 16 rows of the tokens' 8-bit codes read in place
- * (stride: the activation row), C = A B in int32 by one tdpbssd. C then takes
- * the block's scales in f32 into the panel's accumulators: every block has
- * its own scales, so the integer sums cannot run longer than a block. */
+ * A panel is 16 weight rows against every token, 16 tokens at a time. Per
+ * 32-element block (a Q8_0 block, a Q4_K sub-block) one tdpbssd makes
+ * C [16 rows][16 tokens] in int32 from A, the rows' 8-bit codes (Q8_0: read
+ * in place from the weights, stride the row; Q4_K: nibbles unpacked once per
+ * panel), and B, the 16 tokens' codes in the tile's layout (8 rows of 64
+ * bytes: 4 consecutive k of each token), packed once per product. C then
+ * takes the block's scales in f32 into 16 accumulators held in registers
+ * (one per row, a lane per token): every block has its own scales, so the
+ * integer sums cannot run longer than a block. */
 #include <immintrin.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -17,9 +19,9 @@
 #include "matmul.h"
 #include "quant.h"
 
-#define PR 16          /* rows of a panel: the B tile's columns */
-#define PT 16          /* tokens of an A or C tile */
-#define TOK_CHUNK 256  /* tokens whose accumulators stay in L1 */
+#define PR LLAMA_PANEL_ROWS /* rows of a panel: A's rows, C's rows */
+#define PT 16               /* tokens of a tile: B's columns, C's columns */
+#define KCH 2048            /* elements per pass of a Q4_K panel's unpacked codes (32 KiB) */
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -44,18 +46,18 @@ llama_amx_usable (void)
   return ok;
 }
 
-/* Tiles: 0 = C (16 tokens x 16 rows, int32), 1 = A (16 tokens x 32 codes),
- * 2 = B (8 x 64: the rows' codes, 4 k per column). The configuration is per
- * thread: every panel call loads it and releases the tiles at the end. */
+/* Tiles: 0 = C (16 rows x 16 tokens, int32), 1 = A (16 rows x 32 codes),
+ * 2 = B (8 x 64: the tokens' codes, 4 k per column). The configuration is
+ * per thread: every panel call loads it and releases the tiles at the end. */
 static void
 config_tiles (void)
 {
   TileConfig c;
   memset (&c, 0, sizeof c);
   c.palette = 1;
-  c.rows[0] = PT, c.colsb[0] = PR * 4;
-  c.rows[1] = PT, c.colsb[1] = 32;
-  c.rows[2] = 8, c.colsb[2] = PR * 4;
+  c.rows[0] = PR, c.colsb[0] = PT * 4;
+  c.rows[1] = PR, c.colsb[1] = 32;
+  c.rows[2] = 8, c.colsb[2] = PT * 4;
   _tile_loadconfig (&c);
 }
 
@@ -63,124 +65,197 @@ config_tiles (void)
  * barrier the stores that fill a tile's source may be dropped or sunk. */
 #define READS_MEMORY() __asm__ volatile ("" ::: "memory")
 
-/* codes [16 rows][32 k] to B [8][16][4]. */
+/* C = A B; c [16 rows][16 tokens]. */
 static inline void
-load_b (gint8 codes[PR][32])
+multiply (const void *a, gsize a_stride, const void *b, gint32 c[PR][PT])
 {
-  _Alignas (64) gint8 bt[8 * PR * 4];
-  for (int n = 0; n < PR; n++)
-    for (int k4 = 0; k4 < 8; k4++)
-      memcpy (bt + (k4 * PR + n) * 4, codes[n] + 4 * k4, 4);
   READS_MEMORY ();
-  _tile_loadd (2, bt, PR * 4);
+  _tile_zero (0);
+  _tile_loadd (1, a, (long) a_stride);
+  _tile_loadd (2, b, PT * 4);
+  _tile_dpbssd (0, 1, 2);
+  _tile_stored (0, c, PT * 4);
 }
 
-/* C = A B for the 16 tokens whose block codes start at `a` (stride as). */
-static inline void
-multiply (const gint8 *a, gsize as, gint32 c[PT][PR])
+/* 32 codes of each of 16 tokens (rows `stride` apart) as a B tile [8][16][4]. */
+static void
+pack_b (const gint8 *codes, gsize stride, gint8 *bt)
 {
-  _tile_zero (0);
-  READS_MEMORY ();
-  _tile_loadd (1, a, (long) as);
-  _tile_dpbssd (0, 1, 2);
-  _tile_stored (0, c, PR * 4);
+  for (int t = 0; t < PT; t++)
+    for (int k4 = 0; k4 < 8; k4++)
+      memcpy (bt + (k4 * PT + t) * 4, codes + (gsize) t * stride + 4 * k4, 4);
 }
+
+/* acc [16 rows] (lanes: tokens) to y [token][row] for the first nt tokens. */
+static void
+store (const __m512 acc[PR], gint64 nt, float *y, gsize ys)
+{
+  _Alignas (64) float out[PR][PT];
+  for (int r = 0; r < PR; r++)
+    _mm512_store_ps (out[r], acc[r]);
+  for (gint64 t = 0; t < nt; t++)
+    for (int r = 0; r < PR; r++)
+      y[t * (gint64) ys + r] = out[r][t];
+}
+
+/* ---- Q8_0 ---- */
+
+/* Per block of a 16-token tile: B and the tokens' scales. */
+typedef struct {
+  gint8 b[8 * PT * 4];
+  float d[PT];
+} PackQ8;
+
+gsize
+llama_amx_pack_bytes_q8_0 (gint64 n)
+{
+  return (gsize) (n / QK) * sizeof (PackQ8);
+}
+
+void
+llama_amx_pack_q8_0 (const guint8 *act, gsize as, gint64 n, guint8 *packed)
+{
+  PackQ8 *p = (PackQ8 *) packed;
+  for (gint64 b = 0; b < n / QK; b++)
+    {
+      const ActQ8 *x0 = (const ActQ8 *) act + b;
+      pack_b (x0->qs, as, p[b].b);
+      for (int t = 0; t < PT; t++)
+        p[b].d[t] = ((const ActQ8 *) (act + (gsize) t * as) + b)->d;
+    }
+}
+
+void
+llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys)
+{
+  gint64 nb = n / QK;
+  g_autofree float *dw = g_new (float, nb * PR); /* [block][row] */
+  for (gint64 b = 0; b < nb; b++)
+    for (int r = 0; r < PR; r++)
+      dw[b * PR + r] = _cvtsh_ss (((const BlockQ8_0 *) (w + r * ws) + b)->d);
+  config_tiles ();
+  _Alignas (64) gint32 c[PR][PT];
+  gsize tile_bytes = llama_amx_pack_bytes_q8_0 (n);
+  for (gint64 t0 = 0; t0 < n_tok; t0 += PT)
+    {
+      const PackQ8 *p = (const PackQ8 *) (packed + (gsize) (t0 / PT) * tile_bytes);
+      __m512 acc[PR];
+      for (int r = 0; r < PR; r++)
+        acc[r] = _mm512_setzero_ps ();
+      for (gint64 b = 0; b < nb; b++)
+        {
+          multiply (((const BlockQ8_0 *) w + b)->qs, ws, p[b].b, c);
+          __m512 dx = _mm512_loadu_ps (p[b].d);
+          for (int r = 0; r < PR; r++)
+            acc[r] = _mm512_fmadd_ps (_mm512_mul_ps (_mm512_cvtepi32_ps (_mm512_load_si512 (c[r])), dx),
+                                      _mm512_set1_ps (dw[b * PR + r]), acc[r]);
+        }
+      store (acc, MIN (PT, n_tok - t0), y + t0 * (gint64) ys, ys);
+    }
+  _tile_release ();
+}
+
+/* ---- Q4_K ---- */
+
+/* Per super-block of a 16-token tile: B of each sub-block, the tokens'
+ * scales, and their sums over each sub-block times the scale. */
+typedef struct {
+  gint8 b[8][8 * PT * 4];
+  float d[PT];
+  float dsum[8][PT];
+} PackQ4K;
+
+gsize
+llama_amx_pack_bytes_q4_k (gint64 n)
+{
+  return (gsize) (n / QK_K) * sizeof (PackQ4K);
+}
+
+void
+llama_amx_pack_q4_k (const guint8 *act, gsize as, gint64 n, guint8 *packed)
+{
+  PackQ4K *p = (PackQ4K *) packed;
+  for (gint64 b = 0; b < n / QK_K; b++)
+    {
+      const ActQ8K *x0 = (const ActQ8K *) act + b;
+      for (int j = 0; j < 8; j++)
+        pack_b (x0->qs + 32 * j, as, p[b].b[j]);
+      for (int t = 0; t < PT; t++)
+        {
+          const ActQ8K *x = (const ActQ8K *) (act + (gsize) t * as) + b;
+          p[b].d[t] = x->d;
+          for (int j = 0; j < 8; j++)
+            p[b].dsum[j][t] = x->d * (float) (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+        }
+    }
+}
+
+/* Per pass of KCH elements: the rows' nibbles as codes (A [sub-block][16 rows][32])
+ * and per sub-block the rows' d sc_j and dmin m_j. */
+typedef struct {
+  gint8 a[KCH / 32][PR][32];
+  float dsc[KCH / 32][PR], dmn[KCH / 32][PR];
+} UnpackQ4K;
 
 static void
-store (float acc[TOK_CHUNK][PR], gint64 nt, float *y, gsize ys)
+unpack_q4_k (const guint8 *w, gsize ws, gint64 b0, gint64 nsb, UnpackQ4K *u)
 {
-  for (gint64 t = 0; t < nt; t++)
-    memcpy (y + t * (gint64) ys, acc[t], PR * sizeof (float));
-}
-
-void
-llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
-                      gsize ys)
-{
-  config_tiles ();
-  _Alignas (64) static __thread float acc[TOK_CHUNK][PR];
-  _Alignas (64) gint32 c[PT][PR];
-  gint8 codes[PR][32];
-  for (gint64 t0 = 0; t0 < n_tok; t0 += TOK_CHUNK)
-    {
-      gint64 nt = MIN (TOK_CHUNK, n_tok - t0), ntp = (nt + PT - 1) / PT * PT;
-      memset (acc, 0, (gsize) ntp * sizeof acc[0]);
-      for (gint64 b = 0; b < n / QK; b++)
-        {
-          _Alignas (64) float dw[PR];
-          for (int r = 0; r < PR; r++)
-            {
-              const BlockQ8_0 *blk = (const BlockQ8_0 *) (w + r * ws) + b;
-              memcpy (codes[r], blk->qs, QK);
-              dw[r] = _cvtsh_ss (blk->d);
-            }
-          load_b (codes);
-          __m512 dwv = _mm512_load_ps (dw);
-          for (gint64 m0 = 0; m0 < ntp; m0 += PT)
-            {
-              const guint8 *a0 = act + (gsize) (t0 + m0) * as + (gsize) b * sizeof (ActQ8);
-              multiply (((const ActQ8 *) a0)->qs, as, c);
-              for (int m = 0; m < PT; m++)
-                {
-                  const ActQ8 *x = (const ActQ8 *) (a0 + (gsize) m * as);
-                  __m512 s = _mm512_mul_ps (dwv, _mm512_set1_ps (x->d));
-                  _mm512_store_ps (acc[m0 + m], _mm512_fmadd_ps (_mm512_cvtepi32_ps (_mm512_load_si512 (c[m])), s,
-                                                                 _mm512_load_ps (acc[m0 + m])));
-                }
-            }
-        }
-      store (acc, nt, y + t0 * (gint64) ys, ys);
-    }
-  _tile_release ();
-}
-
-/* Q4_K: per sub-block j the codes are the nibbles (0..15), the scale d sc_j
- * and the offset dmin m_j times the token's sum over the sub-block. */
-void
-llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
-                      gsize ys)
-{
-  config_tiles ();
-  _Alignas (64) static __thread float acc[TOK_CHUNK][PR];
-  _Alignas (64) gint32 c[PT][PR];
-  gint8 codes[PR][32];
-  for (gint64 t0 = 0; t0 < n_tok; t0 += TOK_CHUNK)
-    {
-      gint64 nt = MIN (TOK_CHUNK, n_tok - t0), ntp = (nt + PT - 1) / PT * PT;
-      memset (acc, 0, (gsize) ntp * sizeof acc[0]);
-      for (gint64 b = 0; b < n / QK_K; b++)
+  for (int r = 0; r < PR; r++)
+    for (gint64 b = 0; b < nsb; b++)
+      {
+        const BlockQ4_K *blk = (const BlockQ4_K *) (w + r * ws) + b0 + b;
+        float d = _cvtsh_ss (blk->d), dmin = _cvtsh_ss (blk->dmin);
         for (int j = 0; j < 8; j++)
           {
-            _Alignas (64) float dsc[PR], dmn[PR];
-            for (int r = 0; r < PR; r++)
+            guint8 sc, mn;
+            llama_q4_k_scale_min (blk->scales, j, &sc, &mn);
+            u->dsc[8 * b + j][r] = d * sc;
+            u->dmn[8 * b + j][r] = dmin * mn;
+            __m256i q = _mm256_loadu_si256 ((const __m256i *) (blk->qs + 32 * (j / 2)));
+            if (j % 2)
+              q = _mm256_srli_epi16 (q, 4);
+            _mm256_storeu_si256 ((__m256i *) u->a[8 * b + j][r], _mm256_and_si256 (q, _mm256_set1_epi8 (15)));
+          }
+      }
+}
+
+void
+llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys)
+{
+  gint64 ntt = (n_tok + PT - 1) / PT;
+  gsize tile_bytes = llama_amx_pack_bytes_q4_k (n);
+  g_autofree __m512 *accs = g_malloc ((gsize) ntt * PR * sizeof (__m512)); /* [tile][row] across passes */
+  g_autofree UnpackQ4K *u = g_malloc (sizeof (UnpackQ4K));
+  _Alignas (64) gint32 c[PR][PT];
+  for (gint64 k0 = 0; k0 < n; k0 += KCH)
+    {
+      gint64 nsb = MIN (KCH, n - k0) / QK_K;
+      unpack_q4_k (w, ws, k0 / QK_K, nsb, u);
+      config_tiles ();
+      for (gint64 tt = 0; tt < ntt; tt++)
+        {
+          const PackQ4K *p = (const PackQ4K *) (packed + (gsize) tt * tile_bytes) + k0 / QK_K;
+          __m512 acc[PR];
+          for (int r = 0; r < PR; r++)
+            acc[r] = k0 == 0 ? _mm512_setzero_ps () : _mm512_loadu_ps ((const float *) &accs[tt * PR + r]);
+          for (gint64 b = 0; b < nsb; b++)
+            for (int j = 0; j < 8; j++)
               {
-                const BlockQ4_K *blk = (const BlockQ4_K *) (w + r * ws) + b;
-                guint8 sc, mn;
-                llama_q4_k_scale_min (blk->scales, j, &sc, &mn);
-                dsc[r] = _cvtsh_ss (blk->d) * sc;
-                dmn[r] = _cvtsh_ss (blk->dmin) * mn;
-                __m256i q = _mm256_loadu_si256 ((const __m256i *) (blk->qs + 32 * (j / 2)));
-                if (j % 2)
-                  q = _mm256_srli_epi16 (q, 4);
-                _mm256_storeu_si256 ((__m256i *) codes[r], _mm256_and_si256 (q, _mm256_set1_epi8 (15)));
-              }
-            load_b (codes);
-            __m512 dscv = _mm512_load_ps (dsc), dmnv = _mm512_load_ps (dmn);
-            for (gint64 m0 = 0; m0 < ntp; m0 += PT)
-              {
-                const guint8 *a0 = act + (gsize) (t0 + m0) * as + (gsize) b * sizeof (ActQ8K);
-                multiply (((const ActQ8K *) a0)->qs + 32 * j, as, c);
-                for (int m = 0; m < PT; m++)
+                multiply (u->a[8 * b + j], 32, p[b].b[j], c);
+                __m512 dx = _mm512_loadu_ps (p[b].d), ds = _mm512_loadu_ps (p[b].dsum[j]);
+                for (int r = 0; r < PR; r++)
                   {
-                    const ActQ8K *x = (const ActQ8K *) (a0 + (gsize) m * as);
-                    float bsum = (float) (x->bsums[2 * j] + x->bsums[2 * j + 1]);
-                    __m512 v = _mm512_fmadd_ps (_mm512_cvtepi32_ps (_mm512_load_si512 (c[m])), dscv,
-                                                _mm512_mul_ps (dmnv, _mm512_set1_ps (-bsum)));
-                    _mm512_store_ps (acc[m0 + m], _mm512_fmadd_ps (_mm512_set1_ps (x->d), v, _mm512_load_ps (acc[m0 + m])));
+                    __m512 v = _mm512_mul_ps (_mm512_cvtepi32_ps (_mm512_load_si512 (c[r])), dx);
+                    v = _mm512_fmadd_ps (v, _mm512_set1_ps (u->dsc[8 * b + j][r]), acc[r]);
+                    acc[r] = _mm512_fnmadd_ps (ds, _mm512_set1_ps (u->dmn[8 * b + j][r]), v);
                   }
               }
-          }
-      store (acc, nt, y + t0 * (gint64) ys, ys);
+          if (k0 + KCH < n)
+            for (int r = 0; r < PR; r++)
+              _mm512_storeu_ps ((float *) &accs[tt * PR + r], acc[r]);
+          else
+            store (acc, MIN (PT, n_tok - tt * PT), y + tt * PT * (gint64) ys, ys);
+        }
+      _tile_release ();
     }
-  _tile_release ();
 }

@@ -168,8 +168,10 @@ llama_matmul_kernels_get (SiftIsa isa)
             {
               amx = llama_matmul_avx512;
               amx.name = "avx512-amx";
-              amx.panel[GGUF_TENSOR_Q8_0] = llama_amx_panel_q8_0;
-              amx.panel[GGUF_TENSOR_Q4_K] = llama_amx_panel_q4_k;
+              static const LlamaPanel q8_0 = { llama_amx_pack_bytes_q8_0, llama_amx_pack_q8_0, llama_amx_panel_q8_0 };
+              static const LlamaPanel q4_k = { llama_amx_pack_bytes_q4_k, llama_amx_pack_q4_k, llama_amx_panel_q4_k };
+              amx.panel[GGUF_TENSOR_Q8_0] = &q8_0;
+              amx.panel[GGUF_TENSOR_Q4_K] = &q4_k;
               g_once_init_leave (&once, 1);
             }
           return &amx;
@@ -219,7 +221,8 @@ typedef struct {
   gint64 n_tok;
   gint64 tok_tile;   /* tokens per pass over a range of rows: their activations stay in L2 */
   int rows_per_item; /* the parallel loop's items are groups of this many rows (the tile's or panel's) */
-  LlamaPanelFn panel; /* or NULL */
+  const LlamaPanel *panel; /* or NULL */
+  const guint8 *packed;    /* the activations as panel->pack laid them out */
 } Job;
 
 static void
@@ -234,8 +237,8 @@ rows_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
   gint64 r0 = begin * j->rows_per_item, r1 = MIN (end * j->rows_per_item, w->n_out);
   if (j->panel != NULL)
     for (; r0 + LLAMA_PANEL_ROWS <= r1; r0 += LLAMA_PANEL_ROWS)
-      j->panel (w->data + (gsize) r0 * w->row_bytes, w->row_bytes, j->act, j->act_bytes, j->n_tok, w->n_in, j->y + r0,
-                (gsize) w->n_out);
+      j->panel->run (w->data + (gsize) r0 * w->row_bytes, w->row_bytes, j->packed, j->n_tok, w->n_in, j->y + r0,
+                     (gsize) w->n_out);
   for (gint64 t0 = 0; t0 < j->n_tok; t0 += j->tok_tile)
     {
       gint64 t1 = MIN (t0 + j->tok_tile, j->n_tok);
@@ -281,12 +284,31 @@ prep_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
     }
 }
 
+typedef struct {
+  const LlamaPanel *panel;
+  const guint8 *act;
+  gsize act_bytes;
+  gint64 n_in;
+  guint8 *packed;
+} Pack;
+
+/* Tiles of 16 tokens in the panel's layout. */
+static void
+pack_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const Pack *p = user_data;
+  gsize bytes = p->panel->pack_bytes (p->n_in);
+  for (gint64 i = begin; i < end; i++)
+    p->panel->pack (p->act + (gsize) (16 * i) * p->act_bytes, p->act_bytes, p->n_in, p->packed + (gsize) i * bytes);
+}
+
 void
 llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok)
 {
   g_assert (k != NULL && k->dot[w->type] != NULL && n_tok >= 0);
-  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok, 0, 1, NULL };
-  g_autofree guint8 *act = NULL;
+  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok, 0, 1, NULL, NULL };
+  g_autofree guint8 *act = NULL, *packed = NULL;
   if (w->type == GGUF_TENSOR_Q8_0 || w->type == GGUF_TENSOR_Q4_0
       || w->type == GGUF_TENSOR_Q4_K || w->type == GGUF_TENSOR_Q6_K)
     {
@@ -299,6 +321,13 @@ llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *
       Prep prep = { w->type, x, act, w->n_in, job.act_bytes };
       sift_parallel_for (n_tok, 8, prep_body, &prep);
       job.act = act;
+      if (job.panel != NULL)
+        {
+          packed = g_malloc ((gsize) (rows / 16) * job.panel->pack_bytes (w->n_in));
+          Pack pack = { job.panel, act, job.act_bytes, w->n_in, packed };
+          sift_parallel_for (rows / 16, 1, pack_body, &pack);
+          job.packed = packed;
+        }
     }
   int tt = k->tile[w->type] != NULL ? k->tile_t : 1;
   if (k->tile[w->type] != NULL)

@@ -31,10 +31,15 @@ typedef float (*LlamaDotFn) (const void *w, const void *act, gint64 n);
 typedef void (*LlamaTileFn) (const guint8 *w, gsize w_stride, const guint8 *act, gsize act_stride, int nt,
                              gint64 n, float *y, gsize y_stride);
 
-/* A panel: LLAMA_PANEL_ROWS weight rows against all n_tok activation rows
- * (the activations are padded with zeros to a multiple of 16 rows). */
-typedef void (*LlamaPanelFn) (const guint8 *w, gsize w_stride, const guint8 *act, gsize act_stride, gint64 n_tok,
-                              gint64 n, float *y, gsize y_stride);
+/* Panels: LLAMA_PANEL_ROWS weight rows against all n_tok tokens, which
+ * pack has laid out once per product, 16 tokens at a time (the activation
+ * rows past n_tok are zeros), in pack_bytes (n) per 16 tokens. */
+typedef struct {
+  gsize (*pack_bytes) (gint64 n);
+  void (*pack) (const guint8 *act, gsize act_stride, gint64 n, guint8 *packed);
+  void (*run) (const guint8 *w, gsize w_stride, const guint8 *packed, gint64 n_tok, gint64 n, float *y,
+               gsize y_stride);
+} LlamaPanel;
 #define LLAMA_PANEL_ROWS 16
 #define LLAMA_PANEL_MIN_TOKENS 16 /* fewer tokens take the tiles or dots */
 
@@ -43,7 +48,7 @@ typedef struct {
   LlamaDotFn dot[GGUF_TENSOR_TYPE_COUNT];
   LlamaTileFn tile[GGUF_TENSOR_TYPE_COUNT];   /* optional per type (NULL: dot only) */
   int tile_r, tile_t;
-  LlamaPanelFn panel[GGUF_TENSOR_TYPE_COUNT]; /* optional per type, for >= LLAMA_PANEL_MIN_TOKENS */
+  const LlamaPanel *panel[GGUF_TENSOR_TYPE_COUNT]; /* optional per type, for >= LLAMA_PANEL_MIN_TOKENS */
 } LlamaMatmulKernels;
 
 extern const LlamaMatmulKernels llama_matmul_scalar;
@@ -58,10 +63,12 @@ extern const LlamaMatmulKernels llama_matmul_avx512; /* needs AVX-512 VNNI */
  * tile state; the Q8_0 and Q4_K panels. llama_matmul_kernels_get
  * (SIFT_ISA_AVX512) adds them to the AVX-512 kernels when usable. */
 gboolean llama_amx_usable (void);
-void llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
-                           gsize ys);
-void llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *act, gsize as, gint64 n_tok, gint64 n, float *y,
-                           gsize ys);
+gsize llama_amx_pack_bytes_q8_0 (gint64 n);
+void llama_amx_pack_q8_0 (const guint8 *act, gsize as, gint64 n, guint8 *packed);
+void llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys);
+gsize llama_amx_pack_bytes_q4_k (gint64 n);
+void llama_amx_pack_q4_k (const guint8 *act, gsize as, gint64 n, guint8 *packed);
+void llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys);
 #endif
 
 /* The kernels of `isa`, or NULL when the CPU lacks it. */

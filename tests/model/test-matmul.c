@@ -142,12 +142,13 @@ test_dequantize (void **state)
 
 /* Every ISA's kernels against the scalar ones and those against f64: 37 rows
  * (two AMX panels, register tiles of 4 and one row left for the dot) by n_tok
- * tokens (5: tiles and dots only; 37: panels of 16 tokens, the last padded). */
+ * tokens (5: tiles and dots only; 37: panels of 16 tokens, the last padded;
+ * n_in 2304: a Q4_K panel's two passes). */
 static void
-check_matmul (gint64 n_tok)
+check_matmul (gint64 n_in, gint64 n_tok)
 {
   GRand *r = g_rand_new_with_seed (12);
-  const gint64 n_in = 768, n_out = 37;
+  const gint64 n_out = 37;
   g_autofree float *w = g_new (float, n_in * n_out), *x = g_new (float, n_in * n_tok);
   g_autofree float *y = g_new (float, n_out * n_tok), *ys = g_new (float, n_out * n_tok);
   g_autofree double *ref = g_new (double, n_out * n_tok);
@@ -209,14 +210,14 @@ static void
 test_matmul_few_tokens (void **state)
 {
   (void) state;
-  check_matmul (5);
+  check_matmul (768, 5);
 }
 
 static void
 test_matmul_many_tokens (void **state)
 {
   (void) state;
-  check_matmul (37);
+  check_matmul (2304, 37);
 }
 
 int
