@@ -10,6 +10,12 @@
  *    the cross-layer pipeline for decode).
  * 3. What the engine adds: dense prefill and decode through the engine
  *    against the dense kernels on contiguous memory.
+ * --device cuda: offloaded decode on the GPU instead (offload.device cuda:
+ *    K/V in pinned host memory, the ring's slots on the GPU), 32 q / 8 kv
+ *    heads, head_dim 128, bf16: bytes moved per second beside a plain
+ *    pinned cudaMemcpyAsync of the same bytes, pipeline efficiency
+ *    wall / max(plain copy, attention), and Quest (--budget) against
+ *    offloaded full decode.
  * Figures are indicative; see docs/benchmarks.md. */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sift/cuda.h>
 #include <sift/sift.h>
 
 #include "bench-peak.h"
@@ -35,7 +42,8 @@ typedef struct {
   gint prefill_budget, decode_budget, steps;
   gint overhead_tokens;
   gint rows, reps;
-  char *decode_at, *sections;
+  char *decode_at, *sections, *device;
+  gint budget;
 } Opts;
 
 /* ---- A cheap deterministic source (the benchmark measures the engine) --- */
@@ -408,6 +416,115 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   return SIFT_EXIT_OK;
 }
 
+/* ---- 4. The GPU: offloaded decode with K/V in pinned host memory -------- */
+
+typedef struct {
+  double step;        /* median wall seconds of a decode step (all layers) */
+  double bytes;       /* bytes loaded per step */
+  double load, compute, stalled; /* event-timed seconds per step: copy stream, kernels, compute stream waiting */
+  double density;
+} GpuRun;
+
+static int
+cmp_seconds (const void *a, const void *b)
+{
+  double x = *(const double *) a, y = *(const double *) b;
+  return (x > y) - (x < y);
+}
+
+/* Prefills o->tokens with a select-only prefill (the sink and the last
+ * block), then times o->steps decode steps with `decode` (NULL: full). */
+static gboolean
+gpu_run (const Opts *o, const SiftModelShape *shape, SiftPolicy *decode, GpuRun *out, GError **error)
+{
+  SiftStoreConfig sc = { SIFT_DTYPE_BF16, shape->n_kv_heads, shape->block_size, shape->head_dim, 0, NULL, FALSE,
+                         FALSE };
+  g_autoptr (SiftStore) store = sift_store_host_new (&sc, error);
+  if (store == NULL)
+    return FALSE;
+  SiftEngineConfig ec = { *shape, SIFT_DTYPE_BF16, o->slots, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CUDA };
+  g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
+  if (engine == NULL)
+    return FALSE;
+  g_autoptr (SiftPolicy) window = sift_policy_new (&window_ops, NULL, shape, error);
+  if (window == NULL)
+    return FALSE;
+  ((WindowPolicy *) window)->budget = 1;
+  g_autofree SiftPolicy **pre = g_new (SiftPolicy *, shape->n_layers), **dec = g_new (SiftPolicy *, shape->n_layers);
+  for (gint32 l = 0; l < shape->n_layers; l++)
+    pre[l] = window, dec[l] = decode;
+  g_autoptr (SiftModel) src = pattern_new (shape);
+  g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, pre, dec, error);
+  if (runner == NULL || !sift_runner_prefill (runner, o->tokens, NULL, NULL, error)
+      || !sift_runner_decode (runner, 1, NULL, NULL, error)) /* untimed: warm-up, Quest's first bounds */
+    return FALSE;
+  g_autofree double *wall = g_new (double, o->steps);
+  SiftCounters a, b;
+  sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &a);
+  for (gint i = 0; i < o->steps; i++)
+    {
+      double t0 = now_s ();
+      if (!sift_runner_decode (runner, o->rows, NULL, NULL, error))
+        return FALSE;
+      wall[i] = now_s () - t0;
+    }
+  sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &b);
+  qsort (wall, (gsize) o->steps, sizeof (double), cmp_seconds);
+  out->step = wall[o->steps / 2];
+  out->bytes = (double) (b.bytes_loaded - a.bytes_loaded) / o->steps;
+  out->load = (b.seconds_load - a.seconds_load) / o->steps;
+  out->compute = (b.seconds_compute - a.seconds_compute) / o->steps;
+  out->stalled = (b.seconds_stalled - a.seconds_stalled) / o->steps;
+  guint64 avail = b.tokens_available - a.tokens_available;
+  out->density = avail ? (double) (b.tokens_attended - a.tokens_attended) / (double) avail : 0.0;
+  return TRUE;
+}
+
+static void
+gpu_line (const char *what, const GpuRun *r, double copy)
+{
+  const double rate = r->bytes / r->step, plain = r->bytes / copy;
+  printf ("  %-14s %9.3f %9.1f %9.2f %9.2f %7.2f %9.3f %9.3f %9.3f %7.2f %7.3f\n", what, r->step * 1e3,
+          r->bytes / 1e6, rate / 1e9, plain / 1e9, rate / plain, copy * 1e3, r->compute * 1e3, r->stalled * 1e3,
+          r->step / MAX (copy, r->compute), r->density);
+}
+
+static int
+bench_gpu (const Opts *o)
+{
+  g_autoptr (GError) error = NULL;
+  if (!sift_cuda_init (&error))
+    return sift_cli_fail ("bench offload", error);
+  SiftModelShape shape = { o->layers, 32, 8, 128, o->block, MAX (o->chunk, 4096), 0.0f };
+  printf ("offloaded decode on %s: %d layers, 32/8 heads, head_dim 128, bf16 stored and computed, block %d, "
+          "%d slots, %" G_GINT64_FORMAT " tokens, %d steps of %d row(s), medians\n",
+          sift_cuda_device_name (), o->layers, o->block, o->slots, o->tokens, o->steps, o->rows);
+  SiftCliOptions cli = { 0 };
+  g_autoptr (SiftRegistry) registry = sift_cli_registry (&cli);
+  const SiftPolicyInfo *info = sift_registry_lookup (registry, "quest", &error);
+  g_autoptr (SiftParams) params = info ? sift_params_new (info->ops->params, &error) : NULL;
+  g_autofree char *budget = g_strdup_printf ("%d", o->budget);
+  g_autoptr (SiftPolicy) quest = params && sift_params_set_text (params, "token_budget", budget, &error)
+                                     && sift_params_set_text (params, "dense_layers", "[]", &error)
+                                   ? sift_policy_new (info->ops, params, &shape, &error) : NULL;
+  GpuRun full = { 0 }, q = { 0 };
+  double copy_full = 0, copy_q = 0;
+  if (quest == NULL || !gpu_run (o, &shape, NULL, &full, &error) || !gpu_run (o, &shape, quest, &q, &error)
+      || !sift_cuda_h2d_seconds ((gsize) full.bytes, 9, &copy_full, &error)
+      || !sift_cuda_h2d_seconds ((gsize) MAX (q.bytes, 1), 9, &copy_q, &error))
+    return sift_cli_fail ("bench offload", error);
+  printf ("  %-14s %9s %9s %9s %9s %7s %9s %9s %9s %7s %7s\n", "decode", "ms/step", "MB/step", "GB/s", "copy GB/s",
+          "ratio", "copy ms", "attn ms", "stall ms", "wall/mx", "density");
+  gpu_line ("full", &full, copy_full);
+  g_autofree char *name = g_strdup_printf ("quest %d", o->budget);
+  gpu_line (name, &q, copy_q);
+  printf ("  ratio: bytes moved per step / a plain pinned cudaMemcpyAsync of the same bytes (copy GB/s); "
+          "wall/mx: wall / max(copy ms, attn ms)\n");
+  printf ("  quest %d vs full: %.2fx per-token speed, %.4f of the bytes (budget / context %.4f)\n", o->budget,
+          full.step / q.step, q.bytes / full.bytes, (double) o->budget / (double) o->tokens);
+  return SIFT_EXIT_OK;
+}
+
 /* ---- 3. What the engine adds over the dense kernels ---------------------- */
 
 /* Contiguous copies of the pattern's q [tokens][q_heads][dim] and k, v
@@ -712,6 +829,7 @@ sift_bench_offload (int argc, char **argv)
     .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 128, .chunk = 128, .slots = 4,
     .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
     .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048, .rows = 1, .reps = 5,
+    .budget = 2048,
   };
   GOptionEntry entries[] = {
     { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
@@ -741,10 +859,27 @@ sift_bench_offload (int argc, char **argv)
     { "rows", 0, 0, G_OPTION_ARG_INT, &o.rows, "Query rows per decode step in the pipeline test (1..16, default 1)", "N" },
     { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
+    { "device", 0, 0, G_OPTION_ARG_STRING, &o.device, "cpu (default) or cuda: offloaded decode on the GPU", "D" },
+    { "budget", 0, 0, G_OPTION_ARG_INT, &o.budget, "--device cuda: Quest's token budget (default 2048)", "N" },
     G_OPTION_ENTRY_NULL,
   };
   if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
     return SIFT_EXIT_USAGE;
+  if (o.device != NULL && strcmp (o.device, "cpu") != 0)
+    {
+      int st = SIFT_EXIT_USAGE;
+      if (strcmp (o.device, "cuda") != 0)
+        fprintf (stderr, "sift bench offload: --device %s: expected cpu or cuda\n", o.device);
+      else if (o.budget < 1 || o.rows < 1 || o.rows > SIFT_ATTN_DECODE_MAX_ROWS || o.steps < 1 || o.slots < 2
+               || o.block < 1 || o.tokens < o.block || o.layers < 1)
+        fprintf (stderr, "sift bench offload: --device cuda needs --budget >= 1, --rows 1..%d, --steps >= 1, "
+                 "--slots >= 2, --layers >= 1 and --tokens >= --block\n", SIFT_ATTN_DECODE_MAX_ROWS);
+      else
+        st = bench_gpu (&o);
+      g_free (o.device), g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
+      return st;
+    }
+  g_free (o.device);
   if (o.sections == NULL)
     o.sections = g_strdup ("stores,pipeline,overhead");
   if (o.decode_at == NULL)
