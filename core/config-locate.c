@@ -177,6 +177,15 @@ sift_config_locate (const SiftConfig *config, const char *const *keys, const cha
 }
 
 gboolean
+sift_config_is_set (const SiftConfig *config, const char *key)
+{
+  g_return_val_if_fail (config != NULL && key != NULL, FALSE);
+  const Config *cfg = (const Config *) config;
+  gpointer field = sift_config_value_at (cfg, key, NULL);
+  return field != NULL && sift_config_origin_at (cfg, field) != NULL;
+}
+
+gboolean
 sift_config_fail (const SiftConfig *config, GError **error, gint code, const char *const *keys, const char *fmt, ...)
 {
   g_return_val_if_fail (config != NULL && fmt != NULL, FALSE);

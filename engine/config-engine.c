@@ -2,6 +2,7 @@
  * and offload.* (the store and the ring), registered when libsift loads. */
 #include <stddef.h>
 
+#include <sift/cuda.h>
 #include <sift/engine.h>
 #include <sift/error.h>
 
@@ -25,6 +26,10 @@ static const SiftConfigEnumValue pipelines[] = {
   { "ring", SIFT_PIPELINE_RING }, { "cross_layer", SIFT_PIPELINE_CROSS_LAYER }, { NULL, 0 },
 };
 
+static const SiftConfigEnumValue devices[] = {
+  { "cpu", SIFT_DEVICE_CPU }, { "cuda", SIFT_DEVICE_CUDA }, { NULL, 0 },
+};
+
 static const SiftConfigKey kv_keys[] = {
   { "store_dtype", SIFT_CONFIG_KEY_ENUM, KOFF (store_dtype), 0, NO_RANGE, store_dtypes, "f16", "dtype of stored blocks: f32 | f16 | bf16 | q8_0" },
   { "compute_dtype", SIFT_CONFIG_KEY_ENUM, KOFF (compute_dtype), 0, NO_RANGE, compute_dtypes, "f32", "dtype of compute-side buffers: f32 | f16 | bf16" },
@@ -43,8 +48,52 @@ static const SiftConfigKey offload_keys[] = {
   { "ring_slots", SIFT_CONFIG_KEY_INT32, OOFF (ring_slots), 0, 2, 1024, NULL, "4", "compute-side ring slots of one block each (>= 2)" },
   { "pipeline", SIFT_CONFIG_KEY_ENUM, OOFF (pipeline), 0, NO_RANGE, pipelines, "ring", "decode loading: ring | cross_layer" },
   { "force_copy", SIFT_CONFIG_KEY_BOOL, OOFF (force_copy), 0, NO_RANGE, NULL, "false", "copy every ring load, even where the host store's blocks could be read in place (zero-copy)" },
+  { "device", SIFT_CONFIG_KEY_ENUM, OOFF (device), 0, NO_RANGE, devices, "cpu", "where the compute side runs: cpu | cuda (ring slots and buffers on the GPU, the host store pinned; kv.compute_dtype f16 or bf16, model.head_dim 64 or 128, policies that only select blocks)" },
   { NULL },
 };
+
+/* offload.device cuda: a library built with CUDA, the dtypes and head
+ * sizes the GPU kernels take, and policies without their own (CPU)
+ * attention. Whether a GPU is there is known when the engine is made. */
+static gboolean
+check_offload (const SiftConfig *config, gconstpointer values, GError **error)
+{
+  const SiftOffloadConfig *off = values;
+  if (off->device != SIFT_DEVICE_CUDA)
+    return TRUE;
+  const char *const keys[] = { "offload.device", NULL };
+  if (!sift_cuda_built ())
+    return sift_config_fail (config, error, SIFT_CONFIG_ERROR_INVALID, keys,
+                             "offload.device cuda: this sift was built without CUDA (meson setup -Dcuda=enabled "
+                             "needs nvcc)");
+  const SiftKvConfig *kv = sift_kv_config (config);
+  if (kv->compute_dtype != SIFT_DTYPE_F16 && kv->compute_dtype != SIFT_DTYPE_BF16)
+    return sift_config_fail (config, error, SIFT_CONFIG_ERROR_INVALID,
+                             (const char *const[]) { "kv.compute_dtype", "offload.device", NULL },
+                             "offload.device cuda computes in f16 or bf16, but kv.compute_dtype is %s",
+                             sift_dtype_name (kv->compute_dtype));
+  if (config->shape.head_dim != 64 && config->shape.head_dim != 128)
+    return sift_config_fail (config, error, SIFT_CONFIG_ERROR_INVALID,
+                             (const char *const[]) { "model.head_dim", "offload.device", NULL },
+                             "offload.device cuda: the GPU kernels take model.head_dim 64 or 128, not %d",
+                             config->shape.head_dim);
+  for (guint i = 0; i < config->setups->len; i++)
+    {
+      const SiftPolicySetup *s = config->setups->pdata[i];
+      const SiftPolicyChoice *ph[2] = { &s->prefill, &s->decode };
+      for (int p = 0; p < 2; p++)
+        {
+          const SiftPolicyOps *ops = ph[p]->ops;
+          if (ops != NULL && (p == 0 ? ops->compute_chunked_prefill : ops->compute_chunked_decode) != NULL)
+            return sift_config_fail_setup (config, i, error, SIFT_CONFIG_ERROR_INVALID,
+                                           ".%s: policy '%s' computes its own attention on the CPU "
+                                           "(compute_chunked_%s); offload.device cuda runs only policies that "
+                                           "select blocks (full, quest, h2o, ...)",
+                                           p == 0 ? "prefill" : "decode", ph[p]->name, p == 0 ? "prefill" : "decode");
+        }
+    }
+  return TRUE;
+}
 
 /* The store's dtype against the shape, and a bounded cache against what
  * eviction must keep: the protected tokens and the block just offloaded
@@ -92,7 +141,7 @@ const SiftConfigSection sift_kv_config_section = {
   "kv", 110, "KV blocks and dtypes", sizeof (SiftKvConfig), kv_keys, check_kv,
 };
 const SiftConfigSection sift_offload_config_section = {
-  "offload", 200, "the store and the compute-side ring", sizeof (SiftOffloadConfig), offload_keys, NULL,
+  "offload", 200, "the store and the compute-side ring", sizeof (SiftOffloadConfig), offload_keys, check_offload,
 };
 
 const SiftKvConfig *

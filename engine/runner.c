@@ -48,7 +48,7 @@ policy_name (SiftPolicy *p)
 }
 
 static gboolean
-check_policy (SiftPolicy *p, SiftPhase phase, gint32 layer, GError **error)
+check_policy (SiftEngine *e, SiftPolicy *p, SiftPhase phase, gint32 layer, GError **error)
 {
   if (p == NULL)
     return TRUE;
@@ -65,6 +65,19 @@ check_policy (SiftPolicy *p, SiftPhase phase, gint32 layer, GError **error)
     {
       g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID,
                    "runner: policy '%s' requires block selection but has no select_blocks", p->ops->name);
+      return FALSE;
+    }
+  /* A policy's own compute reads and writes host views; on another device
+   * only the default pipeline runs (docs/abi.md, "A GPU compute method"). */
+  const gboolean own = phase == SIFT_PHASE_PREFILL ? p->ops->compute_chunked_prefill != NULL
+                                                   : p->ops->compute_chunked_decode != NULL;
+  if (own && e->config.device != SIFT_DEVICE_CPU)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_INVALID,
+                   "runner: policy '%s' (layer %d's %s) computes its own attention (compute_chunked_%s) on the "
+                   "CPU; offload.device %s runs only policies that select blocks (full, quest, h2o, ...): "
+                   "use offload.device cpu for it",
+                   p->ops->name, layer, ph, ph, sift_device_name (e->config.device));
       return FALSE;
     }
   return TRUE;
@@ -87,8 +100,8 @@ sift_runner_new (SiftEngine *engine, SiftModel *model, SiftPolicy *const *prefil
     }
   const gint32 L = s->n_layers;
   for (gint32 l = 0; l < L; l++)
-    if (!check_policy (prefill ? prefill[l] : NULL, SIFT_PHASE_PREFILL, l, error)
-        || !check_policy (decode ? decode[l] : NULL, SIFT_PHASE_DECODE, l, error))
+    if (!check_policy (engine, prefill ? prefill[l] : NULL, SIFT_PHASE_PREFILL, l, error)
+        || !check_policy (engine, decode ? decode[l] : NULL, SIFT_PHASE_DECODE, l, error))
       return NULL;
   SiftRunner *r = g_new0 (SiftRunner, 1);
   r->engine = engine;

@@ -10,6 +10,12 @@
  *    the cross-layer pipeline for decode).
  * 3. What the engine adds: dense prefill and decode through the engine
  *    against the dense kernels on contiguous memory.
+ * --device cuda: offloaded decode on the GPU instead (offload.device cuda:
+ *    K/V in pinned host memory, the ring's slots on the GPU), 32 q / 8 kv
+ *    heads, head_dim 128, bf16: bytes moved per second beside a plain
+ *    pinned cudaMemcpyAsync of the same bytes, pipeline efficiency
+ *    wall / max(plain copy, attention), and Quest (--budget) against
+ *    offloaded full decode.
  * Figures are indicative; see docs/benchmarks.md. */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,29 +25,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sift/cuda.h>
 #include <sift/sift.h>
 
 #include "bench-peak.h"
 
 #include "cli.h"
 #include "commands.h"
+#include "bench-offload.h"
 
-typedef struct {
-  gint layers, q_heads, kv_heads, head_dim, block, chunk, slots;
-  gint64 tokens;
-  char *stored, *compute, *pipeline, *path, *stores;
-  gboolean direct, warm, quick, decode_only;
-  gint store_block, store_kv_heads, store_head_dim, store_blocks;
-  gint prefill_budget, decode_budget, steps;
-  gint overhead_tokens;
-  gint rows, reps;
-  char *decode_at, *sections;
-} Opts;
 
 /* ---- A cheap deterministic source (the benchmark measures the engine) --- */
 
-static gboolean
-pattern_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v, GError **error)
+gboolean
+offload_pattern_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, float *k, float *v, GError **error)
 {
   (void) error;
   const SiftModelShape *s = &src->shape;
@@ -60,10 +57,10 @@ pattern_qkv (SiftModel *src, gint32 layer, gint64 pos0, gint64 n, float *q, floa
   return TRUE;
 }
 
-static const SiftModelClass pattern_class = SIFT_MODEL_POSITIONAL_CLASS ("pattern", pattern_qkv, NULL);
+static const SiftModelClass pattern_class = SIFT_MODEL_POSITIONAL_CLASS ("pattern", offload_pattern_qkv, NULL);
 
-static SiftModel *
-pattern_new (const SiftModelShape *shape)
+SiftModel *
+offload_pattern_new (const SiftModelShape *shape)
 {
   SiftModel *s = g_new0 (SiftModel, 1);
   gboolean ok = sift_model_init (s, &pattern_class, shape, 0, NULL);
@@ -87,7 +84,7 @@ no_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float
   return TRUE;
 }
 
-static const SiftPolicyOps store_only_ops = {
+const SiftPolicyOps offload_store_only_ops = {
   SIFT_POLICY_OPS_HEADER,
   .name = "bench-store-only",
   .version = "1",
@@ -97,11 +94,6 @@ static const SiftPolicyOps store_only_ops = {
   .compute_chunked_prefill = no_compute,
 };
 
-/* Block 0 and the last `budget` blocks (all when budget <= 0). */
-typedef struct {
-  SiftPolicy parent;
-  gint budget;
-} WindowPolicy;
 
 static gboolean
 window_select (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *avail, gsize n, SiftSelection *sel,
@@ -115,7 +107,7 @@ window_select (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *ava
   return TRUE;
 }
 
-static const SiftPolicyOps window_ops = {
+const SiftPolicyOps offload_window_ops = {
   SIFT_POLICY_OPS_HEADER,
   .name = "bench-window",
   .version = "1",
@@ -153,8 +145,8 @@ static const SiftRunnerObserver wall_observer = { on_attention, on_selection };
 
 /* ---- Helpers ------------------------------------------------------------- */
 
-static double
-now_s (void)
+double
+offload_now_s (void)
 {
   return (double) g_get_monotonic_time () / G_USEC_PER_SEC;
 }
@@ -175,7 +167,7 @@ static gboolean
 ring_all (SiftEngine *e, gint64 n_blocks, double *secs, GError **error)
 {
   const gint32 ns = sift_engine_n_slots (e);
-  double t0 = now_s ();
+  double t0 = offload_now_s ();
   gint64 queued = 0;
   for (; queued < MIN (ns, n_blocks); queued++)
     if (!sift_engine_load_block (e, 0, queued, (gint32) queued, SIFT_LOAD_KV, error))
@@ -189,7 +181,7 @@ ring_all (SiftEngine *e, gint64 n_blocks, double *secs, GError **error)
       if (queued < n_blocks && !sift_engine_load_block (e, 0, queued++, slot, SIFT_LOAD_KV, error))
         return FALSE;
     }
-  *secs = now_s () - t0;
+  *secs = offload_now_s () - t0;
   return TRUE;
 }
 
@@ -242,8 +234,8 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
       g_autoptr (SiftEngine) engine = store ? sift_engine_new (&ec, store, &error) : NULL;
       if (engine != NULL) /* the copy worker is what is measured */
         sift_engine_set_force_copy (engine, TRUE);
-      g_autoptr (SiftModel) source = pattern_new (&shape);
-      g_autoptr (SiftPolicy) fill = sift_policy_new (&store_only_ops, NULL, &shape, NULL);
+      g_autoptr (SiftModel) source = offload_pattern_new (&shape);
+      g_autoptr (SiftPolicy) fill = sift_policy_new (&offload_store_only_ops, NULL, &shape, NULL);
       SiftPolicy *pre[1] = { fill };
       g_autoptr (SiftRunner) runner = engine ? sift_runner_new (engine, source, pre, NULL, &error) : NULL;
       if (runner == NULL || !sift_runner_prefill (runner, n_blocks * shape.block_size, NULL, NULL, &error))
@@ -257,10 +249,10 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
           double t0;
           if (!file)
             {
-              t0 = now_s ();
+              t0 = offload_now_s ();
               for (gint64 i = 0; i < n_blocks; i++)
                 memcpy (dst + (gsize) (i % o->slots) * bb, src[i], bb);
-              best_ref = MIN (best_ref, now_s () - t0);
+              best_ref = MIN (best_ref, offload_now_s () - t0);
             }
           else
             {
@@ -274,11 +266,11 @@ bench_stores (const Opts *o, SiftDType stored, SiftDType compute)
                   status = SIFT_EXIT_FAILED;
                   break;
                 }
-              t0 = now_s ();
+              t0 = offload_now_s ();
               for (gint64 i = 0; i < n_blocks; i++)
                 if (read (fd, buf, stride) != (gssize) stride)
                   break;
-              best_ref = MIN (best_ref, now_s () - t0);
+              best_ref = MIN (best_ref, offload_now_s () - t0);
               close (fd);
               if (!o->warm)
                 drop_cache (o->path);
@@ -365,9 +357,9 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   if (engine == NULL)
     return sift_cli_fail ("bench offload", error);
   sift_engine_set_force_copy (engine, copy);
-  g_autoptr (SiftModel) source = pattern_new (&shape);
-  g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &store_only_ops : &window_ops, NULL, &shape, &error);
-  g_autoptr (SiftPolicy) dp = sift_policy_new (&window_ops, NULL, &shape, &error);
+  g_autoptr (SiftModel) source = offload_pattern_new (&shape);
+  g_autoptr (SiftPolicy) pp = sift_policy_new (o->decode_only ? &offload_store_only_ops : &offload_window_ops, NULL, &shape, &error);
+  g_autoptr (SiftPolicy) dp = sift_policy_new (&offload_window_ops, NULL, &shape, &error);
   if (!o->decode_only)
     ((WindowPolicy *) pp)->budget = o->prefill_budget;
   ((WindowPolicy *) dp)->budget = o->decode_budget;
@@ -381,15 +373,15 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
     return sift_cli_fail ("bench offload", error);
   Wall wp = { 0, 0 }, wd = { 0, 0 };
   sift_runner_set_observer (runner, &wall_observer, &wp);
-  double t0 = now_s (), c0 = sift_bench_cpu_seconds ();
+  double t0 = offload_now_s (), c0 = sift_bench_cpu_seconds ();
   if (!sift_runner_prefill (runner, o->tokens, NULL, NULL, &error))
     return sift_cli_fail ("bench offload", error);
-  double t1 = now_s (), c1 = sift_bench_cpu_seconds ();
+  double t1 = offload_now_s (), c1 = sift_bench_cpu_seconds ();
   sift_runner_set_observer (runner, &wall_observer, &wd);
   for (gint i = 0; i < o->steps; i++)
     if (!sift_runner_decode (runner, o->rows, NULL, NULL, &error))
       return sift_cli_fail ("bench offload", error);
-  double t2 = now_s (), c2 = sift_bench_cpu_seconds ();
+  double t2 = offload_now_s (), c2 = sift_bench_cpu_seconds ();
   Phase p, d;
   phase_of (engine, SIFT_PHASE_PREFILL, &wp, &p);
   phase_of (engine, SIFT_PHASE_DECODE, &wd, &d);
@@ -405,238 +397,6 @@ bench_pipeline (const Opts *o, SiftStore *store, SiftDType compute, gboolean cop
   printf ("  decode loaded %.1f MiB in %d steps, %.1f MiB of them copied (%.2f GiB/s while copying)\n",
           (double) c.bytes_loaded / 1048576.0, o->steps, (double) (c.bytes_loaded - c.bytes_mapped) / 1048576.0,
           c.seconds_load > 0 ? (double) (c.bytes_loaded - c.bytes_mapped) / c.seconds_load / 1073741824.0 : 0.0);
-  return SIFT_EXIT_OK;
-}
-
-/* ---- 3. What the engine adds over the dense kernels ---------------------- */
-
-/* Contiguous copies of the pattern's q [tokens][q_heads][dim] and k, v
- * [kv_heads][tokens][dim] in the compute dtype: the engine's own block
- * layout (and the kernels' fastest), so the reference is the best case. */
-typedef struct {
-  float *q;
-  void *k, *v;
-  SiftDType dtype;
-} Contig;
-
-static void
-contig_init (Contig *c, SiftModel *src, const SiftModelShape *s, gint64 n, SiftDType dtype)
-{
-  const gsize nk = (gsize) n * (gsize) s->n_kv_heads * (gsize) s->head_dim;
-  c->q = g_new (float, (gsize) n * (gsize) s->n_q_heads * (gsize) s->head_dim);
-  float *k = g_new (float, nk), *v = g_new (float, nk);
-  float *kt = g_new (float, nk), *vt = g_new (float, nk);
-  pattern_qkv (src, 0, 0, n, c->q, kt, vt, NULL);
-  const gsize d = (gsize) s->head_dim, H = (gsize) s->n_kv_heads;
-  for (gsize h = 0; h < H; h++)
-    for (gsize t = 0; t < (gsize) n; t++)
-      {
-        memcpy (k + (h * (gsize) n + t) * d, kt + (t * H + h) * d, d * sizeof (float));
-        memcpy (v + (h * (gsize) n + t) * d, vt + (t * H + h) * d, d * sizeof (float));
-      }
-  g_free (kt);
-  g_free (vt);
-  c->dtype = dtype;
-  /* The engine's stores and buffers are on huge pages (sift_mem_alloc):
-   * so is the contiguous reference. */
-  c->k = sift_mem_alloc (nk * sift_dtype_size (dtype));
-  c->v = sift_mem_alloc (nk * sift_dtype_size (dtype));
-  if (c->k == NULL || c->v == NULL)
-    g_error ("sift bench offload: out of memory");
-  sift_convert (k, SIFT_DTYPE_F32, c->k, dtype, nk);
-  sift_convert (v, SIFT_DTYPE_F32, c->v, dtype, nk);
-  g_free (k);
-  g_free (v);
-}
-
-static void
-contig_clear (Contig *c)
-{
-  g_free (c->q), sift_mem_free (c->k), sift_mem_free (c->v);
-}
-
-/* Seconds the engine spent in attention (kernels and merges) and stalled
- * on loads and stores, summed over layers, of one phase. */
-static double
-engine_secs (SiftEngine *e, SiftPhase ph)
-{
-  SiftCounters c;
-  sift_engine_counters (e, -1, ph, &c);
-  return c.seconds_compute + c.seconds_stalled;
-}
-
-/* One layer through the engine: dense decode, and dense prefill or a
- * prefill that only stores. */
-typedef struct {
-  SiftEngine *engine;
-  SiftModel *source;
-  SiftPolicy *fill;
-  SiftRunner *runner;
-} Bed;
-
-static void
-bed_clear (Bed *b)
-{
-  sift_runner_free (b->runner);
-  sift_policy_free (b->fill);
-  sift_model_free (b->source);
-  sift_engine_free (b->engine);
-}
-
-static gboolean
-bed_init (Bed *b, const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gboolean prefill_dense,
-          GError **error)
-{
-  memset (b, 0, sizeof *b);
-  SiftModelShape shape = { 1, o->q_heads, o->kv_heads, o->head_dim, o->block, o->chunk, 0 };
-  SiftEngineConfig ec = { .shape = shape, .compute_dtype = compute, .n_slots = o->slots };
-  b->engine = sift_engine_new (&ec, store, error);
-  if (b->engine == NULL)
-    return FALSE;
-  sift_engine_set_force_copy (b->engine, copy);
-  b->source = pattern_new (&shape);
-  b->fill = prefill_dense ? NULL : sift_policy_new (&store_only_ops, NULL, &shape, NULL);
-  SiftPolicy *pre[1] = { b->fill };
-  b->runner = sift_runner_new (b->engine, b->source, pre, NULL, error);
-  if (b->runner == NULL)
-    {
-      bed_clear (b);
-      return FALSE;
-    }
-  return TRUE;
-}
-
-static void
-overhead_line (const char *what, double engine, double kernel, const char *unit, double mult)
-{
-  printf ("  %-28s engine %9.3f %s, kernel %9.3f %s: %+6.1f%% (target <= +10%%)\n", what, engine * mult, unit,
-          kernel * mult, unit, 100.0 * (engine / kernel - 1.0));
-}
-
-/* Dense prefill of n tokens through the engine against sift_attn_dense on
- * contiguous memory, alternating, best of `reps`. */
-static gboolean
-overhead_prefill (const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gint reps, GError **error)
-{
-  Bed bed;
-  if (!bed_init (&bed, o, store, compute, copy, TRUE, error))
-    return FALSE;
-  SiftEngine *engine = bed.engine;
-  SiftRunner *runner = bed.runner;
-  const gint64 n = o->overhead_tokens;
-  SiftModelShape shape = sift_engine_config (engine)->shape;
-  Contig c;
-  SiftModel *src = pattern_new (&shape);
-  contig_init (&c, src, &shape, n, compute);
-  sift_model_free (src);
-  g_autofree float *out = g_new (float, (gsize) n * shape.n_q_heads * shape.head_dim);
-  g_autofree float *lse = g_new (float, (gsize) n * shape.n_q_heads);
-  SiftView qv = sift_view_thd (c.q, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
-  SiftView kv = sift_view_htd (c.k, compute, shape.n_kv_heads, n, shape.head_dim);
-  SiftView vv = sift_view_htd (c.v, compute, shape.n_kv_heads, n, shape.head_dim);
-  SiftView ov = sift_view_thd (out, SIFT_DTYPE_F32, n, shape.n_q_heads, shape.head_dim);
-  SiftAttnOpts causal = { .causal = TRUE };
-  double best_e = 1e30, best_k = 1e30;
-  gboolean ok = TRUE;
-  for (gint r = 0; r < reps && ok; r++)
-    {
-      sift_runner_reset (runner);
-      ok = sift_runner_prefill (runner, n, NULL, NULL, error);
-      best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_PREFILL));
-      double t0 = now_s ();
-      sift_attn_dense (&qv, &kv, &vv, &causal, &ov, lse, NULL);
-      best_k = MIN (best_k, now_s () - t0);
-    }
-  if (ok)
-    {
-      g_autofree char *what = g_strdup_printf ("prefill %" G_GINT64_FORMAT " (chunk %d)", n, shape.chunk_size);
-      overhead_line (what, best_e, best_k, "s ", 1.0);
-    }
-  contig_clear (&c);
-  bed_clear (&bed);
-  return ok;
-}
-
-/* Dense decode after a prompt of n tokens (stored without attention):
- * each step through the engine, then sift_attn_decode over the same keys on
- * contiguous memory; best step of each. */
-static gboolean
-overhead_decode (const Opts *o, SiftStore *store, SiftDType compute, gboolean copy, gint64 n, gint steps,
-                 GError **error)
-{
-  Bed bed;
-  if (!bed_init (&bed, o, store, compute, copy, FALSE, error))
-    return FALSE;
-  SiftEngine *engine = bed.engine;
-  SiftRunner *runner = bed.runner;
-  SiftModelShape shape = sift_engine_config (engine)->shape;
-  const gint64 total = n + steps;
-  Contig c;
-  SiftModel *src = pattern_new (&shape);
-  contig_init (&c, src, &shape, total, compute);
-  sift_model_free (src);
-  g_autofree float *o1 = g_new (float, (gsize) shape.n_q_heads * shape.head_dim);
-  g_autofree float *lse = g_new (float, (gsize) shape.n_q_heads);
-  const SiftView kall = sift_view_htd (c.k, compute, shape.n_kv_heads, total, shape.head_dim);
-  const SiftView vall = sift_view_htd (c.v, compute, shape.n_kv_heads, total, shape.head_dim);
-  double best_e = 1e30, best_k = 1e30;
-  gboolean ok = sift_runner_prefill (runner, n, NULL, NULL, error);
-  for (gint i = 0; i < steps && ok; i++)
-    {
-      double before = engine_secs (engine, SIFT_PHASE_DECODE);
-      ok = sift_runner_decode (runner, 1, NULL, NULL, error);
-      best_e = MIN (best_e, engine_secs (engine, SIFT_PHASE_DECODE) - before);
-      const gint64 keys = n + i + 1;
-      SiftView q1 = sift_view_thd (c.q + (gsize) (keys - 1) * shape.n_q_heads * shape.head_dim, SIFT_DTYPE_F32, 1,
-                                   shape.n_q_heads, shape.head_dim);
-      /* The first `keys` tokens of each head (the head stride stays the full length's). */
-      SiftView k1 = sift_view_tokens (&kall, 0, keys), v1 = sift_view_tokens (&vall, 0, keys);
-      SiftView ov = sift_view_thd (o1, SIFT_DTYPE_F32, 1, shape.n_q_heads, shape.head_dim);
-      double t0 = now_s ();
-      sift_attn_decode (&q1, &k1, &v1, NULL, &ov, lse, NULL);
-      best_k = MIN (best_k, now_s () - t0);
-    }
-  if (ok)
-    {
-      g_autofree char *what = g_strdup_printf ("decode at %" G_GINT64_FORMAT, n);
-      overhead_line (what, best_e, best_k, "ms", 1e3);
-    }
-  contig_clear (&c);
-  bed_clear (&bed);
-  return ok;
-}
-
-static int
-bench_overhead (const Opts *o, SiftDType stored, SiftDType compute)
-{
-  g_autoptr (GError) error = NULL;
-  SiftStoreConfig sc = { stored, o->kv_heads, o->block, o->head_dim, 0, NULL, FALSE, FALSE };
-  g_autoptr (SiftStore) store = sift_store_host_new (&sc, &error);
-  if (store == NULL)
-    return sift_cli_fail ("bench offload", error);
-  g_auto (GStrv) lengths = g_strsplit (o->decode_at, ",", -1);
-  const gint steps = MAX (o->steps / 2, 4), reps = o->reps;
-  printf ("\nEngine overhead, dense (no policy), 1 layer, %d/%d heads x %d, block %d, host store %s, compute %s,\n"
-          "against the kernels on contiguous %s memory (engine: seconds in attention + stalled; best of %d prefills,"
-          " best step of %d):\n",
-          o->q_heads, o->kv_heads, o->head_dim, o->block, sift_dtype_name (stored), sift_dtype_name (compute),
-          sift_dtype_name (compute), reps, steps);
-  for (int copy = 0; copy < 2; copy++)
-    {
-      if (!copy && stored != compute)
-        {
-          printf (" zero-copy: not possible (stored %s, compute %s: every load converts)\n", sift_dtype_name (stored),
-                  sift_dtype_name (compute));
-          continue;
-        }
-      printf (" %s\n", copy ? "copying (offload.force_copy: true; every block copied into a ring slot)"
-                            : "zero-copy (resident blocks read in place)");
-      if (!overhead_prefill (o, store, compute, copy, reps, &error))
-        return sift_cli_fail ("bench offload", error);
-      for (char **l = lengths; *l != NULL; l++)
-        if (!overhead_decode (o, store, compute, copy, g_ascii_strtoll (*l, NULL, 10), steps, &error))
-          return sift_cli_fail ("bench offload", error);
-    }
   return SIFT_EXIT_OK;
 }
 
@@ -712,6 +472,7 @@ sift_bench_offload (int argc, char **argv)
     .layers = 2, .q_heads = 4, .kv_heads = 1, .head_dim = 64, .block = 128, .chunk = 128, .slots = 4,
     .tokens = 32768, .store_block = 256, .store_kv_heads = 8, .store_head_dim = 128, .store_blocks = 256,
     .prefill_budget = 1, .decode_budget = 0, .steps = 32, .overhead_tokens = 2048, .rows = 1, .reps = 5,
+    .budget = 2048,
   };
   GOptionEntry entries[] = {
     { "stores", 0, 0, G_OPTION_ARG_STRING, &o.stores, "Stores to measure: host,file (default both)", "LIST" },
@@ -741,10 +502,27 @@ sift_bench_offload (int argc, char **argv)
     { "rows", 0, 0, G_OPTION_ARG_INT, &o.rows, "Query rows per decode step in the pipeline test (1..16, default 1)", "N" },
     { "decode-only", 0, 0, G_OPTION_ARG_NONE, &o.decode_only, "Prefill stores without attention (decode figures only)", NULL },
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
+    { "device", 0, 0, G_OPTION_ARG_STRING, &o.device, "cpu (default) or cuda: offloaded decode on the GPU", "D" },
+    { "budget", 0, 0, G_OPTION_ARG_INT, &o.budget, "--device cuda: Quest's token budget (default 2048)", "N" },
     G_OPTION_ENTRY_NULL,
   };
   if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
     return SIFT_EXIT_USAGE;
+  if (o.device != NULL && strcmp (o.device, "cpu") != 0)
+    {
+      int st = SIFT_EXIT_USAGE;
+      if (strcmp (o.device, "cuda") != 0)
+        fprintf (stderr, "sift bench offload: --device %s: expected cpu or cuda\n", o.device);
+      else if (o.budget < 1 || o.rows < 1 || o.rows > SIFT_ATTN_DECODE_MAX_ROWS || o.steps < 1 || o.slots < 2
+               || o.block < 1 || o.tokens < o.block || o.layers < 1)
+        fprintf (stderr, "sift bench offload: --device cuda needs --budget >= 1, --rows 1..%d, --steps >= 1, "
+                 "--slots >= 2, --layers >= 1 and --tokens >= --block\n", SIFT_ATTN_DECODE_MAX_ROWS);
+      else
+        st = bench_gpu (&o);
+      g_free (o.device), g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
+      return st;
+    }
+  g_free (o.device);
   if (o.sections == NULL)
     o.sections = g_strdup ("stores,pipeline,overhead");
   if (o.decode_at == NULL)

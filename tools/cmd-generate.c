@@ -34,7 +34,7 @@ open_model (const SiftConfig *cfg, const char *path, HarnessPipeline *p, GError 
 {
   g_autoptr (SiftModel) model = sift_model_gguf_new (path, cfg->shape.block_size, cfg->shape.chunk_size,
                                                      cfg->shape.scale, error);
-  if (model == NULL)
+  if (model == NULL || !harness_check_model_shape (cfg, path, model, error))
     return NULL;
   const SiftOffloadConfig *off = sift_offload_config (cfg);
   g_autofree char *store = off->store_path != NULL ? g_strdup (off->store_path)

@@ -343,30 +343,67 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
   return TRUE;
 }
 
+/* The stored bytes of a load's block when the copy can read them in
+ * place (pinned host store, the compute dtype), else NULL. */
+static const guint8 *
+in_place (CudaBackend *b, const SiftTransfer *t)
+{
+  return b->store_pinned && b->store->config.dtype == b->compute ? sift_store_map (b->store, t->store_id) : NULL;
+}
+
+/* Whether a load copies its block whole into a slot: K and V, one block
+ * of cap, V right after K on both sides (the stored layout). */
+static gboolean
+whole_block (CudaBackend *b, const SiftTransfer *t)
+{
+  return t->what == SIFT_LOAD_KV && t->cap == b->shape.block_size && t->v == t->k + b->store->k_bytes;
+}
+
+/* Loads t[0..n) from the store: runs of whole blocks that lie back to
+ * back both in the pinned store and in compute memory (a group of ring
+ * slots filled from consecutive stored blocks) are one copy; other
+ * in-place loads one 2D copy per half; the rest are staged. Each
+ * transfer's event is recorded after its copy. */
 static void
-run_load (CudaBackend *b, const SiftTransfer *t)
+run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
 {
   SiftStore *st = b->store;
-  const gboolean want_k = (t->what & SIFT_LOAD_K) != 0, want_v = (t->what & SIFT_LOAD_V) != 0;
-  const gsize kb = st->k_bytes;
-  const guint64 bytes = (want_k && want_v) ? 2 * kb : kb;
-  GError *err = NULL;
-  gboolean ok = TRUE;
-  const guint8 *p = b->store_pinned && st->config.dtype == b->compute ? sift_store_map (st, t->store_id) : NULL;
-  if (p != NULL)
+  const gsize kb = st->k_bytes, bb = st->block_bytes;
+  for (gsize i = 0; i < n;)
     {
-      if (want_k)
-        copy_half (b, t->k, t->cap, p);
-      if (want_v)
-        copy_half (b, t->v, t->cap, p + kb);
+      const SiftTransfer *ti = &t[i];
+      const gboolean want_k = (ti->what & SIFT_LOAD_K) != 0, want_v = (ti->what & SIFT_LOAD_V) != 0;
+      const guint64 bytes = (want_k && want_v) ? 2 * kb : kb;
+      const guint8 *p = in_place (b, ti);
+      GError *err = NULL;
+      gboolean ok = TRUE;
+      gsize run = 1;
+      if (p != NULL && whole_block (b, ti))
+        {
+          while (i + run < n && t[i + run].kind == SIFT_TRANSFER_LOAD && whole_block (b, &t[i + run])
+                 && t[i + run].k == ti->k + run * bb && in_place (b, &t[i + run]) == p + run * bb)
+            run++;
+          note_failure (b, cudaMemcpyAsync (ti->k, p, run * bb, cudaMemcpyHostToDevice, b->xs), "copy to the GPU");
+        }
+      else if (p != NULL)
+        {
+          if (want_k)
+            copy_half (b, ti->k, ti->cap, p);
+          if (want_v)
+            copy_half (b, ti->v, ti->cap, p + kb);
+        }
+      else
+        ok = load_staged (b, ti, want_k, want_v, &err);
+      for (gsize j = i; j < i + run; j++)
+        {
+          b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], ok, ok ? bytes : 0, 0.0, err);
+          if (!ok)
+            event_fail (t[j].event, err);
+          cudaEventRecord (t[j].event->ev, b->xs);
+          t[j].event->recorded = TRUE;
+        }
+      i += run;
     }
-  else
-    ok = load_staged (b, t, want_k, want_v, &err);
-  b->parent.setup.sink.done (b->parent.setup.sink.user, t, ok, ok ? bytes : 0, 0.0, err);
-  if (!ok)
-    event_fail (t->event, err);
-  cudaEventRecord (t->event->ev, b->xs);
-  t->event->recorded = TRUE;
 }
 
 /* Packs one half from [n_kv_heads][cap][head_dim] compute elements
@@ -436,11 +473,16 @@ cuda_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
       cudaStreamWaitEvent (b->xs, b->compute_done, 0);
       tm = time_begin (b, b->xs, TIME_LOAD);
     }
-  for (gsize i = 0; i < n; i++)
-    if (t[i].kind == SIFT_TRANSFER_LOAD)
-      run_load (b, &t[i]);
-    else
-      run_store (b, &t[i]);
+  for (gsize i = 0; i < n;)
+    {
+      gsize run = 0; /* loads in submission order, stores between them */
+      while (i + run < n && t[i + run].kind == SIFT_TRANSFER_LOAD)
+        run++;
+      if (run > 0)
+        run_loads (b, t + i, run), i += run;
+      else
+        run_store (b, &t[i++]);
+    }
   if (loads)
     time_end (b, &tm, b->xs);
 }
@@ -638,7 +680,8 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   b->es = sift_dtype_size (b->compute);
   b->timed = g_array_new (FALSE, FALSE, sizeof (Timed));
   b->event_pool = g_array_new (FALSE, FALSE, sizeof (cudaEvent_t));
-  if (!check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
+  if (!sift_cuda_scratch_init (&b->scratch, 1 << 20, error)
+      || !check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaStreamCreateWithFlags (&b->xs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaEventCreateWithFlags (&b->compute_done, cudaEventDisableTiming), "cudaEventCreate", error)
       || !check (cudaEventCreateWithFlags (&b->arena_ev, cudaEventDisableTiming), "cudaEventCreate", error))

@@ -81,6 +81,13 @@ sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float
   return unavailable (error);
 }
 
+gboolean
+sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error)
+{
+  (void) bytes, (void) reps, (void) seconds;
+  return unavailable (error);
+}
+
 /* The engine's CUDA backend (engine/backend.h) is not built either. */
 #include "backend.h"
 

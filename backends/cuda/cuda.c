@@ -3,6 +3,8 @@
  * kernels themselves are in attn.cu. */
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -122,6 +124,57 @@ sift_cuda_synchronize (GError **error)
   return sift_cuda_init (error) && check (cudaDeviceSynchronize (), "a GPU kernel failed", error);
 }
 
+static int
+cmp_double (const void *a, const void *b)
+{
+  double x = *(const double *) a, y = *(const double *) b;
+  return (x > y) - (x < y);
+}
+
+gboolean
+sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error)
+{
+  g_return_val_if_fail (reps > 0 && seconds != NULL, FALSE);
+  if (!sift_cuda_init (error))
+    return FALSE;
+  void *host = NULL, *dev = NULL;
+  cudaStream_t s = NULL;
+  cudaEvent_t a = NULL, b = NULL;
+  g_autofree double *t = g_new (double, reps);
+  gboolean ok = check (cudaHostAlloc (&host, MAX (bytes, 1), cudaHostAllocPortable), "cudaHostAlloc", error)
+                && check (cudaMalloc (&dev, MAX (bytes, 1)), "cudaMalloc", error)
+                && check (cudaStreamCreateWithFlags (&s, cudaStreamNonBlocking), "cudaStreamCreate", error)
+                && check (cudaEventCreate (&a), "cudaEventCreate", error)
+                && check (cudaEventCreate (&b), "cudaEventCreate", error);
+  if (ok)
+    memset (host, 0x3c, bytes); /* touched, not zero pages */
+  for (gint i = -1; i < reps && ok; i++)
+    {
+      float ms = 0;
+      ok = check (cudaEventRecord (a, s), "cudaEventRecord", error)
+           && check (cudaMemcpyAsync (dev, host, bytes, cudaMemcpyHostToDevice, s), "copy to the device", error)
+           && check (cudaEventRecord (b, s), "cudaEventRecord", error)
+           && check (cudaEventSynchronize (b), "copy to the device", error)
+           && check (cudaEventElapsedTime (&ms, a, b), "cudaEventElapsedTime", error);
+      if (ok && i >= 0)
+        t[i] = ms / 1000.0;
+    }
+  if (ok)
+    {
+      qsort (t, (gsize) reps, sizeof (double), cmp_double);
+      *seconds = t[reps / 2];
+    }
+  if (a != NULL)
+    cudaEventDestroy (a);
+  if (b != NULL)
+    cudaEventDestroy (b);
+  if (s != NULL)
+    cudaStreamDestroy (s);
+  cudaFree (dev);
+  cudaFreeHost (host);
+  return ok;
+}
+
 /* Device scratch for the block table and the split partials, grown on
  * demand. Calls run in order on one stream, so a call's scratch is free
  * again once the next call's work starts; growing frees the old buffer,
@@ -150,6 +203,13 @@ void
 sift_cuda_scratch_clear (SiftCudaScratch *sc)
 {
   cudaFree (sc->ptr);
+  if (sc->tables_done != NULL)
+    {
+      cudaEventSynchronize ((cudaEvent_t) sc->tables_done);
+      cudaEventDestroy ((cudaEvent_t) sc->tables_done);
+    }
+  if (sc->tables != NULL)
+    cudaFreeHost (sc->tables);
   *sc = (SiftCudaScratch) { 0 };
 }
 
@@ -243,29 +303,75 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
   c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
   c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;
 
-  gsize table = a->n_blocks > 1 ? (a->n_blocks * sizeof (SiftCudaKvBlock) + 255) / 256 * 256 : 0;
+  const gsize tbytes = a->n_blocks > 1 ? a->n_blocks * sizeof (SiftCudaKvBlock) : 0;
+  /* A backend's scratch has pinned, mapped memory for block tables: the
+   * kernel reads the table from there, so no copy on the compute stream
+   * queues behind the copy stream's loads on the copy engine. */
+  const gboolean mapped = tbytes > 0 && sc->tables != NULL && tbytes <= sc->tables_size;
+  gsize table = tbytes > 0 && !mapped ? (tbytes + 255) / 256 * 256 : 0;
   gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
-  if (table + part > 0)
+  char *s = NULL;
+  if (table + part > 0 && (s = scratch_get (sc, table + part, error)) == NULL)
+    return FALSE;
+  if (tbytes > 0)
     {
-      char *s = scratch_get (sc, table + part, error);
-      if (s == NULL)
-        return FALSE;
-      if (table > 0)
+      SiftCudaKvBlock *t;
+      g_autofree SiftCudaKvBlock *copied = NULL;
+      gsize at = 0;
+      if (mapped)
         {
-          g_autofree SiftCudaKvBlock *t = g_new (SiftCudaKvBlock, a->n_blocks);
-          for (gsize b = 0; b < a->n_blocks; b++)
-            t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
-          if (!check (cudaMemcpyAsync (s, t, a->n_blocks * sizeof *t, cudaMemcpyHostToDevice, stream),
-                      "copy of the block table", error))
-            return FALSE;
-          c.blocks = (const SiftCudaKvBlock *) s;
-          c.n_blocks = (int32_t) a->n_blocks;
-          c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
+          if (sc->tables_at + tbytes > sc->tables_size)
+            {
+              cudaEventSynchronize ((cudaEvent_t) sc->tables_done); /* the launches that read them are done */
+              sc->tables_at = 0;
+            }
+          at = sc->tables_at;
+          t = (SiftCudaKvBlock *) (void *) (sc->tables + at);
+          sc->tables_at += (tbytes + 255) / 256 * 256;
         }
+      else
+        t = copied = g_new (SiftCudaKvBlock, a->n_blocks);
+      for (gsize b = 0; b < a->n_blocks; b++)
+        t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
+      if (mapped)
+        c.blocks = (const SiftCudaKvBlock *) (const void *) (sc->tables_dev + at);
+      else if (check (cudaMemcpyAsync (s, t, tbytes, cudaMemcpyHostToDevice, stream), "copy of the block table", error))
+        c.blocks = (const SiftCudaKvBlock *) s;
+      else
+        return FALSE;
+      c.n_blocks = (int32_t) a->n_blocks;
+      c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
+    }
+  if (part > 0)
+    {
       c.part_o = (float *) (s + table);
       c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
     }
-  return check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error);
+  if (!check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error))
+    return FALSE;
+  if (mapped)
+    cudaEventRecord ((cudaEvent_t) sc->tables_done, stream);
+  return TRUE;
+}
+
+gboolean
+sift_cuda_scratch_init (SiftCudaScratch *sc, gsize table_bytes, GError **error)
+{
+  *sc = (SiftCudaScratch) { 0 };
+  void *dev = NULL;
+  cudaEvent_t ev = NULL;
+  if (!check (cudaHostAlloc ((void **) &sc->tables, table_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+              "cudaHostAlloc (block tables)", error)
+      || !check (cudaHostGetDevicePointer (&dev, sc->tables, 0), "cudaHostGetDevicePointer", error)
+      || !check (cudaEventCreateWithFlags (&ev, cudaEventDisableTiming), "cudaEventCreate", error))
+    {
+      sift_cuda_scratch_clear (sc);
+      return FALSE;
+    }
+  sc->tables_dev = dev;
+  sc->tables_size = table_bytes;
+  sc->tables_done = ev;
+  return TRUE;
 }
 
 /* run() on the shared scratch and the legacy default stream. */

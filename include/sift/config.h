@@ -142,6 +142,9 @@ SIFT_API gboolean sift_config_set (SiftConfig *config, const char *assignment, S
  * written last, as "file:line:col: message" with the source line and a
  * caret; "file: message" when every one of them holds its default. */
 SIFT_API char *sift_config_locate (const SiftConfig *config, const char *const *keys, const char *message);
+/* Whether a file or an assignment wrote `key` (a dotted path such as
+ * "model.layers"); FALSE for a key left at its default or unknown. */
+SIFT_API gboolean sift_config_is_set (const SiftConfig *config, const char *key);
 /* For a section's check: sets `error` (SIFT_CONFIG_ERROR, `code`) to the
  * message placed as sift_config_locate places it; returns FALSE. */
 SIFT_API gboolean sift_config_fail (const SiftConfig *config, GError **error, gint code, const char *const *keys,

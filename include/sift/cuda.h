@@ -53,6 +53,11 @@ SIFT_API gboolean sift_cuda_memset (void *ptr, int byte, gsize bytes, GError **e
 /* Waits for every call issued so far; reports a fault that happened in one. */
 SIFT_API gboolean sift_cuda_synchronize (GError **error);
 
+/* Seconds of one cudaMemcpyAsync of `bytes` from pinned host memory to
+ * the device, timed with events (the median of `reps`): the plain copy
+ * that an offload pipeline's loads are held against. */
+SIFT_API gboolean sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error);
+
 /* The kernels: what their CPU namesakes in <sift/attn.h> compute, on
  * device views. Shape and argument errors are SIFT_ATTN_ERROR as on the
  * CPU; f32 K/V or another head_dim is SIFT_CUDA_ERROR_UNSUPPORTED. */

@@ -28,6 +28,13 @@ typedef enum {
   SIFT_PIPELINE_CROSS_LAYER = 1, /* decode: load layer l+1 while layer l computes */
 } SiftPipeline;
 
+/* Where the compute side runs (offload.device). */
+typedef enum {
+  SIFT_DEVICE_CPU = 0,   /* RAM buffers, the copy worker thread, the CPU kernels */
+  SIFT_DEVICE_CUDA = 1,  /* GPU buffers, pinned host memory, a copy stream and CUDA events,
+                          * the GPU kernels (f16 or bf16 compute, head_dim 64 or 128) */
+} SiftDevice;
+
 /* The engine's keys of the config (docs/config.md; defaults: the key table,
  * engine/config-engine.c), registered by libsift itself: kv.* beside core's
  * block and chunk sizes, and offload.*. */
@@ -48,6 +55,7 @@ typedef struct {
   gint32 ring_slots;
   SiftPipeline pipeline;
   gboolean force_copy;                /* FALSE: ring loads from a host store in the compute dtype map (zero-copy) */
+  SiftDevice device;
 } SiftOffloadConfig;
 
 SIFT_API const SiftConfigSection sift_kv_config_section;
@@ -58,13 +66,6 @@ SIFT_API const SiftOffloadConfig *sift_offload_config (const SiftConfig *config)
 /* The smallest kv.capacity_tokens that eviction can keep to: the protected
  * sinks and recent window and the blocks one offload adds. */
 SIFT_API gint64 sift_kv_config_min_capacity (const SiftKvConfig *kv, const SiftModelShape *shape);
-/* Where the compute side runs (offload.device). */
-typedef enum {
-  SIFT_DEVICE_CPU = 0,   /* RAM buffers, the copy worker thread, the CPU kernels */
-  SIFT_DEVICE_CUDA = 1,  /* GPU buffers, pinned host memory, a copy stream and CUDA events,
-                          * the GPU kernels (f16 or bf16 compute, head_dim 64 or 128) */
-} SiftDevice;
-
 typedef struct {
   SiftModelShape shape;
   SiftDType compute_dtype;  /* slots and buffers: f32, f16 or bf16 */

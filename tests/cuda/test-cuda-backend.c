@@ -409,5 +409,7 @@ main (void)
     cmocka_unit_test (test_transfers),
     cmocka_unit_test (test_attend),
   };
+  if (g_getenv ("SIFT_TEST_FILTER") != NULL) /* a cmocka test-name filter (for the sanitizers) */
+    cmocka_set_test_filter (g_getenv ("SIFT_TEST_FILTER"));
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -546,10 +546,70 @@ test_config_errors (void **state)
   assert_null (sift_engine_new (&ec, store, &error));
   assert_non_null (strstr (error->message, "store holds blocks"));
   g_clear_error (&error);
+  /* offload.device cuda with f32 compute: no GPU or no cuda build here is
+   * "unavailable", a GPU refuses the dtype; either way an error naming it. */
+  ec.shape.head_dim = 32;
+  ec.device = SIFT_DEVICE_CUDA;
+  assert_null (sift_engine_new (&ec, store, &error));
+  assert_true (error->domain == SIFT_CUDA_ERROR);
+  assert_true (g_str_has_prefix (error->message, "engine: offload.device cuda: "));
+  assert_true (error->code == SIFT_CUDA_ERROR_UNAVAILABLE
+               || (error->code == SIFT_CUDA_ERROR_UNSUPPORTED && strstr (error->message, "compute dtype f32")));
+  g_clear_error (&error);
+  ec.device = (SiftDevice) 7;
+  assert_null (sift_engine_new (&ec, store, &error));
+  assert_non_null (strstr (error->message, "unknown device 7"));
+  g_clear_error (&error);
   sc.dtype = SIFT_DTYPE_Q8_0;
   sc.head_dim = 48;
   assert_null (sift_store_host_new (&sc, &error));
   assert_int_equal (error->code, SIFT_STORE_ERROR_INVALID);
+}
+
+/* A policy with its own attention on a GPU engine: the runner refuses it,
+ * naming it and the method (a policy that only selects blocks runs). */
+static gboolean
+own_compute (SiftPolicy *self, const SiftPolicyContext *ctx, SiftView *out, float *lse, GError **error)
+{
+  (void) self, (void) ctx, (void) out, (void) lse, (void) error;
+  return TRUE;
+}
+
+static const SiftPolicyOps own_compute_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "test-own-compute",
+  .version = "1",
+  .description = "its own decode attention",
+  .flags = SIFT_POLICY_SUPPORTS_DECODE,
+  .instance_size = sizeof (SiftPolicy),
+  .compute_chunked_decode = own_compute,
+};
+
+static void
+test_own_compute_refused (void **state)
+{
+  (void) state;
+  Case c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 64, 1, POL_FULL };
+  Run r;
+  run_open (&r, &c, 5, NULL);
+  g_autoptr (GError) error = NULL;
+  SiftModelShape shape = case_shape (&c);
+  g_autoptr (SiftPolicy) own = sift_policy_new (&own_compute_ops, NULL, &shape, &error);
+  SiftPolicy *dec[2] = { r.policy, own };
+  SiftRunner *bad = sift_runner_new (r.engine, r.src, r.per_layer, dec, &error);
+  if (TEST_DEVICE == SIFT_DEVICE_CPU)
+    {
+      g_assert_no_error (error);
+      sift_runner_free (bad);
+    }
+  else
+    {
+      assert_null (bad);
+      assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
+      assert_non_null (strstr (error->message, "policy 'test-own-compute' (layer 1's decode)"));
+      assert_non_null (strstr (error->message, "compute_chunked_decode"));
+    }
+  run_close (&r, TRUE);
 }
 
 /* Capacity of the block table. */
@@ -624,7 +684,10 @@ main (void)
     cmocka_unit_test (test_dense_grid),
     cmocka_unit_test (test_reset_leaves_no_trace),
     cmocka_unit_test (test_multi_sequence),
+    cmocka_unit_test (test_own_compute_refused),
   };
+  if (g_getenv ("SIFT_TEST_FILTER") != NULL) /* a cmocka test-name filter (for the sanitizers) */
+    cmocka_set_test_filter (g_getenv ("SIFT_TEST_FILTER"));
   return cmocka_run_group_tests (tests, NULL, NULL);
 #else
   const struct CMUnitTest tests[] = {
@@ -636,6 +699,7 @@ main (void)
     cmocka_unit_test (test_k_only_load),
     cmocka_unit_test (test_stream),
     cmocka_unit_test (test_config_errors),
+    cmocka_unit_test (test_own_compute_refused),
     cmocka_unit_test (test_max_tokens),
     cmocka_unit_test (test_random_source),
   };

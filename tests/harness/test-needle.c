@@ -235,12 +235,13 @@ test_every_kind_full_passes (void **state)
     }
 }
 
-/* The shipped configs load, expand, plan and build their model. */
+/* The shipped synthetic configs load, expand, plan and build their model
+ * (configs/default.yaml runs the GGUF model: test-text-model.c). */
 static void
 test_shipped_configs (void **state)
 {
   (void) state;
-  const char *files[] = { CONFIG_DIR "/default.yaml", CONFIG_DIR "/large.yaml" };
+  const char *files[] = { CONFIG_DIR "/synthetic.yaml", CONFIG_DIR "/large.yaml" };
   g_autoptr (SiftRegistry) registry = sift_registry_new (NULL);
   for (gsize f = 0; f < G_N_ELEMENTS (files); f++)
     {
@@ -250,7 +251,7 @@ test_shipped_configs (void **state)
         fail_msg ("%s", error->message);
       HarnessGrid g;
       assert_true (harness_grid_expand (sift_harness_config (cfg), &g, &error));
-      assert_true (g.n_lengths >= 3 && g.n_depths >= 5);
+      assert_true (g.n_lengths * g.n_depths >= 3);
       for (gsize l = 0; l < g.n_lengths; l++)
         {
           g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (sift_harness_config (cfg), g.lengths[l], 1.0,

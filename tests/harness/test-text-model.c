@@ -99,6 +99,87 @@ test_dense_passes_window_fails (void **state)
   harness_cell_clear (&cell);
 }
 
+/* configs/default.yaml: the shipped model (found beside the config), the
+ * seven setups side by side with full first (the others' dense reference),
+ * the two bounded ones with their own KV budget, every cell's prompt fits. */
+static void
+test_default_config (void **state)
+{
+  (void) state;
+  g_autoptr (SiftRegistry) registry = sift_registry_new (NULL);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftConfig) cfg = sift_config_load (CONFIG_DIR "/default.yaml", registry, &error);
+  if (cfg == NULL)
+    fail_msg ("%s", error->message);
+  assert_string_equal (cfg->source, "gguf");
+  const char *labels[] = { "full", "quest", "minference", "xattn_bsa", "subquadratic", "h2o", "sinks+window" };
+  assert_int_equal (cfg->setups->len, G_N_ELEMENTS (labels));
+  for (guint i = 0; i < cfg->setups->len; i++)
+    {
+      const SiftPolicySetup *s = g_ptr_array_index (cfg->setups, i);
+      assert_string_equal (s->label, labels[i]);
+      gboolean bounded = i >= 5;
+      assert_true (bounded ? s->capacity_tokens > 0 : s->capacity_tokens < 0);
+    }
+  if (!have_kjv ())
+    return;
+  g_autoptr (HarnessText) text = harness_text_new (cfg, &error);
+  if (text == NULL)
+    fail_msg ("%s", error->message);
+  assert_true (g_str_has_suffix (harness_text_model_path (text), "models/sift-needle-14m-f16.gguf"));
+  HarnessGrid g;
+  assert_true (harness_grid_expand (sift_harness_config (cfg), &g, &error));
+  for (gsize l = 0; l < g.n_lengths; l++)
+    {
+      assert_true (harness_text_check (text, cfg, g.lengths[l], &error));
+      assert_true (g.lengths[l] <= harness_text_context_length (text));
+    }
+  harness_grid_clear (&g);
+}
+
+/* The random baseline draws stored blocks at the setup's measured density:
+ * beside a selecting policy that keeps every block (density 1) it is dense
+ * attention and answers as full attention does; at a policy's low density
+ * it is scored like the cell. */
+static void
+test_random_baseline (void **state)
+{
+  (void) state;
+  if (!have_kjv ())
+    skip ();
+  g_autoptr (SiftConfig) cfg = load ("  - label: quest-all\n"
+                                     "    decode: {name: quest, params: {token_budget: 1000000, dense_layers: []}}\n"
+                                     "  - label: window\n"
+                                     "    decode: {name: quest, params: {token_budget: 128, dense_layers: []}}\n");
+  g_autoptr (GError) error = NULL;
+  g_autoptr (HarnessText) text = harness_text_new (cfg, &error);
+  if (text == NULL)
+    fail_msg ("%s", error->message);
+  g_autoptr (SiftConfig) local = sift_config_copy (cfg);
+  local->shape = *harness_text_shape (text);
+  ((SiftHarnessConfig *) sift_config_edit_section (local, &sift_harness_config_section))->baseline_seeds = 1;
+  HarnessCell cell;
+  if (!harness_text_run_cell (text, local, g_ptr_array_index (cfg->setups, 2), FALSE, 2048, 0.25, &cell, &error))
+    fail_msg ("%s", error->message);
+  assert_true (cell.pass);
+  assert_true (cell.decode_density == 1.0);
+  assert_true (cell.decode_recall == 1.0);
+  assert_int_equal (cell.baseline.n_seeds, 1);
+  assert_true (cell.baseline.pass[0]);
+  assert_true (cell.baseline.prefill_retrieval[0] == 1.0);
+  harness_cell_clear (&cell);
+
+  /* 2 of 32 blocks per head in decode: the baseline runs at that density. */
+  if (!harness_text_run_cell (text, local, g_ptr_array_index (cfg->setups, 3), FALSE, 2048, 0.25, &cell, &error))
+    fail_msg ("%s", error->message);
+  assert_true (cell.decode_density < 0.2);
+  assert_int_equal (cell.baseline.n_seeds, 1);
+  double m = cell.baseline.prefill_retrieval[0];
+  assert_true (m >= 0.0 && m <= 1.0);
+  assert_true (cell.baseline.pass[0] == (m == 1.0));
+  harness_cell_clear (&cell);
+}
+
 typedef struct {
   char *out, *err;
   int status;
@@ -212,7 +293,9 @@ main (void)
   sift_harness_config_register ();
   out_dir = g_dir_make_tmp ("sift-text-XXXXXX", NULL);
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_default_config),
     cmocka_unit_test (test_dense_passes_window_fails),
+    cmocka_unit_test (test_random_baseline),
     cmocka_unit_test (test_cli),
     cmocka_unit_test (test_bad_input),
   };

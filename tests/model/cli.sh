@@ -31,4 +31,20 @@ status=0
 [ "$status" = 3 ] || fail "mamba: exit $status"
 grep -q '^runnable      no$' "$dir/info.txt" || fail "mamba: runnable"
 grep -q 'llama, qwen2, qwen3' "$dir/err.txt" || fail "mamba: message"
+# A config for the file that states another shape: exit 2, both values named.
+"$make" --arch llama --type F32 --seed 4 "$dir/l.gguf"
+printf 'model:\n  source: gguf\n  path: %s\n  layers: 3\n' "$dir/l.gguf" > "$dir/bad.yaml"
+status=0
+"$sift" generate --config "$dir/bad.yaml" --tokens 1,2,3 -n 1 > /dev/null 2> "$dir/err.txt" || status=$?
+[ "$status" = 2 ] || fail "contradicting shape: exit $status"
+grep -q 'bad.yaml:4:11: model.layers is 3 but .*l.gguf has 2 layers' "$dir/err.txt" || fail "contradicting shape: message $(cat "$dir/err.txt")"
+printf 'model:\n  source: gguf\n  path: %s\n  kv_heads: 4\n' "$dir/l.gguf" > "$dir/bad.yaml"
+status=0
+"$sift" generate --config "$dir/bad.yaml" --tokens 1,2,3 -n 1 > /dev/null 2> "$dir/err.txt" || status=$?
+[ "$status" = 2 ] || fail "contradicting kv heads: exit $status"
+grep -q 'model.kv_heads is 4 but .*l.gguf has 2 kv heads' "$dir/err.txt" || fail "contradicting kv heads: message $(cat "$dir/err.txt")"
+# The same keys saying what the file says: it runs.
+printf 'model:\n  source: gguf\n  path: %s\n  layers: 2\n  kv_heads: 2\n' "$dir/l.gguf" > "$dir/good.yaml"
+"$sift" generate --config "$dir/good.yaml" --tokens 1,2,3 -n 2 > "$dir/out.txt" || fail "matching shape: exit $?"
+grep -q '^tokens  ' "$dir/out.txt" || fail "matching shape: output"
 echo ok

@@ -46,6 +46,11 @@ mkdir adir
 expect 2 "adir: cannot read" "$SIFT" config check adir
 expect 2 "nosuch.yaml: cannot read" "$SIFT" config check nosuch.yaml
 # An empty file and one of comments only are the defaults.
+# offload.device: an unknown device; cuda with a dtype or a policy the GPU
+# cannot run (or, built without CUDA, cuda at all) names offload.device.
+check device 'offload:\n  device: gpu\n' "device.yaml:2:11: offload.device: 'gpu' is not one of cpu | cuda"
+check device-f32 'offload:\n  device: cuda\n' "device-f32.yaml:2:11: offload.device cuda"
+check device-policy 'kv:\n  compute_dtype: bf16\nmodel:\n  head_dim: 64\noffload:\n  device: cuda\npolicy:\n  prefill: minference\n' "offload.device cuda"
 : >empty.yaml
 expect 0 "" "$SIFT" config check empty.yaml
 printf '# nothing\n' >comment.yaml

@@ -422,6 +422,13 @@ test_locate (void **state)
   const char *unknown[] = { "harness.nosuch", "model", "policies", NULL };
   g_autofree char *none = sift_config_locate (cfg, unknown, "m");
   assert_string_equal (none, "t.yaml: m");
+  /* Which keys were written: by the file, by --set, or neither. */
+  assert_true (sift_config_is_set (cfg, "harness.lengths"));
+  assert_true (sift_config_is_set (cfg, "harness.question_tokens"));
+  assert_false (sift_config_is_set (cfg, "harness.depths"));
+  assert_false (sift_config_is_set (cfg, "model.layers"));
+  assert_false (sift_config_is_set (cfg, "harness.nosuch"));
+  assert_false (sift_config_is_set (cfg, "model"));
 }
 
 static void

@@ -51,6 +51,17 @@ gboolean harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, 
                                      SiftPolicy **prefill, SiftPolicy **decode, const char *store_path,
                                      GError **error);
 void harness_pipeline_clear (HarnessPipeline *p);
+/* A config for a GGUF model (model.source: gguf) takes the model's shape
+ * from the file; a shape key it writes (model.layers, q_heads, kv_heads,
+ * head_dim) must say what the file says, else SIFT_CONFIG_ERROR_INVALID
+ * with both values at the key's line. The rope base, norm epsilon and
+ * context length have no config keys: they come from the file alone. A
+ * config for another source describes another model: not compared.
+ * (`sift needle --model` turns a synthetic config's source into gguf
+ * and keeps its shape keys, written for the synthetic model: the text
+ * harness does not call this.) */
+gboolean harness_check_model_shape (const SiftConfig *cfg, const char *path, const SiftModel *model,
+                                    GError **error);
 /* OUT/name, creating OUT (harness.out) when the store is a file. */
 char *harness_store_path (const SiftConfig *cfg, const char *name, GError **error);
 

@@ -49,6 +49,7 @@ harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, SiftModel
   p->store = make_store (cfg, shape, store_path, error);
   SiftEngineConfig ec = {
     .shape = *shape, .compute_dtype = sift_kv_config (cfg)->compute_dtype, .n_slots = sift_offload_config (cfg)->ring_slots, .pipeline = sift_offload_config (cfg)->pipeline,
+    .device = sift_offload_config (cfg)->device,
   };
   /* kv.capacity_tokens bounds the cache: the engine evicts (docs/eviction.md). */
   SiftEvictConfig ev = { sift_kv_config (cfg)->capacity_tokens, sift_kv_config (cfg)->evict_granularity, sift_kv_config (cfg)->protect_sinks, sift_kv_config (cfg)->protect_recent };
