@@ -170,6 +170,26 @@ sift_score_tile_avx512 (const float *rows, gsize row_stride, gint64 n_rows, cons
 
 /* ---- Per-row sparse attention ---------------------------------------------- */
 
+SIFT_TARGET_AVX2 void
+sift_scale_avx2 (float *dst, const float *src, float s, gsize n)
+{
+  gsize i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps (dst + i, _mm256_mul_ps (_mm256_loadu_ps (src + i), _mm256_set1_ps (s)));
+  for (; i < n; i++)
+    dst[i] = src[i] * s;
+}
+
+SIFT_TARGET_AVX512 void
+sift_scale_avx512 (float *dst, const float *src, float s, gsize n)
+{
+  for (gsize i = 0; i < n; i += 16)
+    {
+      const __mmask16 m = n - i >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps (dst + i, m, _mm512_mul_ps (_mm512_maskz_loadu_ps (m, src + i), _mm512_set1_ps (s)));
+    }
+}
+
 /* Scores of one batch -> weights, after raising the running max. Lanes at
  * or past nb are padding and get weight 0. */
 SIFT_SIMD_INLINE SIFT_TARGET_AVX2 __m256

@@ -54,8 +54,16 @@ void
 sift_row_state_finish (const SiftRowState *st, gint32 head_dim, float *o, float *lse)
 {
   const float inv = st->l > 0.0f ? 1.0f / st->l : 0.0f;
-  for (gint32 c = 0; c < head_dim; c++)
-    o[c] = st->acc[c] * inv;
+#ifdef SIFT_SIMD_X86
+  const SiftIsa isa = sift_isa_active ();
+  if (isa >= SIFT_ISA_AVX512)
+    sift_scale_avx512 (o, st->acc, inv, (gsize) head_dim);
+  else if (isa >= SIFT_ISA_AVX2)
+    sift_scale_avx2 (o, st->acc, inv, (gsize) head_dim);
+  else
+#endif
+    for (gint32 c = 0; c < head_dim; c++)
+      o[c] = st->acc[c] * inv;
   if (lse != NULL)
     *lse = st->l > 0.0f ? st->m + logf (st->l) : -INFINITY;
 }

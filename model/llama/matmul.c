@@ -221,6 +221,7 @@ typedef struct {
   gint64 n_tok;
   gint64 tok_tile;   /* tokens per pass over a range of rows: their activations stay in L2 */
   int rows_per_item; /* the parallel loop's items are groups of this many rows (the tile's or panel's) */
+  LlamaTileFn tile;         /* or NULL: dots only */
   const LlamaPanel *panel; /* or NULL */
   const guint8 *packed;    /* the activations as panel->pack laid them out */
 } Job;
@@ -232,7 +233,7 @@ rows_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
   const Job *j = user_data;
   const LlamaMat *w = j->w;
   LlamaDotFn dot = j->k->dot[w->type];
-  LlamaTileFn tile = j->k->tile[w->type];
+  LlamaTileFn tile = j->tile;
   int tr = j->k->tile_r, tt = j->k->tile_t;
   gint64 r0 = begin * j->rows_per_item, r1 = MIN (end * j->rows_per_item, w->n_out);
   if (j->panel != NULL)
@@ -307,7 +308,7 @@ void
 llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok)
 {
   g_assert (k != NULL && k->dot[w->type] != NULL && n_tok >= 0);
-  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok, 0, 1, NULL, NULL };
+  Job job = { k, w, (const guint8 *) x, act_row_bytes (w->type, w->n_in), y, n_tok, 0, 1, NULL, NULL, NULL };
   g_autofree guint8 *act = NULL, *packed = NULL;
   if (w->type == GGUF_TENSOR_Q8_0 || w->type == GGUF_TENSOR_Q4_0
       || w->type == GGUF_TENSOR_Q4_K || w->type == GGUF_TENSOR_Q6_K)
@@ -329,9 +330,17 @@ llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *
           job.packed = packed;
         }
     }
-  int tt = k->tile[w->type] != NULL ? k->tile_t : 1;
-  if (k->tile[w->type] != NULL)
-    job.rows_per_item = k->tile_r;
+  /* One token (decode) of Q8_0 runs faster on the dots than on tiles of 4 rows
+   * x 1 token (sift-bench-matmul 2048 512 1, in cache: 50 against 37 GFLOP/s);
+   * Q4_K's decode took 25% more CPU on its dots than on its tiles
+   * (docs/benchmarks.md, "Real models against llama.cpp"). */
+  gboolean tiles = k->tile[w->type] != NULL && (n_tok >= 2 || w->type != GGUF_TENSOR_Q8_0);
+  int tt = tiles ? k->tile_t : 1;
+  if (tiles)
+    {
+      job.tile = k->tile[w->type];
+      job.rows_per_item = k->tile_r;
+    }
   if (job.panel != NULL)
     job.rows_per_item = LLAMA_PANEL_ROWS; /* a multiple of tile_r */
   /* ~256 KiB of activations per pass, a whole number of tiles. */

@@ -201,7 +201,7 @@ test_config_error_exits_2 (void **state)
   /* A cell that cannot run (its file store cannot be created) is exit 3. */
   g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
   const char *store[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "offload.store=file",
-                          "--set", "offload.path=/nonexistent/dir/kv.store", NULL };
+                          "--set", "offload.path=/proc/sift-cannot-be-here/kv.store", NULL };
   r = sift (store);
   assert_int_equal (r.status, 3);
   assert_non_null (strstr (r.err, "setup 'full', length 256, depth 0"));
@@ -236,7 +236,7 @@ test_file_store_follows_out (void **state)
   (void) state;
   g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
   const char *args[] = { "--config", SOURCE_DIR "/tiny.yaml", "--out", out, "--set", "offload.store=file",
-                         "--set", "offload.keep=true", "--set", "harness.out=/nonexistent/dir", NULL };
+                         "--set", "offload.keep=true", "--set", "harness.out=/proc/sift-cannot-be-here", NULL };
   Result r = sift (args);
   if (r.status != 0)
     fail_msg ("exit %d: %s", r.status, r.err);

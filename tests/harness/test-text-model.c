@@ -137,6 +137,49 @@ test_default_config (void **state)
   harness_grid_clear (&g);
 }
 
+/* The random baseline draws stored blocks at the setup's measured density:
+ * beside a selecting policy that keeps every block (density 1) it is dense
+ * attention and answers as full attention does; at a policy's low density
+ * it is scored like the cell. */
+static void
+test_random_baseline (void **state)
+{
+  (void) state;
+  if (!have_kjv ())
+    skip ();
+  g_autoptr (SiftConfig) cfg = load ("  - label: quest-all\n"
+                                     "    decode: {name: quest, params: {token_budget: 1000000, dense_layers: []}}\n"
+                                     "  - label: window\n"
+                                     "    decode: {name: quest, params: {token_budget: 128, dense_layers: []}}\n");
+  g_autoptr (GError) error = NULL;
+  g_autoptr (HarnessText) text = harness_text_new (cfg, &error);
+  if (text == NULL)
+    fail_msg ("%s", error->message);
+  g_autoptr (SiftConfig) local = sift_config_copy (cfg);
+  local->shape = *harness_text_shape (text);
+  ((SiftHarnessConfig *) sift_config_edit_section (local, &sift_harness_config_section))->baseline_seeds = 1;
+  HarnessCell cell;
+  if (!harness_text_run_cell (text, local, g_ptr_array_index (cfg->setups, 2), FALSE, 2048, 0.25, &cell, &error))
+    fail_msg ("%s", error->message);
+  assert_true (cell.pass);
+  assert_true (cell.decode_density == 1.0);
+  assert_true (cell.decode_recall == 1.0);
+  assert_int_equal (cell.baseline.n_seeds, 1);
+  assert_true (cell.baseline.pass[0]);
+  assert_true (cell.baseline.prefill_retrieval[0] == 1.0);
+  harness_cell_clear (&cell);
+
+  /* 2 of 32 blocks per head in decode: the baseline runs at that density. */
+  if (!harness_text_run_cell (text, local, g_ptr_array_index (cfg->setups, 3), FALSE, 2048, 0.25, &cell, &error))
+    fail_msg ("%s", error->message);
+  assert_true (cell.decode_density < 0.2);
+  assert_int_equal (cell.baseline.n_seeds, 1);
+  double m = cell.baseline.prefill_retrieval[0];
+  assert_true (m >= 0.0 && m <= 1.0);
+  assert_true (cell.baseline.pass[0] == (m == 1.0));
+  harness_cell_clear (&cell);
+}
+
 typedef struct {
   char *out, *err;
   int status;
@@ -252,6 +295,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_default_config),
     cmocka_unit_test (test_dense_passes_window_fails),
+    cmocka_unit_test (test_random_baseline),
     cmocka_unit_test (test_cli),
     cmocka_unit_test (test_bad_input),
   };
