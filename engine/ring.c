@@ -68,7 +68,10 @@ sift_engine_ring_group (const SiftEngine *e, gint32 n_q)
     return MIN (e->ring_group, e->config.n_slots);
   const SiftModelShape *s = &e->config.shape;
   const double block_work = (double) s->n_q_heads * n_q * s->block_size * s->head_dim;
-  if (block_work >= SIFT_ATTN_SERIAL_WORK)
+  /* A GPU's call costs several kernel launches (~15-20 us on an H100,
+   * whatever the keys): one block per call spent that on each block's
+   * 0.5 us of reading (docs/benchmarks.md, offloaded decode on the GPU). */
+  if (block_work >= SIFT_ATTN_SERIAL_WORK || !e->host_compute)
     return half;
   /* Serial calls: as few blocks per call as keep the call's own cost
    * small beside its work (RING_CALL_WORK), so the worker can run ahead. */

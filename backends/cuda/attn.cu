@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -418,30 +420,73 @@ attn_kernel (SiftCudaAttnCall c)
 }
 
 /* The splits of each row merged by LSE, in split order: one thread block
- * per (query head, token), one thread per output column. */
-__global__ void
+ * per (query head, token). The splits' LSEs go to shared memory in one
+ * parallel pass (their max by a block reduction, each weight computed
+ * once), then one thread per output column sums the partials with many
+ * independent loads in flight: a serial walk over the splits would wait
+ * on one L2 round trip per split. */
+constexpr int MERGE_THREADS = 128;
+__host__ __device__ constexpr int merge_padded (int n_splits) { return (n_splits + 7) / 8 * 8 + 8; }
+
+__global__ void __launch_bounds__ (MERGE_THREADS)
 merge_splits_kernel (SiftCudaAttnCall c)
 {
+  extern __shared__ float wts[]; /* [n_splits]: exp (lse_s - max) */
+  __shared__ float red[MERGE_THREADS / 32];
   const int row = blockIdx.x; /* h * n_q + i */
   const int h = row / c.n_q, i = row % c.n_q;
   const int64_t per_split = (int64_t) c.q_heads * c.n_q;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float mm = -CUDART_INF_F;
-  for (int s = 0; s < c.n_splits; s++)
-    mm = fmaxf (mm, c.part_l[s * per_split + row]);
-  const float base = mm == -CUDART_INF_F ? 0.0f : mm;
-  for (int d = threadIdx.x; d < c.head_dim; d += blockDim.x)
+  for (int s = threadIdx.x; s < c.n_splits; s += MERGE_THREADS)
     {
+      wts[s] = c.part_l[s * per_split + row];
+      mm = fmaxf (mm, wts[s]);
+    }
+  for (int o = 16; o > 0; o /= 2)
+    mm = fmaxf (mm, __shfl_xor_sync (0xffffffffu, mm, o));
+  if (lane == 0)
+    red[warp] = mm;
+  __syncthreads ();
+  mm = red[0];
+  for (int w = 1; w < MERGE_THREADS / 32; w++)
+    mm = fmaxf (mm, red[w]);
+  const float base = mm == -CUDART_INF_F ? 0.0f : mm;
+  for (int s = threadIdx.x; s < merge_padded (c.n_splits); s += MERGE_THREADS)
+    wts[s] = s < c.n_splits ? __expf (wts[s] - base) : 0.0f; /* the unrolled sum may read the padding */
+  __syncthreads ();
+  for (int d = threadIdx.x; d < c.head_dim; d += MERGE_THREADS)
+    {
+      const float *p = c.part_o + row * c.head_dim + d;
+      const int64_t step = per_split * c.head_dim;
       float sum = 0.0f, acc = 0.0f;
+#pragma unroll 8
       for (int s = 0; s < c.n_splits; s++)
         {
-          float w = __expf (c.part_l[s * per_split + row] - base);
-          sum += w;
-          acc += w * c.part_o[(s * per_split + row) * c.head_dim + d];
+          sum += wts[s];
+          acc += wts[s] * p[s * step];
         }
       c.out[h * c.out_hs + i * c.out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
       if (d == 0)
         c.lse[row] = sum > 0.0f ? base + logf (sum) : -CUDART_INF_F;
     }
+}
+
+/* A block table written into device memory from the launch's own
+ * parameters: no copy engine (a cudaMemcpyAsync would queue behind the
+ * copy stream's ring loads) and no reads of host memory by the attention
+ * kernel (mapped pinned memory: a PCIe round trip per read, behind the
+ * same loads). N entries per launch; tables up to 32 take the small one. */
+template <int N> struct TableChunk {
+  SiftCudaKvBlock b[N];
+};
+
+template <int N>
+__global__ void
+table_kernel (SiftCudaKvBlock *dst, int n, const __grid_constant__ TableChunk<N> t)
+{
+  for (int x = threadIdx.x; x < n; x += blockDim.x)
+    dst[x] = t.b[x];
 }
 
 __global__ void
@@ -542,8 +587,39 @@ sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream_)
     e = c->bf16 ? launch_rows<128, true> (*c, stream) : launch_rows<128, false> (*c, stream);
   if (e != cudaSuccess || c->n_splits <= 1)
     return e;
-  merge_splits_kernel<<<c->q_heads * c->n_q, c->head_dim, 0, stream>>> (*c);
+  merge_splits_kernel<<<c->q_heads * c->n_q, MERGE_THREADS, merge_padded (c->n_splits) * sizeof (float), stream>>> (*c);
   return cudaGetLastError ();
+}
+
+extern "C" int
+sift_cuda_table_launch (SiftCudaKvBlock *dst, const SiftCudaKvBlock *table, int32_t n, void *stream_)
+{
+  constexpr int SMALL = 32, LARGE = 512; /* 1.5 KB and 24 KB of parameters */
+  cudaStream_t stream = (cudaStream_t) stream_;
+  for (int32_t at = 0; at < n;)
+    {
+      const int32_t m = n - at < LARGE ? n - at : LARGE;
+      if (m <= SMALL)
+        {
+          TableChunk<SMALL> t = {};
+          memcpy (t.b, table + at, m * sizeof (SiftCudaKvBlock));
+          table_kernel<SMALL><<<1, SMALL, 0, stream>>> (dst + at, m, t);
+        }
+      else
+        {
+          TableChunk<LARGE> *t = (TableChunk<LARGE> *) calloc (1, sizeof *t); /* 24 KB: off the stack */
+          if (t == NULL)
+            return cudaErrorMemoryAllocation;
+          memcpy (t->b, table + at, m * sizeof (SiftCudaKvBlock));
+          table_kernel<LARGE><<<1, 256, 0, stream>>> (dst + at, m, *t); /* parameters copied at the launch */
+          free (t);
+        }
+      cudaError_t e = cudaGetLastError ();
+      if (e != cudaSuccess)
+        return e;
+      at += m;
+    }
+  return cudaSuccess;
 }
 
 extern "C" int

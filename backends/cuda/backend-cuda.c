@@ -680,8 +680,7 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   b->es = sift_dtype_size (b->compute);
   b->timed = g_array_new (FALSE, FALSE, sizeof (Timed));
   b->event_pool = g_array_new (FALSE, FALSE, sizeof (cudaEvent_t));
-  if (!sift_cuda_scratch_init (&b->scratch, 1 << 20, error)
-      || !check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
+  if (!check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaStreamCreateWithFlags (&b->xs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaEventCreateWithFlags (&b->compute_done, cudaEventDisableTiming), "cudaEventCreate", error)
       || !check (cudaEventCreateWithFlags (&b->arena_ev, cudaEventDisableTiming), "cudaEventCreate", error))

@@ -8,17 +8,8 @@
 typedef struct {
   void *ptr;
   gsize size;
-  /* Pinned host memory mapped into the device, used round robin for the
-   * calls' block tables (the kernel reads them in place); NULL: tables
-   * are copied into ptr on the stream. */
-  guint8 *tables;
-  guint8 *tables_dev;     /* its device address */
-  gsize tables_size, tables_at;
-  void *tables_done;      /* cudaEvent_t after the last launch that reads them */
 } SiftCudaScratch;
 
-/* A scratch with table_bytes of mapped tables. */
-gboolean sift_cuda_scratch_init (SiftCudaScratch *scratch, gsize table_bytes, GError **error);
 void sift_cuda_scratch_clear (SiftCudaScratch *scratch);
 
 /* sift_cuda_attn_paged and sift_cuda_attn_merge on `stream` (a

@@ -203,13 +203,6 @@ void
 sift_cuda_scratch_clear (SiftCudaScratch *sc)
 {
   cudaFree (sc->ptr);
-  if (sc->tables_done != NULL)
-    {
-      cudaEventSynchronize ((cudaEvent_t) sc->tables_done);
-      cudaEventDestroy ((cudaEvent_t) sc->tables_done);
-    }
-  if (sc->tables != NULL)
-    cudaFreeHost (sc->tables);
   *sc = (SiftCudaScratch) { 0 };
 }
 
@@ -291,54 +284,38 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
 
   /* Flash-decoding: split the keys so that the launch fills the GPU in
    * one wave (every block resident at once; a second, partial wave would
-   * leave most SMs idle at its end), each split at least 256 keys so the
-   * merge stays cheap beside the attention. */
+   * leave most SMs idle at its end), each split at least one 64-key tile.
+   * Short key ranges (a ring group of a few blocks) need the splits most:
+   * 256-key splits gave a 513-key call 16 thread blocks on 132 SMs. */
   const gint64 rows = (gint64) q->n_heads / a->k->n_heads * q->n_tokens;
   const int32_t rows32 = (int32_t) MIN (rows, G_MAXINT32);
   const gint64 per_rb = sift_cuda_attn_rows_per_block (rows32);
   const gint64 blocks = (rows + per_rb - 1) / per_rb * a->k->n_heads;
   const gint64 slots = (gint64) sift_cuda_attn_blocks_per_sm (d, c.bf16, rows32) * sm_count;
-  gint64 splits = MIN (slots / blocks, MAX (c.n_kv / 256, 1));
+  gint64 splits = MIN (slots / blocks, MAX (c.n_kv / 64, 1));
   splits = CLAMP (splits, 1, 1024);
   c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
   c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;
 
+  /* The block table goes to the scratch by a kernel that carries it as
+   * parameters (sift_cuda_table_launch says why not a copy or mapped
+   * host memory); the partials follow it. */
   const gsize tbytes = a->n_blocks > 1 ? a->n_blocks * sizeof (SiftCudaKvBlock) : 0;
-  /* A backend's scratch has pinned, mapped memory for block tables: the
-   * kernel reads the table from there, so no copy on the compute stream
-   * queues behind the copy stream's loads on the copy engine. */
-  const gboolean mapped = tbytes > 0 && sc->tables != NULL && tbytes <= sc->tables_size;
-  gsize table = tbytes > 0 && !mapped ? (tbytes + 255) / 256 * 256 : 0;
+  gsize table = (tbytes + 255) / 256 * 256;
   gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
   char *s = NULL;
   if (table + part > 0 && (s = scratch_get (sc, table + part, error)) == NULL)
     return FALSE;
   if (tbytes > 0)
     {
-      SiftCudaKvBlock *t;
-      g_autofree SiftCudaKvBlock *copied = NULL;
-      gsize at = 0;
-      if (mapped)
-        {
-          if (sc->tables_at + tbytes > sc->tables_size)
-            {
-              cudaEventSynchronize ((cudaEvent_t) sc->tables_done); /* the launches that read them are done */
-              sc->tables_at = 0;
-            }
-          at = sc->tables_at;
-          t = (SiftCudaKvBlock *) (void *) (sc->tables + at);
-          sc->tables_at += (tbytes + 255) / 256 * 256;
-        }
-      else
-        t = copied = g_new (SiftCudaKvBlock, a->n_blocks);
+      g_autofree SiftCudaKvBlock *t = g_new (SiftCudaKvBlock, a->n_blocks);
       for (gsize b = 0; b < a->n_blocks; b++)
         t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
-      if (mapped)
-        c.blocks = (const SiftCudaKvBlock *) (const void *) (sc->tables_dev + at);
-      else if (check (cudaMemcpyAsync (s, t, tbytes, cudaMemcpyHostToDevice, stream), "copy of the block table", error))
-        c.blocks = (const SiftCudaKvBlock *) s;
-      else
+      if (a->n_blocks > G_MAXINT32
+          || !check (sift_cuda_table_launch ((SiftCudaKvBlock *) (void *) s, t, (int32_t) a->n_blocks, stream),
+                     "block table kernel launch", error))
         return FALSE;
+      c.blocks = (const SiftCudaKvBlock *) (const void *) s;
       c.n_blocks = (int32_t) a->n_blocks;
       c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
     }
@@ -347,31 +324,7 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
       c.part_o = (float *) (s + table);
       c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
     }
-  if (!check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error))
-    return FALSE;
-  if (mapped)
-    cudaEventRecord ((cudaEvent_t) sc->tables_done, stream);
-  return TRUE;
-}
-
-gboolean
-sift_cuda_scratch_init (SiftCudaScratch *sc, gsize table_bytes, GError **error)
-{
-  *sc = (SiftCudaScratch) { 0 };
-  void *dev = NULL;
-  cudaEvent_t ev = NULL;
-  if (!check (cudaHostAlloc ((void **) &sc->tables, table_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
-              "cudaHostAlloc (block tables)", error)
-      || !check (cudaHostGetDevicePointer (&dev, sc->tables, 0), "cudaHostGetDevicePointer", error)
-      || !check (cudaEventCreateWithFlags (&ev, cudaEventDisableTiming), "cudaEventCreate", error))
-    {
-      sift_cuda_scratch_clear (sc);
-      return FALSE;
-    }
-  sc->tables_dev = dev;
-  sc->tables_size = table_bytes;
-  sc->tables_done = ev;
-  return TRUE;
+  return check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error);
 }
 
 /* run() on the shared scratch and the legacy default stream. */

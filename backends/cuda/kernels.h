@@ -54,6 +54,10 @@ int sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows);
  * on `stream`; returns a cudaError_t. */
 int sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream);
 
+/* Writes the n entries of `table` (host memory) to `dst` (device) by
+ * kernels on `stream` that carry them as parameters; returns a cudaError_t. */
+int sift_cuda_table_launch (SiftCudaKvBlock *dst, const SiftCudaKvBlock *table, int32_t n, void *stream);
+
 /* o1, lse1 <- merge (o1, lse1; o2, lse2) by LSE, element-wise over
  * [heads][tokens]; o views f32 with strides in elements. */
 int sift_cuda_merge_launch (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1,

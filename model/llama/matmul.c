@@ -330,10 +330,13 @@ llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *
           job.packed = packed;
         }
     }
-  int tt = k->tile[w->type] != NULL && n_tok >= 2 ? k->tile_t : 1;
-  /* One token (decode) runs faster on the dots than on tiles of 4 rows x 1
-   * token (sift-bench-matmul 2048 512 1, Q8_0 in cache: 50 against 37 GFLOP/s). */
-  if (k->tile[w->type] != NULL && n_tok >= 2)
+  /* One token (decode) of Q8_0 runs faster on the dots than on tiles of 4 rows
+   * x 1 token (sift-bench-matmul 2048 512 1, in cache: 50 against 37 GFLOP/s);
+   * Q4_K's decode took 25% more CPU on its dots than on its tiles
+   * (docs/benchmarks.md, "Real models against llama.cpp"). */
+  gboolean tiles = k->tile[w->type] != NULL && (n_tok >= 2 || w->type != GGUF_TENSOR_Q8_0);
+  int tt = tiles ? k->tile_t : 1;
+  if (tiles)
     {
       job.tile = k->tile[w->type];
       job.rows_per_item = k->tile_r;
