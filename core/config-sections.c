@@ -8,6 +8,19 @@
 static GMutex registered_lock;
 static GPtrArray *registered; /* const SiftConfigSection *, in registration order */
 
+/* One owner's section, also where a process holds two copies of its table:
+ * a test that links libsift statically beside plugins that load the shared
+ * library runs both copies' constructors.  A path alone is not enough (core
+ * and engine/ each own keys under "kv"), so the order, the size of the
+ * values and the first key must agree too. */
+static gboolean
+same_section (const SiftConfigSection *a, const SiftConfigSection *b)
+{
+  return a == b
+         || (strcmp (a->path, b->path) == 0 && a->order == b->order && a->size == b->size
+             && g_strcmp0 (a->keys[0].name, b->keys[0].name) == 0);
+}
+
 void
 sift_config_register_section (const SiftConfigSection *section)
 {
@@ -15,7 +28,12 @@ sift_config_register_section (const SiftConfigSection *section)
   g_mutex_lock (&registered_lock);
   if (registered == NULL)
     registered = g_ptr_array_new ();
-  if (!g_ptr_array_find (registered, section, NULL))
+  /* Registering a section twice registers it once, also when the second is
+   * another copy of the same owner's table (same_section). */
+  gboolean known = FALSE;
+  for (guint i = 0; i < registered->len && !known; i++)
+    known = same_section (registered->pdata[i], section);
+  if (!known)
     g_ptr_array_add (registered, (gpointer) section);
   g_mutex_unlock (&registered_lock);
 }
@@ -222,7 +240,7 @@ sift_config_get_section (const SiftConfig *config, const SiftConfigSection *sect
   for (guint i = 0; i < cfg->instances->len; i++)
     {
       const Instance *in = cfg->instances->pdata[i];
-      if (in->section == section)
+      if (same_section (in->section, section))
         return in->values;
     }
   return NULL;

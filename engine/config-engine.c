@@ -137,29 +137,41 @@ sift_kv_config_min_capacity (const SiftKvConfig *kv, const SiftModelShape *shape
          + (kv->evict_granularity == SIFT_EVICT_BLOCK ? 2 * (gint64) shape->block_size : 0);
 }
 
-const SiftConfigSection sift_kv_config_section = {
+static const SiftConfigSection kv_section = {
   "kv", 110, "KV blocks and dtypes", sizeof (SiftKvConfig), kv_keys, check_kv,
 };
-const SiftConfigSection sift_offload_config_section = {
+static const SiftConfigSection offload_section = {
   "offload", 200, "the store and the compute-side ring", sizeof (SiftOffloadConfig), offload_keys, check_offload,
 };
 
 const SiftKvConfig *
 sift_kv_config (const SiftConfig *config)
 {
-  return sift_config_get_section (config, &sift_kv_config_section);
+  return sift_config_get_section (config, &kv_section);
 }
 
 const SiftOffloadConfig *
 sift_offload_config (const SiftConfig *config)
 {
-  return sift_config_get_section (config, &sift_offload_config_section);
+  return sift_config_get_section (config, &offload_section);
+}
+
+SiftKvConfig *
+sift_kv_config_edit (SiftConfig *config)
+{
+  return sift_config_edit_section (config, &kv_section);
+}
+
+SiftOffloadConfig *
+sift_offload_config_edit (SiftConfig *config)
+{
+  return sift_config_edit_section (config, &offload_section);
 }
 
 /* libsift's own sections are there for every program that links it. */
 static void __attribute__ ((constructor))
 register_sections (void)
 {
-  sift_config_register_section (&sift_kv_config_section);
-  sift_config_register_section (&sift_offload_config_section);
+  sift_config_register_section (&kv_section);
+  sift_config_register_section (&offload_section);
 }

@@ -58,11 +58,15 @@ typedef struct {
   SiftDevice device;
 } SiftOffloadConfig;
 
-SIFT_API const SiftConfigSection sift_kv_config_section;
-SIFT_API const SiftConfigSection sift_offload_config_section;
-/* The values of a config (never NULL: libsift registers both). */
+/* The values of a config (never NULL: libsift registers both sections).
+ * libsift exports functions only, no data: a program that holds two copies
+ * of the library (a test linking it statically beside plugins that load the
+ * shared one) has no duplicate global. */
 SIFT_API const SiftKvConfig *sift_kv_config (const SiftConfig *config);
 SIFT_API const SiftOffloadConfig *sift_offload_config (const SiftConfig *config);
+/* The same, to change before the config is used (a copy's own budget, say). */
+SIFT_API SiftKvConfig *sift_kv_config_edit (SiftConfig *config);
+SIFT_API SiftOffloadConfig *sift_offload_config_edit (SiftConfig *config);
 /* The smallest kv.capacity_tokens that eviction can keep to: the protected
  * sinks and recent window and the blocks one offload adds. */
 SIFT_API gint64 sift_kv_config_min_capacity (const SiftKvConfig *kv, const SiftModelShape *shape);

@@ -84,7 +84,7 @@ test_dense_passes_window_fails (void **state)
   harness_cell_clear (&cell);
 
   /* Sinks + a recent window of 512 tokens: the needle was evicted. */
-  ((SiftKvConfig *) sift_config_edit_section (local, &sift_kv_config_section))->capacity_tokens = 512;
+  sift_kv_config_edit (local)->capacity_tokens = 512;
   if (!harness_text_run_cell (text, local, window, FALSE, 2048, 0.25, &cell, &error))
     fail_msg ("%s", error->message);
   assert_true (needle + 512 < cell.question_start);

@@ -110,7 +110,7 @@ run_grid (const SiftConfig *cfg, HarnessText *text, const HarnessOptions *o, con
       HarnessSetupResult *res = &results[s];
       /* A setup's own KV budget (policy.capacity_tokens) replaces kv's. */
       g_autoptr (SiftConfig) own = sift_config_copy (cfg);
-      ((SiftKvConfig *) sift_config_edit_section (own, &sift_kv_config_section))->capacity_tokens
+      sift_kv_config_edit (own)->capacity_tokens
         = setup_capacity (cfg, setup);
       for (gsize d = 0; ok && d < g->n_depths; d++)
         for (gsize l = 0; ok && l < g->n_lengths; l++)
@@ -234,7 +234,7 @@ harness_needle_run (const SiftConfig *cfg, const HarnessOptions *o, gboolean *be
   for (gsize ci = 0; ok && ci < n_caps; ci++)
     {
       if (h->n_capacities > 0)
-        ((SiftKvConfig *) sift_config_edit_section (local, &sift_kv_config_section))->capacity_tokens
+        sift_kv_config_edit (local)->capacity_tokens
           = h->capacities[ci];
       ok = run_grid (local, text, o, &grid, records, results + ci * n_setups, error);
     }

@@ -280,7 +280,7 @@ static SiftConfig *
 unbounded (const SiftConfig *cfg)
 {
   SiftConfig *c = sift_config_copy (cfg);
-  ((SiftKvConfig *) sift_config_edit_section (c, &sift_kv_config_section))->capacity_tokens = 0;
+  sift_kv_config_edit (c)->capacity_tokens = 0;
   return c;
 }
 
