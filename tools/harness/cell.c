@@ -36,8 +36,7 @@ on_selection (gpointer user_data, const SiftPolicyContext *ctx, const SiftSelect
   c->selection_seen = TRUE;
   if (call_asks (c, ctx))
     {
-      harness_recall_count (&c->recall, ctx, selection, c->targets, c->n_targets);
-      c->recall.selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+      harness_recall_selected (&c->recall, ctx, selection, c->targets, c->n_targets);
       /* A policy that computes its own way over its selection (xattn_bsa:
        * each query block attends only its own choice) attends at most the
        * selection per row, often far less: its random baseline draws at the
@@ -60,12 +59,8 @@ on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *
     return;
   if (!had_selection)
     {
-      SiftPolicy *p = (ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode)[ctx->layer];
-      gboolean dense = harness_policy_is_dense (p, ctx->phase);
-      if (dense)
-        harness_recall_count (&c->recall, ctx, NULL, c->targets, c->n_targets);
-      else
-        c->recall.unknown_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+      gboolean dense = harness_recall_unselected (&c->recall, ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode,
+                                                  ctx, c->targets, c->n_targets);
       harness_calls_add (c->calls, ctx, NULL, dense);
     }
   harness_capture_rows (c->shape, ctx, out, c->row0, c->n_rows, c->out, c->seen_layers);

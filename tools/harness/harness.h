@@ -101,6 +101,14 @@ gboolean harness_policy_is_dense (SiftPolicy *p, SiftPhase phase);
  * holds for the head (sel NULL: every block); an evicted token is lost. */
 void harness_recall_count (HarnessRecall *r, const SiftPolicyContext *ctx, const SiftSelection *sel,
                            const gint64 *positions, gsize n);
+/* A question call's validated selection: counted, and the call noted as selected. */
+void harness_recall_selected (HarnessRecall *r, const SiftPolicyContext *ctx, const SiftSelection *sel,
+                              const gint64 *positions, gsize n);
+/* A question call that attended with no selection seen: a dense layer or
+ * policy covers every stored block, any other policy's call is unknown.
+ * Returns whether it was dense. `policies` is the phase's [n_layers]. */
+gboolean harness_recall_unselected (HarnessRecall *r, SiftPolicy *const *policies, const SiftPolicyContext *ctx,
+                                    const gint64 *positions, gsize n);
 /* The cell's recall fields: per phase, layer and head, and how it was known. */
 void harness_recall_finish (const HarnessRecall *r, gboolean bounded, HarnessCell *cell);
 

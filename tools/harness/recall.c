@@ -118,3 +118,23 @@ harness_recall_finish (const HarnessRecall *r, gboolean bounded, HarnessCell *ce
     }
   cell->recall_note = recall_note (r);
 }
+
+void
+harness_recall_selected (HarnessRecall *r, const SiftPolicyContext *ctx, const SiftSelection *sel,
+                         const gint64 *positions, gsize n)
+{
+  harness_recall_count (r, ctx, sel, positions, n);
+  r->selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+}
+
+gboolean
+harness_recall_unselected (HarnessRecall *r, SiftPolicy *const *policies, const SiftPolicyContext *ctx,
+                           const gint64 *positions, gsize n)
+{
+  gboolean dense = harness_policy_is_dense (policies[ctx->layer], ctx->phase);
+  if (dense)
+    harness_recall_count (r, ctx, NULL, positions, n);
+  else
+    r->unknown_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+  return dense;
+}

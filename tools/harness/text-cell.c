@@ -209,8 +209,7 @@ on_selection (gpointer user_data, const SiftPolicyContext *ctx, const SiftSelect
   c->selection_seen = TRUE;
   if (!call_asks (c, ctx))
     return;
-  harness_recall_count (&c->recall, ctx, selection, c->targets, c->n_targets);
-  c->recall.selection_calls[ctx->phase == SIFT_PHASE_DECODE]++;
+  harness_recall_selected (&c->recall, ctx, selection, c->targets, c->n_targets);
 }
 
 static void
@@ -223,13 +222,8 @@ on_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *
   if (!call_asks (c, ctx))
     return;
   if (!had_selection)
-    {
-      SiftPolicy *p = (ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode)[ctx->layer];
-      if (harness_policy_is_dense (p, ctx->phase))
-        harness_recall_count (&c->recall, ctx, NULL, c->targets, c->n_targets);
-      else
-        c->recall.unknown_calls[ctx->phase == SIFT_PHASE_DECODE]++;
-    }
+    harness_recall_unselected (&c->recall, ctx->phase == SIFT_PHASE_PREFILL ? c->prefill : c->decode, ctx,
+                               c->targets, c->n_targets);
   harness_capture_rows (c->shape, ctx, out, c->row0, c->n_rows, c->out, NULL);
 }
 
