@@ -453,6 +453,12 @@ guint64 llama_model_weight_bytes (const LlamaModel *m) { return m->weight_bytes;
 
 /* ---- the forward pass ---- */
 
+/* Tokens per pass of the MLP: gate and up of 128 tokens take 8 MiB at
+ * n_ff 8192 (32 MiB for a 512-token chunk), for ~5% more prefill CPU on
+ * Llama-3.2-1B's shape (the weights are read once per pass;
+ * docs/benchmarks.md, "Peak resident memory"). */
+#define MLP_SLICE 128
+
 static gboolean
 out_of_order (const LlamaModel *m, const char *call, gint32 layer, GError **error)
 {
@@ -489,8 +495,8 @@ llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, G
       m->cap = n;
       m->x = g_renew (float, m->x, n * c->n_embd);
       m->xn = g_renew (float, m->xn, n * c->n_embd);
-      m->gate = g_renew (float, m->gate, n * MAX (c->n_ff, c->n_embd));
-      m->up = g_renew (float, m->up, n * c->n_ff);
+      m->gate = g_renew (float, m->gate, MIN (n, MLP_SLICE) * MAX (c->n_ff, c->n_embd));
+      m->up = g_renew (float, m->up, MIN (n, MLP_SLICE) * c->n_ff);
     }
   for (gint64 t = 0; t < n; t++)
     llama_mat_row (&m->embd, tokens[t], m->x + t * c->n_embd);
@@ -560,23 +566,28 @@ llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **er
     return out_of_order (m, "attended", layer, error);
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, d = c->n_embd;
-  /* Attention block: x += Wo out. gate serves as scratch [n][n_embd]. */
-  llama_matmul (&L->o, out, m->gate, n);
-  for (gint64 i = 0; i < n * d; i++)
-    m->x[i] += m->gate[i];
-  /* MLP: x += Wdown (silu (Wgate xn) * Wup xn). */
-  llama_rmsnorm (m->x, L->ffn_norm, c->eps, n, d, m->xn);
-  const LlamaMat *gu[] = { &L->gate, &L->up };
-  float *gu_out[] = { m->gate, m->up };
-  if (fusable (gu, 2))
-    llama_matmul_multi (gu, gu_out, 2, m->xn, n);
-  else
-    for (int i = 0; i < 2; i++)
-      llama_matmul (gu[i], m->xn, gu_out[i], n);
-  llama_swiglu (m->gate, m->up, n * c->n_ff, m->up);
-  llama_matmul (&L->down, m->up, m->xn, n);
+  /* Attention block: x += Wo out (xn is free once q, k and v exist). */
+  llama_matmul (&L->o, out, m->xn, n);
   for (gint64 i = 0; i < n * d; i++)
     m->x[i] += m->xn[i];
+  /* MLP: x += Wdown (silu (Wgate xn) * Wup xn), MLP_SLICE tokens at a time:
+   * the n_ff-wide buffers hold a slice, not the whole step. */
+  llama_rmsnorm (m->x, L->ffn_norm, c->eps, n, d, m->xn);
+  for (gint64 s0 = 0; s0 < n; s0 += MLP_SLICE)
+    {
+      gint64 ns = MIN (MLP_SLICE, n - s0);
+      const LlamaMat *gu[] = { &L->gate, &L->up };
+      float *gu_out[] = { m->gate, m->up };
+      if (fusable (gu, 2))
+        llama_matmul_multi (gu, gu_out, 2, m->xn + s0 * d, ns);
+      else
+        for (int i = 0; i < 2; i++)
+          llama_matmul (gu[i], m->xn + s0 * d, gu_out[i], ns);
+      llama_swiglu (m->gate, m->up, ns * c->n_ff, m->up);
+      llama_matmul (&L->down, m->up, m->gate, ns); /* gate is free: [ns][n_embd] */
+      for (gint64 i = 0; i < ns * d; i++)
+        m->x[s0 * d + i] += m->gate[i];
+    }
   m->want_attended = FALSE;
   m->next_layer++;
   return TRUE;
