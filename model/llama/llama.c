@@ -5,6 +5,7 @@
 
 #include <sift/error.h>
 
+#include "llama-gpu.h"
 #include "llama.h"
 #include "quant.h"
 
@@ -27,6 +28,10 @@ struct _LlamaModel {
   float *x;           /* [cap][n_embd] residual stream */
   float *xn;          /* [cap][n_embd] normed */
   float *gate, *up;   /* [cap][n_ff] */
+
+  /* The forward pass on the GPU (llama_model_use_gpu), or NULL. */
+  LlamaGpu *gpu;
+  float *qkv;         /* [cap][n_q + 2 n_kv]: the GPU's projections, before bias, norms and RoPE */
 };
 
 static const struct {
@@ -368,8 +373,31 @@ llama_model_free (LlamaModel *m)
   g_free (m->xn);
   g_free (m->gate);
   g_free (m->up);
+  g_free (m->qkv);
+  llama_gpu_free (m->gpu);
   gguf_close (m->f);
   g_free (m);
+}
+
+gboolean
+llama_model_use_gpu (LlamaModel *m, GError **error)
+{
+  if (m->gpu != NULL)
+    return TRUE;
+  m->in_step = FALSE;
+  m->gpu = llama_gpu_new (&m->cfg, m->layers, &m->output, m->output_norm, error);
+  if (m->gpu == NULL)
+    {
+      g_prefix_error (error, "%s: ", gguf_path (m->f));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+llama_model_on_gpu (const LlamaModel *m)
+{
+  return m->gpu != NULL;
 }
 
 const LlamaConfig *llama_model_config (const LlamaModel *m) { return &m->cfg; }
@@ -416,10 +444,13 @@ llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, G
       m->xn = g_renew (float, m->xn, n * c->n_embd);
       m->gate = g_renew (float, m->gate, n * MAX (c->n_ff, c->n_embd));
       m->up = g_renew (float, m->up, n * c->n_ff);
+      m->qkv = g_renew (float, m->qkv, n * ((gint64) c->n_heads + 2 * (gint64) c->n_kv_heads) * c->head_dim);
     }
   for (gint64 t = 0; t < n; t++)
     llama_dequantize_row (m->embd.type, m->embd.data + (gsize) tokens[t] * m->embd.row_bytes,
                           m->x + t * c->n_embd, c->n_embd);
+  if (m->gpu != NULL && !llama_gpu_begin (m->gpu, m->x, n, error))
+    return FALSE;
   m->in_step = TRUE;
   m->pos0 = pos0;
   m->n = n;
@@ -446,10 +477,25 @@ llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float *v, GErr
     return out_of_order (m, "qkv", layer, error);
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
-  llama_matmul (&L->q, m->xn, q, n);
-  llama_matmul (&L->k, m->xn, k, n);
-  llama_matmul (&L->v, m->xn, v, n);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_qkv (m->gpu, layer, m->qkv, error))
+        return FALSE;
+      for (gint64 t = 0; t < n; t++)
+        {
+          const float *row = m->qkv + t * (nq + 2 * nkv);
+          memcpy (q + t * nq, row, sizeof (float) * (gsize) nq);
+          memcpy (k + t * nkv, row + nq, sizeof (float) * (gsize) nkv);
+          memcpy (v + t * nkv, row + nq + nkv, sizeof (float) * (gsize) nkv);
+        }
+    }
+  else
+    {
+      llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
+      llama_matmul (&L->q, m->xn, q, n);
+      llama_matmul (&L->k, m->xn, k, n);
+      llama_matmul (&L->v, m->xn, v, n);
+    }
   add_bias (q, L->bq, n, nq);
   add_bias (k, L->bk, n, nkv);
   add_bias (v, L->bv, n, nkv);
@@ -470,6 +516,14 @@ llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **er
   const LlamaConfig *c = &m->cfg;
   if (!m->in_step || !m->want_attended || layer != m->next_layer)
     return out_of_order (m, "attended", layer, error);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_attended (m->gpu, layer, out, error))
+        return FALSE;
+      m->want_attended = FALSE;
+      m->next_layer++;
+      return TRUE;
+    }
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, d = c->n_embd;
   /* Attention block: x += Wo out. gate serves as scratch [n][n_embd]. */
@@ -498,6 +552,8 @@ llama_model_end (LlamaModel *m, float *logits, GError **error)
   m->in_step = FALSE;
   if (logits == NULL)
     return TRUE;
+  if (m->gpu != NULL)
+    return llama_gpu_end (m->gpu, logits, error);
   const float *last = m->x + (m->n - 1) * c->n_embd;
   llama_rmsnorm (last, m->output_norm, c->eps, 1, c->n_embd, m->xn);
   llama_matmul (&m->output, m->xn, logits, 1);
