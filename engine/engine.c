@@ -292,13 +292,6 @@ sift_engine_config (const SiftEngine *e)
   return &e->config;
 }
 
-gint32
-sift_engine_n_slots (SiftEngine *e)
-{
-  g_return_val_if_fail (e != NULL, 0);
-  return e->config.n_slots;
-}
-
 void
 sift_engine_begin_call (SiftEngine *e, SiftPhase phase, const char *policy_name)
 {

@@ -22,8 +22,9 @@ gboolean sift_model_gguf_use_device (SiftModel *model, SiftDevice device, GError
 /* The model under a SiftModel from sift_model_gguf_new, or NULL for another model. */
 LlamaModel *sift_model_gguf_llama (SiftModel *model);
 
-/* The GGUF model's keys of the config (model.path), registered by
- * sift_gguf_config_register (the table: model/llama/gguf-config.c). */
+/* The GGUF model's keys of the config (model.path), registered with the
+ * model source "gguf" by sift_gguf_config_register (the table:
+ * model/llama/gguf-config.c). */
 typedef struct {
   char *path;                         /* the GGUF file of model.source gguf, or NULL */
 } SiftGgufConfig;

@@ -52,19 +52,19 @@ dev_upload (const void *src, gsize bytes, LlamaGpu *g, GError **error)
   return p;
 }
 
-/* Rows of m as f16 into dst [n_out][n_in]. */
+/* Rows of m as f16 into dst [n_out][n_in]: F16 rows as they are, others
+ * (repacked x16 groups too) through f32. */
 static void
 rows_to_f16 (const LlamaMat *m, guint16 *dst, float *tmp)
 {
   for (gint64 r = 0; r < m->n_out; r++)
     {
-      const guint8 *row = m->data + (gsize) r * m->row_bytes;
       guint16 *out = dst + (gsize) r * (gsize) m->n_in;
-      if (m->type == GGUF_TENSOR_F16)
-        memcpy (out, row, (gsize) m->n_in * 2);
+      if (m->type == GGUF_TENSOR_F16 && !m->x16)
+        memcpy (out, m->data + (gsize) r * m->row_bytes, (gsize) m->n_in * 2);
       else
         {
-          llama_dequantize_row (m->type, row, tmp, m->n_in);
+          llama_mat_row (m, r, tmp);
           sift_convert (tmp, SIFT_DTYPE_F32, out, SIFT_DTYPE_F16, (gsize) m->n_in);
         }
     }
