@@ -91,6 +91,15 @@ cpu_buffer_move (SiftBackend *backend, guint8 *dst, const guint8 *src, gsize n)
 }
 
 static void
+cpu_buffer_move_rows (SiftBackend *backend, guint8 *dst, gsize dst_pitch, const guint8 *src, gsize src_pitch,
+                      gsize width, gsize rows)
+{
+  (void) backend;
+  for (gsize r = 0; r < rows; r++)
+    memmove (dst + r * dst_pitch, src + r * src_pitch, width);
+}
+
+static void
 cpu_buffer_clear (SiftBackend *backend, guint8 *dst, gsize n)
 {
   (void) backend;
@@ -161,6 +170,7 @@ static const SiftBackendOps cpu_ops = {
   .attend = cpu_attend,
   .merge = cpu_merge,
   .buffer_read = cpu_buffer_read,
+  .buffer_move_rows = cpu_buffer_move_rows,
   .timings = NULL,
 };
 

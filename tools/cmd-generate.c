@@ -35,7 +35,8 @@ open_model (const SiftConfig *cfg, const char *path, HarnessPipeline *p, GError 
 {
   g_autoptr (SiftModel) model = sift_model_gguf_new (path, cfg->shape.block_size, cfg->shape.chunk_size,
                                                      cfg->shape.scale, error);
-  if (model == NULL || !harness_check_model_shape (cfg, path, model, error))
+  if (model == NULL || !harness_check_model_shape (cfg, path, model, error)
+      || !sift_model_gguf_use_device (model, sift_offload_config (cfg)->device, error))
     return NULL;
   const SiftOffloadConfig *off = sift_offload_config (cfg);
   g_autofree char *store = off->store_path != NULL ? g_strdup (off->store_path)

@@ -76,3 +76,11 @@ sift_model_gguf_llama (SiftModel *model)
 {
   return model != NULL && model->klass == &gguf_class ? ((GgufModel *) model)->llama : NULL;
 }
+
+gboolean
+sift_model_gguf_use_device (SiftModel *model, SiftDevice device, GError **error)
+{
+  LlamaModel *llama = sift_model_gguf_llama (model);
+  g_return_val_if_fail (llama != NULL, FALSE);
+  return device != SIFT_DEVICE_CUDA || llama_model_use_gpu (llama, error);
+}

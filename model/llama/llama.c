@@ -7,6 +7,7 @@
 #include <sift/memory.h>
 #include <sift/parallel.h>
 
+#include "llama-gpu.h"
 #include "llama.h"
 #include "quant.h"
 #include "repack.h"
@@ -31,6 +32,10 @@ struct _LlamaModel {
   float *x;           /* [cap][n_embd] residual stream */
   float *xn;          /* [cap][n_embd] normed */
   float *gate, *up;   /* [cap][n_ff] */
+
+  /* The forward pass on the GPU (llama_model_use_gpu), or NULL. */
+  LlamaGpu *gpu;
+  float *qkv;         /* [cap][n_q + 2 n_kv]: the GPU's projections, before bias, norms and RoPE */
 };
 
 static const struct {
@@ -443,8 +448,32 @@ llama_model_free (LlamaModel *m)
   g_free (m->gate);
   g_free (m->up);
   sift_mem_free (m->x16);
+  g_free (m->qkv);
+  llama_gpu_free (m->gpu);
   gguf_close (m->f);
   g_free (m);
+}
+
+gboolean
+llama_model_use_gpu (LlamaModel *m, GError **error)
+{
+  if (m->gpu != NULL)
+    return TRUE;
+  m->in_step = FALSE;
+  m->cap = 0; /* the next step allocates the host side of the GPU's buffers too */
+  m->gpu = llama_gpu_new (&m->cfg, m->layers, &m->output, m->output_norm, error);
+  if (m->gpu == NULL)
+    {
+      g_prefix_error (error, "%s: ", gguf_path (m->f));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+llama_model_on_gpu (const LlamaModel *m)
+{
+  return m->gpu != NULL;
 }
 
 const LlamaConfig *llama_model_config (const LlamaModel *m) { return &m->cfg; }
@@ -497,9 +526,13 @@ llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, G
       m->xn = g_renew (float, m->xn, n * c->n_embd);
       m->gate = g_renew (float, m->gate, MIN (n, MLP_SLICE) * MAX (c->n_ff, c->n_embd));
       m->up = g_renew (float, m->up, MIN (n, MLP_SLICE) * c->n_ff);
+      if (m->gpu != NULL)
+        m->qkv = g_renew (float, m->qkv, n * ((gint64) c->n_heads + 2 * (gint64) c->n_kv_heads) * c->head_dim);
     }
   for (gint64 t = 0; t < n; t++)
     llama_mat_row (&m->embd, tokens[t], m->x + t * c->n_embd);
+  if (m->gpu != NULL && !llama_gpu_begin (m->gpu, m->x, n, error))
+    return FALSE;
   m->in_step = TRUE;
   m->pos0 = pos0;
   m->n = n;
@@ -536,14 +569,29 @@ llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float *v, GErr
     return out_of_order (m, "qkv", layer, error);
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
-  const LlamaMat *qkv[] = { &L->q, &L->k, &L->v };
-  float *out[] = { q, k, v };
-  if (fusable (qkv, 3))
-    llama_matmul_multi (qkv, out, 3, m->xn, n);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_qkv (m->gpu, layer, m->qkv, error))
+        return FALSE;
+      for (gint64 t = 0; t < n; t++)
+        {
+          const float *row = m->qkv + t * (nq + 2 * nkv);
+          memcpy (q + t * nq, row, sizeof (float) * (gsize) nq);
+          memcpy (k + t * nkv, row + nq, sizeof (float) * (gsize) nkv);
+          memcpy (v + t * nkv, row + nq + nkv, sizeof (float) * (gsize) nkv);
+        }
+    }
   else
-    for (int i = 0; i < 3; i++)
-      llama_matmul (qkv[i], m->xn, out[i], n);
+    {
+      llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
+      const LlamaMat *qkv[] = { &L->q, &L->k, &L->v };
+      float *out[] = { q, k, v };
+      if (fusable (qkv, 3))
+        llama_matmul_multi (qkv, out, 3, m->xn, n);
+      else
+        for (int i = 0; i < 3; i++)
+          llama_matmul (qkv[i], m->xn, out[i], n);
+    }
   add_bias (q, L->bq, n, nq);
   add_bias (k, L->bk, n, nkv);
   add_bias (v, L->bv, n, nkv);
@@ -564,6 +612,14 @@ llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **er
   const LlamaConfig *c = &m->cfg;
   if (!m->in_step || !m->want_attended || layer != m->next_layer)
     return out_of_order (m, "attended", layer, error);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_attended (m->gpu, layer, out, error))
+        return FALSE;
+      m->want_attended = FALSE;
+      m->next_layer++;
+      return TRUE;
+    }
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, d = c->n_embd;
   /* Attention block: x += Wo out (xn is free once q, k and v exist). */
@@ -602,6 +658,8 @@ llama_model_end (LlamaModel *m, float *logits, GError **error)
   m->in_step = FALSE;
   if (logits == NULL)
     return TRUE;
+  if (m->gpu != NULL)
+    return llama_gpu_end (m->gpu, logits, error);
   const float *last = m->x + (m->n - 1) * c->n_embd;
   llama_rmsnorm (last, m->output_norm, c->eps, 1, c->n_embd, m->xn);
   llama_matmul (&m->output, m->xn, logits, 1);

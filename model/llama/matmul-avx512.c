@@ -12,7 +12,7 @@ dpbusd (__m256i acc, __m256i u, __m256i s)
 }
 
 #include "matmul-simd.h"
-#include "repack.h"
+#include "repack-avx512.h"
 
 /* ---- register tiles (prefill): TR weight rows x up to TT tokens ---- */
 
@@ -258,27 +258,6 @@ x16_q8_0_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n,
 }
 X16_DISPATCH (x16_q8_0)
 
-/* The 6-bit scales (sc) and mins (m) of sub-blocks j of 16 rows as int32
- * lanes, from the 12 byte planes (llama_q4_k_scale_min, 16 rows at once). */
-ALWAYS_INLINE void
-x16_q4_k_scales (const BlockQ4_Kx16 *b, __m512i sc[8], __m512i m[8])
-{
-  __m128i p[12];
-  for (int k = 0; k < 12; k++)
-    p[k] = _mm_loadu_si128 ((const __m128i *) b->scales[k]);
-  const __m128i m63 = _mm_set1_epi8 (63), m15 = _mm_set1_epi8 (15), top = _mm_set1_epi8 ((char) 0xc0);
-  for (int j = 0; j < 4; j++)
-    {
-      sc[j] = _mm512_cvtepu8_epi32 (_mm_and_si128 (p[j], m63));
-      m[j] = _mm512_cvtepu8_epi32 (_mm_and_si128 (p[j + 4], m63));
-      /* (byte >> 6) << 4 is (byte & 0xc0) >> 2: a 16-bit shift of masked bytes carries nothing across. */
-      __m128i hi_sc = _mm_srli_epi16 (_mm_and_si128 (p[j], top), 2);
-      __m128i hi_m = _mm_srli_epi16 (_mm_and_si128 (p[j + 4], top), 2);
-      sc[j + 4] = _mm512_cvtepu8_epi32 (_mm_or_si128 (_mm_and_si128 (p[j + 8], m15), hi_sc));
-      m[j + 4] = _mm512_cvtepu8_epi32 (_mm_or_si128 (_mm_and_si128 (_mm_srli_epi16 (p[j + 8], 4), m15), hi_m));
-    }
-}
-
 /* Q4_K: per sub-block pair, 8 vectors of nibbles, each split into the low
  * (sub-block 2c) and high (2c + 1) codes as u8, one vpdpbusd each against
  * 4 of the token's codes in every lane; the sums take the rows' 6-bit
@@ -294,7 +273,7 @@ x16_q4_k_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n,
   for (gint64 i = 0; i < n / QK_K; i++)
     {
       __m512i sc[8], mn[8];
-      x16_q4_k_scales (&b[i], sc, mn);
+      x16_q4_k_scales_avx512 (&b[i], sc, mn);
       __m512i sq[X16_T], sm[X16_T];
       for (int t = 0; t < NT; t++)
         {
