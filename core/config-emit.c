@@ -28,6 +28,7 @@ emit_value (GString *out, const Key *k, gconstpointer base)
       }
     case KEY_BOOL: g_string_append (out, *(const gboolean *) field ? "true" : "false"); break;
     case KEY_STRING:
+    case KEY_SOURCE:
     case KEY_LABEL:
       {
         const char *s = *(char *const *) field;
@@ -129,7 +130,7 @@ static void
 emit_key (GString *out, const Config *cfg, const Key *k, gconstpointer values, int depth)
 {
   indent (out, depth);
-  if (k->type == KEY_STRING && *(char *const *) (gconstpointer) ((const char *) values + k->offset) == NULL)
+  if (KEY_HOLDS_STRING (k) && *(char *const *) (gconstpointer) ((const char *) values + k->offset) == NULL)
     {
       g_string_append_printf (out, "# %s: (unset)\n", k->name);
       return;

@@ -99,21 +99,21 @@ list (Ctx *c, const Key *k, yaml_node_t *node, const char *path, gpointer *out, 
 }
 
 static gboolean
-one_of (Ctx *c, const Key *k, yaml_node_t *node, const char *path, int *index, GError **error)
+one_of (Ctx *c, const EnumValue *values, yaml_node_t *node, const char *path, int *index, GError **error)
 {
-  g_autofree char *all = sift_config_enum_list (k->values);
+  g_autofree char *all = values[0].name != NULL ? sift_config_enum_list (values) : g_strdup ("(none registered)");
   if (!sift_config_expect_scalar (c, node, path, all, error))
     return FALSE;
   const char *text = sift_config_scalar (node);
   g_autoptr (GPtrArray) names = g_ptr_array_new ();
-  for (int i = 0; k->values[i].name; i++)
+  for (int i = 0; values[i].name; i++)
     {
-      if (strcmp (text, k->values[i].name) == 0)
+      if (strcmp (text, values[i].name) == 0)
         {
           *index = i;
           return TRUE;
         }
-      g_ptr_array_add (names, (gpointer) k->values[i].name);
+      g_ptr_array_add (names, (gpointer) values[i].name);
     }
   g_autofree char *hint = sift_config_suggestion (text, (const char *const *) names->pdata, names->len);
   Origin at = sift_config_origin_of (c, node);
@@ -177,7 +177,7 @@ sift_config_assign (Ctx *c, const Key *k, gpointer base, gboolean in_config, yam
     case KEY_LABEL:
       {
         int index;
-        if (k->values != NULL && !one_of (c, k, node, path, &index, error))
+        if (k->values != NULL && !one_of (c, k->values, node, path, &index, error))
           return FALSE;
         if (k->values == NULL && !sift_config_expect_scalar (c, node, path, "a string", error))
           return FALSE;
@@ -190,10 +190,21 @@ sift_config_assign (Ctx *c, const Key *k, gpointer base, gboolean in_config, yam
         *(char **) field = g_strdup (sift_config_scalar (node));
         break;
       }
+    case KEY_SOURCE:
+      {
+        /* The names the models registered (config.h, "Model sources"). */
+        g_autofree EnumValue *sources = sift_config_model_sources ();
+        int index;
+        if (!one_of (c, sources, node, path, &index, error))
+          return FALSE;
+        g_free (*(char **) field);
+        *(char **) field = g_strdup (sources[index].name);
+        break;
+      }
     case KEY_ENUM:
       {
         int index;
-        if (!one_of (c, k, node, path, &index, error))
+        if (!one_of (c, k->values, node, path, &index, error))
           return FALSE;
         *(int *) field = k->values[index].value;
         break;

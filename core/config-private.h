@@ -21,6 +21,7 @@
 #define KEY_SETUPS 65 /* policies: a list of setups */
 #define KEY_LABEL 66  /* a setup's label */
 #define KEY_CHOICE 67 /* a setup's prefill or decode: a name, or {name, params} */
+#define KEY_SOURCE 68 /* model.source: a string, one of the registered model sources */
 
 typedef SiftConfigKey Key;
 typedef SiftConfigEnumValue EnumValue;
@@ -94,8 +95,14 @@ gpointer sift_config_value_at (const Config *cfg, const char *path, const Key **
 void sift_config_instances_init (Config *cfg);
 void sift_config_instances_free (Config *cfg);
 void sift_config_instances_copy (Config *to, const Config *from);
-/* Sets a key to its default (the text of its `def`). */
+/* Sets a key to its default (the text of its `def`; model.source: the
+ * default registered source). */
 void sift_config_key_default (const Key *k, gpointer values);
+/* The registered model sources' names as an enum table (value: the
+ * index), NULL-terminated; the array is the caller's, the names are not. */
+EnumValue *sift_config_model_sources (void);
+/* Keys whose value is a string the config owns (strings, model.source). */
+#define KEY_HOLDS_STRING(k) ((k)->type == KEY_STRING || (k)->type == KEY_SOURCE)
 
 /* One document being read (a file, or one --set value). */
 typedef struct {

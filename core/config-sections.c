@@ -38,6 +38,53 @@ sift_config_register_section (const SiftConfigSection *section)
   g_mutex_unlock (&registered_lock);
 }
 
+/* ---- Model sources ---------------------------------------------------------- */
+
+static GPtrArray *model_sources; /* const SiftConfigModelSource *, in registration order */
+
+void
+sift_config_register_model_source (const SiftConfigModelSource *source)
+{
+  g_return_if_fail (source != NULL && source->name != NULL && source->name[0] != '\0');
+  g_mutex_lock (&registered_lock);
+  if (model_sources == NULL)
+    model_sources = g_ptr_array_new ();
+  gboolean known = FALSE;
+  for (guint i = 0; i < model_sources->len && !known; i++)
+    known = strcmp (((const SiftConfigModelSource *) model_sources->pdata[i])->name, source->name) == 0;
+  if (!known)
+    g_ptr_array_add (model_sources, (gpointer) source);
+  g_mutex_unlock (&registered_lock);
+}
+
+EnumValue *
+sift_config_model_sources (void)
+{
+  g_mutex_lock (&registered_lock);
+  guint n = model_sources != NULL ? model_sources->len : 0;
+  EnumValue *values = g_new0 (EnumValue, n + 1);
+  for (guint i = 0; i < n; i++)
+    values[i] = (EnumValue) { ((const SiftConfigModelSource *) model_sources->pdata[i])->name, (int) i };
+  g_mutex_unlock (&registered_lock);
+  return values;
+}
+
+/* The name of the registered default source, or NULL. */
+static const char *
+model_source_default (void)
+{
+  const char *name = NULL;
+  g_mutex_lock (&registered_lock);
+  for (guint i = 0; model_sources != NULL && i < model_sources->len && name == NULL; i++)
+    {
+      const SiftConfigModelSource *s = model_sources->pdata[i];
+      if (s->is_default)
+        name = s->name;
+    }
+  g_mutex_unlock (&registered_lock);
+  return name;
+}
+
 static gint
 by_order (gconstpointer a, gconstpointer b)
 {
@@ -99,7 +146,7 @@ sift_config_key_default (const Key *k, gpointer values)
 {
   gpointer field = (char *) values + k->offset;
   const char *def = k->def;
-  g_assert (def != NULL || k->type == KEY_STRING);
+  g_assert (def != NULL || KEY_HOLDS_STRING (k));
   switch ((int) k->type)
     {
     case KEY_INT: *(gint64 *) field = g_ascii_strtoll (def, NULL, 10); break;
@@ -110,6 +157,10 @@ sift_config_key_default (const Key *k, gpointer values)
     case KEY_STRING:
       g_free (*(char **) field);
       *(char **) field = g_strdup (def);
+      break;
+    case KEY_SOURCE:
+      g_free (*(char **) field);
+      *(char **) field = g_strdup (model_source_default ());
       break;
     case KEY_ENUM:
       {
@@ -145,7 +196,7 @@ sift_config_section_clear (const SiftConfigSection *section, gpointer values)
   if (values == NULL)
     return;
   for (const Key *k = section->keys; k->name != NULL; k++)
-    if (k->type == KEY_STRING || k->type == KEY_INT_LIST || k->type == KEY_FLOAT_LIST)
+    if (KEY_HOLDS_STRING (k) || k->type == KEY_INT_LIST || k->type == KEY_FLOAT_LIST)
       g_clear_pointer ((gpointer *) (void *) ((char *) values + k->offset), g_free);
 }
 
@@ -156,7 +207,7 @@ section_own (const SiftConfigSection *section, gpointer values)
   for (const Key *k = section->keys; k->name != NULL; k++)
     {
       gpointer *field = (gpointer *) (void *) ((char *) values + k->offset);
-      if (k->type == KEY_STRING)
+      if (KEY_HOLDS_STRING (k))
         *field = g_strdup (*field);
       else if (k->type == KEY_INT_LIST || k->type == KEY_FLOAT_LIST)
         {

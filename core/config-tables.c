@@ -1,7 +1,8 @@
-/* Core's own key tables: the model's shape, source and seed, the KV block
- * and chunk sizes (model, kv), and the policy setups. The other keys are
- * the tables their owners register (config.h, "Sections"); docs/config.md
- * mirrors them all (a test checks every key is documented). */
+/* Core's own key tables: the model's shape and source (one of the sources
+ * the models register), the KV block and chunk sizes (model, kv), and the
+ * policy setups. The other keys are the tables their owners register
+ * (config.h, "Sections"); docs/config.md mirrors them all (a test checks
+ * every key is documented). */
 #include <stddef.h>
 
 #include "config-private.h"
@@ -10,16 +11,13 @@
 #define SOFF(field) offsetof (Setup, field)
 #define NO_RANGE SIFT_CONFIG_NO_RANGE
 
-static const EnumValue sources[] = { { "synthetic", 0 }, { "random", 0 }, { "gguf", 0 }, { NULL, 0 } };
-
 static const Key model_keys[] = {
-  { "source", KEY_STRING, OFF (pub.source), 0, NO_RANGE, sources, "synthetic", "where q, k, v come from: synthetic | random | gguf" },
+  { "source", KEY_SOURCE, OFF (pub.source), 0, NO_RANGE, NULL, NULL, "where q, k, v come from: a model source the models register" },
   { "layers", KEY_INT32, OFF (pub.shape.n_layers), 0, 1, 4096, NULL, "2", "transformer layers" },
   { "q_heads", KEY_INT32, OFF (pub.shape.n_q_heads), 0, 1, 4096, NULL, "8", "query heads" },
   { "kv_heads", KEY_INT32, OFF (pub.shape.n_kv_heads), 0, 1, 4096, NULL, "2", "key/value heads (divides q_heads)" },
   { "head_dim", KEY_INT32, OFF (pub.shape.head_dim), 0, 1, 4096, NULL, "64", "dims per head" },
   { "scale", KEY_FLOAT, OFF (scale), 0, 0, 1e6, NULL, "0.0", "attention scale (0: 1/sqrt(head_dim))" },
-  { "seed", KEY_UINT64, OFF (pub.seed), 0, NO_RANGE, NULL, "1", "model source seed" },
   { NULL },
 };
 

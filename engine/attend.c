@@ -439,6 +439,37 @@ attend_mapped (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection 
   return ok;
 }
 
+/* Resident KV (resident.c): every selected block is read in place in its
+ * copy in compute memory, all of them and the local tokens in one batch,
+ * as attend_mapped does with the store's memory; nothing is loaded, so
+ * nothing is counted as loaded. */
+static gboolean
+attend_resident (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
+                 const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
+                 guint64 *attended, gint64 *compute_us, GError **error)
+{
+  const SiftModelShape *s = &e->config.shape;
+  gint64 t0 = g_get_monotonic_time ();
+  g_autofree gboolean *flags = g_new (gboolean, s->n_q_heads);
+  const gint64 *all_ids = (const gint64 *) (const void *) e->store_ids[ctx->layer]->data;
+  const SiftBlockMeta *meta = (const SiftBlockMeta *) (const void *) e->meta[ctx->layer]->data;
+  const SiftMemorySpace space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
+  for (gint64 i = 0; i < m; i++)
+    {
+      gint64 id = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+      guint8 *p = sift_engine_resident_block (e, all_ids[id]);
+      SiftView k = sift_view_strided (p, e->config.compute_dtype, s->n_kv_heads, meta[id].n_valid, s->head_dim,
+                                      (gint64) s->block_size * s->head_dim, s->head_dim);
+      k.space = space;
+      SiftView v = k;
+      v.data = p + (gsize) e->block_elems * e->es;
+      batch_add (e, b, &k, &v, block_heads (e, selection, id, flags));
+    }
+  gboolean ok = batch_attend (e, ctx, b, lk, lv, out, lse, written, attended, error);
+  *compute_us += g_get_monotonic_time () - t0;
+  return ok;
+}
+
 /* The ring: the selection streams through the slots in groups of G blocks
  * (sift_engine_ring_group: n_slots / 2 when a block's attention wakes the
  * kernels' threads, else as few as keep a call's fixed cost small); each
@@ -506,9 +537,13 @@ attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *select
   sift_engine_local_kv (e, ctx, &lk, &lv);
   SiftBatch *b = batch_get (e);
   batch_clear (b);
-  gboolean ok = e->maps && m > 0
-                  ? attend_mapped (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error)
-                  : attend_ring (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
+  gboolean ok;
+  if (e->resident && m > 0)
+    ok = attend_resident (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
+  else if (e->maps && m > 0)
+    ok = attend_mapped (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
+  else
+    ok = attend_ring (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
   if (ok && !e->host_compute)
     ok = device_end (e, &dc, out, lse, written, error);
   if (ok)

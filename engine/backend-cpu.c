@@ -4,25 +4,48 @@
  * blocks in RAM in the compute dtype is read in place. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <sift/memory.h>
 
 #include "backend-cpu-private.h"
 
-/* Zeroed, 4096-byte aligned (O_DIRECT's staging); from 2 MiB on
- * sift_mem_alloc's huge pages (2 MiB aligned). */
+/* From here on a buffer is its own anonymous mapping. */
+#define MAPPED_BYTES ((gsize) 64 << 10)
+
+static gsize
+mapped_size (gsize size)
+{
+  return (size + 4095) / 4096 * 4096;
+}
+
+/* Zeroed, 4096-byte aligned (O_DIRECT's staging). From 64 KiB on an
+ * anonymous mapping, which the kernel zeroes as each page is first
+ * touched: a buffer sized for a whole chunk (a layer's prefill K and V,
+ * 1 MiB each at 512 tokens) is resident only as far as steps fill it,
+ * instead of all of it from the start; from 2 MiB on it asks for huge
+ * pages (madvise MADV_HUGEPAGE; a hint). */
 static void *
 cpu_host_alloc (SiftBackend *backend, gsize size)
 {
   (void) backend;
   void *p = NULL;
-  if (size >= SIFT_HUGE_PAGE_BYTES)
-    p = sift_mem_alloc (size);
-  else if (posix_memalign (&p, 4096, MAX (size, 1)) != 0)
+  if (size >= MAPPED_BYTES)
+    {
+      p = mmap (NULL, mapped_size (size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        p = NULL;
+#ifdef MADV_HUGEPAGE
+      else if (size >= SIFT_HUGE_PAGE_BYTES)
+        (void) madvise (p, mapped_size (size), MADV_HUGEPAGE);
+#endif
+    }
+  else if (posix_memalign (&p, 4096, MAX (size, 1)) == 0)
+    memset (p, 0, MAX (size, 1));
+  else
     p = NULL;
   if (p == NULL)
     g_error ("engine: out of memory (%" G_GSIZE_FORMAT " bytes)", size);
-  memset (p, 0, MAX (size, 1));
   return p;
 }
 
@@ -30,8 +53,10 @@ static void
 cpu_host_free (SiftBackend *backend, void *p, gsize size)
 {
   (void) backend;
-  if (size >= SIFT_HUGE_PAGE_BYTES)
-    sift_mem_free (p);
+  if (p == NULL)
+    return;
+  if (size >= MAPPED_BYTES)
+    munmap (p, mapped_size (size));
   else
     free (p);
 }
@@ -63,6 +88,15 @@ cpu_buffer_move (SiftBackend *backend, guint8 *dst, const guint8 *src, gsize n)
 {
   (void) backend;
   memmove (dst, src, n);
+}
+
+static void
+cpu_buffer_move_rows (SiftBackend *backend, guint8 *dst, gsize dst_pitch, const guint8 *src, gsize src_pitch,
+                      gsize width, gsize rows)
+{
+  (void) backend;
+  for (gsize r = 0; r < rows; r++)
+    memmove (dst + r * dst_pitch, src + r * src_pitch, width);
 }
 
 static void
@@ -136,6 +170,7 @@ static const SiftBackendOps cpu_ops = {
   .attend = cpu_attend,
   .merge = cpu_merge,
   .buffer_read = cpu_buffer_read,
+  .buffer_move_rows = cpu_buffer_move_rows,
   .timings = NULL,
 };
 

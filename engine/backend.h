@@ -19,7 +19,7 @@
 /* Bumped when a method changes meaning; methods added later are appended
  * and said "since N", and the engine checks version and struct_size before
  * calling them. */
-#define SIFT_BACKEND_VERSION 2
+#define SIFT_BACKEND_VERSION 3
 
 /* Where a piece of compute-side memory lives: SiftMemorySpace of
  * <sift/view.h> (SIFT_MEMORY_HOST, SIFT_MEMORY_DEVICE), the space of the
@@ -165,6 +165,13 @@ typedef struct {
    * engine adds them to its counters); NULL where the engine's host clock
    * times the work (the CPU: its calls block until done). */
   void (*timings) (SiftBackend *b, SiftBackendTimes *out);
+
+  /* Since 3. A copy within compute memory of `rows` rows of `width`
+   * bytes, `src_pitch` and `dst_pitch` bytes apart (the heads of a block
+   * out of a prefill or decode buffer into a resident block), ordered as
+   * buffer_move. */
+  void (*buffer_move_rows) (SiftBackend *b, guint8 *dst, gsize dst_pitch, const guint8 *src, gsize src_pitch,
+                            gsize width, gsize rows);
 } SiftBackendOps;
 
 /* Every backend's instance starts with this. */

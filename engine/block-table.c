@@ -248,7 +248,8 @@ offload_block (SiftEngine *e, const SiftPolicyContext *ctx, const SiftLayerPolic
                      .cap = cap, .event = e->store_events[layer], .layer = layer, .phase = phase,
                      .host_k = e->host_compute ? NULL : hk, .host_v = e->host_compute ? NULL : hv };
   e->backend->ops->submit (e->backend, &t, 1);
-  return TRUE;
+  /* Resident KV: the block's copy in compute memory, straight from the buffer. */
+  return !e->resident || sift_engine_resident_put (e, id, k, v, cap, error);
 }
 
 /* Makes compute memory buf[off, off + n) equal to its host image (nothing

@@ -49,6 +49,7 @@ static const SiftConfigKey offload_keys[] = {
   { "pipeline", SIFT_CONFIG_KEY_ENUM, OOFF (pipeline), 0, NO_RANGE, pipelines, "ring", "decode loading: ring | cross_layer" },
   { "force_copy", SIFT_CONFIG_KEY_BOOL, OOFF (force_copy), 0, NO_RANGE, NULL, "false", "copy every ring load, even where the host store's blocks could be read in place (zero-copy)" },
   { "device", SIFT_CONFIG_KEY_ENUM, OOFF (device), 0, NO_RANGE, devices, "cpu", "where the compute side runs: cpu | cuda (ring slots and buffers on the GPU, the host store pinned; kv.compute_dtype f16 or bf16, model.head_dim 64 or 128, policies that only select blocks)" },
+  { "resident", SIFT_CONFIG_KEY_BOOL, OOFF (resident), 0, NO_RANGE, NULL, "false", "keep every stored block in compute memory too (with device cuda: GPU-resident KV, attention reads the blocks in device memory, no ring loads; the whole cache must fit the GPU)" },
   { NULL },
 };
 

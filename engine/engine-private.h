@@ -104,6 +104,13 @@ struct _SiftEngine {
   XlHalf xl[2];
   gboolean xl_active;
 
+  /* Resident KV (resident.c; sift_engine_set_resident): compute memory
+   * holding a copy of every block this engine stored, by store id. */
+  gboolean resident;
+  GArray *res_chunks;         /* SiftBuffer [chunks] of res_chunk_blocks blocks: K then V [n_kv_heads][block_size][head_dim] each */
+  gint64 res_chunk_blocks;
+  SiftEvent *res_event;       /* loads of blocks eviction rewrote in the store */
+
   /* The compute side (backend.h): transfers, events, memory, kernels. */
   SiftBackend *backend;
   GArray *buffers;            /* SiftBuffer: every buffer above, freed with the engine */
@@ -188,6 +195,24 @@ gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_vali
 void sift_engine_local_kv_host (SiftEngine *engine, const SiftPolicyContext *ctx, SiftView *k, SiftView *v);
 /* Views of a slot's first n_tokens tokens (<= block_size). */
 void sift_engine_slots_kv (SiftEngine *engine, gint32 slot, gint64 n_tokens, SiftView *k, SiftView *v);
+
+/* ---- Resident KV (resident.c) ---------------------------------------------- */
+
+void sift_engine_resident_init (SiftEngine *engine);
+/* Zeroes the resident blocks (a new sequence). */
+void sift_engine_resident_clear (SiftEngine *engine);
+void sift_engine_resident_free (SiftEngine *engine);
+/* Copies a block being stored as `store_id` from compute memory (k, v:
+ * [n_kv_heads][cap][head_dim] in a prefill or decode buffer) into its
+ * resident place, growing the resident memory by a chunk when needed. */
+gboolean sift_engine_resident_put (SiftEngine *engine, gint64 store_id, const guint8 *k, const guint8 *v, gint64 cap,
+                                   GError **error);
+/* Loads store block `store_id` (rewritten in the store by eviction's
+ * compaction) into its resident place; attention after this sees it. */
+gboolean sift_engine_resident_reload (SiftEngine *engine, gint32 layer, gint64 store_id, GError **error);
+/* The resident copy of store block `store_id`: K then V, each
+ * [n_kv_heads][block_size][head_dim] compute elements (compute memory). */
+guint8 *sift_engine_resident_block (SiftEngine *engine, gint64 store_id);
 
 /* ---- Streams (stream.c) ----------------------------------------------------- */
 

@@ -199,6 +199,7 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   sift_engine_ring_init (e);
   sift_engine_xl_init (e);
   sift_engine_evict_init (e);
+  sift_engine_resident_init (e);
   if (local != NULL)
     {
       g_propagate_error (error, local);
@@ -217,6 +218,7 @@ sift_engine_free (SiftEngine *e)
   b->ops->drain (b, FALSE);
   sift_engine_ring_free (e);
   sift_engine_xl_free (e);
+  sift_engine_resident_free (e);
   g_clear_error (&e->store_error);
   sift_engine_evict_free (e);
   sift_engine_blocks_free (e);
@@ -256,6 +258,7 @@ sift_engine_reset (SiftEngine *e)
   sift_engine_ring_clear (e);
   sift_engine_blocks_clear (e);
   sift_engine_evict_clear (e);
+  sift_engine_resident_clear (e);
   const gint32 L = s->n_layers;
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
@@ -287,13 +290,6 @@ sift_engine_config (const SiftEngine *e)
 {
   g_return_val_if_fail (e != NULL, NULL);
   return &e->config;
-}
-
-gint32
-sift_engine_n_slots (SiftEngine *e)
-{
-  g_return_val_if_fail (e != NULL, 0);
-  return e->config.n_slots;
 }
 
 void

@@ -309,7 +309,8 @@ compact_tokens (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *const p
   for (gint64 i = 0; i < n_new; i++)
     {
       sift_engine_unmap_id (e, g_array_index (ids, gint64, b0 + i));
-      if (!sift_store_write (e->store, g_array_index (ids, gint64, b0 + i), dst + (gsize) i * bb, error))
+      if (!sift_store_write (e->store, g_array_index (ids, gint64, b0 + i), dst + (gsize) i * bb, error)
+          || (e->resident && !sift_engine_resident_reload (e, l, g_array_index (ids, gint64, b0 + i), error)))
         return FALSE;
     }
   for (gint64 b = b0 + n_new; b < nb; b++)

@@ -184,6 +184,13 @@ slot_loading (SiftEngine *e, Slot *s)
          && e->backend->ops->event_query (e->backend, s->event) == SIFT_EVENT_PENDING;
 }
 
+gint32
+sift_engine_n_slots (SiftEngine *e)
+{
+  g_return_val_if_fail (e != NULL, 0);
+  return e->config.n_slots;
+}
+
 gboolean
 sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what,
                         GError **error)

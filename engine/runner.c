@@ -364,7 +364,7 @@ run_step (SiftRunner *r, SiftPhase phase, gint64 pos0, gint64 n, const gint32 *t
   gboolean ok = TRUE;
   /* Resident blocks (zero-copy) need no prefetch: layer by layer. */
   if (phase == SIFT_PHASE_DECODE && r->engine->config.pipeline == SIFT_PIPELINE_CROSS_LAYER
-      && !sift_engine_maps (r->engine))
+      && !sift_engine_maps (r->engine) && !r->engine->resident)
     ok = decode_cross_layer (r, pos0, n, error);
   else
     for (gint32 l = 0; l < L && ok; l++)

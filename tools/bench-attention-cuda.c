@@ -168,6 +168,21 @@ sdpa_ms (GHashTable *h, gint64 L)
   return v ? *v : NAN;
 }
 
+gboolean
+sift_bench_sdpa_decode (const char *script, const GArray *dec, int repeats, double *copy_gbps, double *ms, char **why)
+{
+  Sdpa sdpa = { NAN, g_hash_table_new_full (g_int64_hash, g_int64_equal, g_free, g_free),
+                g_hash_table_new_full (g_int64_hash, g_int64_equal, g_free, g_free) };
+  g_autoptr (GArray) none = g_array_new (FALSE, FALSE, sizeof (gint64));
+  gboolean ok = sdpa_run (script, none, dec, repeats, &sdpa, why);
+  *copy_gbps = sdpa.copy_gbps;
+  for (guint i = 0; i < dec->len; i++)
+    ms[i] = ok ? sdpa_ms (sdpa.decode_ms, g_array_index (dec, gint64, i)) : NAN;
+  g_hash_table_unref (sdpa.prefill_ms);
+  g_hash_table_unref (sdpa.decode_ms);
+  return ok;
+}
+
 int
 sift_bench_attention_cuda (const GArray *pre, const GArray *dec, int repeats, const char *sdpa_script)
 {

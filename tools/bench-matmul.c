@@ -59,13 +59,29 @@ main (int argc, char **argv)
       guint8 *q = g_malloc (rb * (gsize) n_out);
       for (gint64 o = 0; o < n_out; o++)
         gguf_quantize_row (type, w + o * n_in, q + (gsize) o * rb, (gsize) n_in);
-      LlamaMat m;
-      llama_mat_init (&m, type, n_in, n_out, q);
+      LlamaMat rows, x16;
+      llama_mat_init (&rows, type, n_in, n_out, q);
+      guint8 *q16 = NULL;
       for (SiftIsa isa = SIFT_ISA_AVX2; isa <= SIFT_ISA_AVX512; isa++)
         {
           const LlamaMatmulKernels *k = llama_matmul_kernels_get (isa);
           if (k == NULL)
             continue;
+          /* As the model runs it: x16 groups where k has kernels for them. */
+          const LlamaMat *mp = &rows;
+          if (llama_mat_can_repack (&rows, k))
+            {
+              if (q16 == NULL)
+                {
+                  q16 = g_malloc (rb * (gsize) n_out);
+                  llama_mat_repack_groups (&rows, 0, n_out / 16, q16);
+                }
+              x16 = rows;
+              x16.data = q16;
+              x16.x16 = TRUE;
+              mp = &x16;
+            }
+          const LlamaMat m = *mp;
           llama_matmul_with (k, &m, x, y, n_tok); /* warm: weights in cache as far as they fit */
           double *wall = g_new (double, reps), *cpu = g_new (double, reps);
           for (int i = 0; i < reps; i++)
@@ -93,6 +109,7 @@ main (int argc, char **argv)
           g_free (wall);
           g_free (cpu);
         }
+      g_free (q16);
       g_free (q);
     }
   g_free (w);

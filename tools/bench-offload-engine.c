@@ -11,7 +11,9 @@
 #include <sift/cuda.h>
 #include <sift/sift.h>
 
+#include "bench-attention-cuda.h"
 #include "bench-peak.h"
+#include "sift-paths.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -34,10 +36,12 @@ cmp_seconds (const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* Prefills o->tokens with a select-only prefill (the sink and the last
- * block), then times o->steps decode steps with `decode` (NULL: full). */
+/* Prefills `tokens` with a select-only prefill (the sink and the last
+ * block), then times o->steps decode steps of `rows` rows with `decode`
+ * (NULL: full), the KV offloaded (ring) or resident in device memory. */
 static gboolean
-gpu_run (const Opts *o, const SiftModelShape *shape, SiftPolicy *decode, GpuRun *out, GError **error)
+gpu_run (const Opts *o, const SiftModelShape *shape, gint64 tokens, gint rows, gboolean resident, SiftPolicy *decode,
+         GpuRun *out, GError **error)
 {
   SiftStoreConfig sc = { SIFT_DTYPE_BF16, shape->n_kv_heads, shape->block_size, shape->head_dim, 0, NULL, FALSE,
                          FALSE };
@@ -46,7 +50,7 @@ gpu_run (const Opts *o, const SiftModelShape *shape, SiftPolicy *decode, GpuRun 
     return FALSE;
   SiftEngineConfig ec = { *shape, SIFT_DTYPE_BF16, o->slots, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CUDA };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, error);
-  if (engine == NULL)
+  if (engine == NULL || !sift_engine_set_resident (engine, resident, error))
     return FALSE;
   g_autoptr (SiftPolicy) window = sift_policy_new (&offload_window_ops, NULL, shape, error);
   if (window == NULL)
@@ -57,7 +61,7 @@ gpu_run (const Opts *o, const SiftModelShape *shape, SiftPolicy *decode, GpuRun 
     pre[l] = window, dec[l] = decode;
   g_autoptr (SiftModel) src = offload_pattern_new (shape);
   g_autoptr (SiftRunner) runner = sift_runner_new (engine, src, pre, dec, error);
-  if (runner == NULL || !sift_runner_prefill (runner, o->tokens, NULL, NULL, error)
+  if (runner == NULL || !sift_runner_prefill (runner, tokens, NULL, NULL, error)
       || !sift_runner_decode (runner, 1, NULL, NULL, error)) /* untimed: warm-up, Quest's first bounds */
     return FALSE;
   g_autofree double *wall = g_new (double, o->steps);
@@ -66,7 +70,7 @@ gpu_run (const Opts *o, const SiftModelShape *shape, SiftPolicy *decode, GpuRun 
   for (gint i = 0; i < o->steps; i++)
     {
       double t0 = offload_now_s ();
-      if (!sift_runner_decode (runner, o->rows, NULL, NULL, error))
+      if (!sift_runner_decode (runner, rows, NULL, NULL, error))
         return FALSE;
       wall[i] = offload_now_s () - t0;
     }
@@ -91,6 +95,69 @@ gpu_line (const char *what, const GpuRun *r, double copy)
           r->step / MAX (copy, r->compute), r->density);
 }
 
+/* GPU-resident decode (offload.resident: true): 1 layer, full attention,
+ * 1 row, at each length of --resident-at, beside PyTorch SDPA's one-row
+ * decode on the same shape measured in the same command. "attn" is the
+ * engine's event-timed kernel time of a step (attention, its split merge
+ * and the block table), "step" the wall time of the whole decode step
+ * (the model's q, k, v, their upload, the output read back). */
+static int
+bench_gpu_resident (const Opts *o)
+{
+  const char *at = o->resident_at ? o->resident_at : "16384,32768,65536,131072";
+  if (g_str_equal (at, "none"))
+    return SIFT_EXIT_OK;
+  g_autoptr (GArray) lengths = g_array_new (FALSE, FALSE, sizeof (gint64));
+  g_auto (GStrv) parts = g_strsplit (at, ",", -1);
+  for (char **p = parts; *p != NULL; p++)
+    {
+      gint64 L = g_ascii_strtoll (*p, NULL, 10);
+      if (L < o->block)
+        {
+          fprintf (stderr, "sift bench offload: --resident-at: '%s' is not a length of at least one block\n", *p);
+          return SIFT_EXIT_USAGE;
+        }
+      g_array_append_val (lengths, L);
+    }
+  g_autofree double *sdpa_ms = g_new (double, lengths->len);
+  double copy_gbps = NAN;
+  g_autofree char *why = NULL;
+  const char *script = o->sdpa_script ? o->sdpa_script : SIFT_SOURCE_BENCH_DIR "/sdpa.py";
+  gboolean have_sdpa = sift_bench_sdpa_decode (script, lengths, 9, &copy_gbps, sdpa_ms, &why);
+  printf ("\nGPU-resident decode (offload.resident: true): 1 layer, 32/8 heads, head_dim 128, bf16, block %d, full, "
+          "1 row, medians of %d steps\n", o->block, o->steps);
+  if (have_sdpa)
+    printf ("  PyTorch SDPA (bf16 q/k/v/out, 1 row) by %s, median of 9; device-to-device copy %.0f GB/s (read + write)\n",
+            script, copy_gbps);
+  else
+    printf ("  PyTorch SDPA not measured: %s\n", why);
+  printf ("  %8s %9s %9s %9s %9s %9s %9s %9s %8s\n", "tokens", "step us", "attn us", "KV GB/s", "SDPA us", "SDPA GB/s",
+          "attn/SDPA", "step/SDPA", "of copy");
+  SiftModelShape shape = { 1, 32, 8, 128, o->block, MAX (o->chunk, 4096), 0.0f };
+  for (guint i = 0; i < lengths->len; i++)
+    {
+      const gint64 L = g_array_index (lengths, gint64, i);
+      GpuRun r = { 0 };
+      g_autoptr (GError) error = NULL;
+      if (!gpu_run (o, &shape, L, 1, TRUE, NULL, &r, &error))
+        return sift_cli_fail ("bench offload", error);
+      if (r.bytes != 0)
+        {
+          fprintf (stderr, "sift bench offload: resident decode loaded %.0f bytes per step from the host store\n",
+                   r.bytes);
+          return 1;
+        }
+      const double kv = 2.0 * (double) L * 8 * 128 * 2; /* K and V bytes read per step */
+      const double sdpa = sdpa_ms[i] * 1e-3;
+      printf ("  %8" G_GINT64_FORMAT " %9.1f %9.1f %9.0f %9.1f %9.0f %8.2fx %8.2fx %7.0f%%\n", L, r.step * 1e6,
+              r.compute * 1e6, kv / r.compute * 1e-9, sdpa * 1e6, kv / sdpa * 1e-9, sdpa / r.compute, sdpa / r.step,
+              100.0 * kv / r.compute * 1e-9 / copy_gbps);
+    }
+  printf ("  attn/SDPA, step/SDPA: SDPA's time over sift's (above 1: sift faster); of copy: KV GB/s by attn time "
+          "against the copy rate; 0 bytes loaded from the host per step (checked)\n");
+  return SIFT_EXIT_OK;
+}
+
 int
 bench_gpu (const Opts *o)
 {
@@ -111,7 +178,8 @@ bench_gpu (const Opts *o)
                                    ? sift_policy_new (info->ops, params, &shape, &error) : NULL;
   GpuRun full = { 0 }, q = { 0 };
   double copy_full = 0, copy_q = 0;
-  if (quest == NULL || !gpu_run (o, &shape, NULL, &full, &error) || !gpu_run (o, &shape, quest, &q, &error)
+  if (quest == NULL || !gpu_run (o, &shape, o->tokens, o->rows, FALSE, NULL, &full, &error)
+      || !gpu_run (o, &shape, o->tokens, o->rows, FALSE, quest, &q, &error)
       || !sift_cuda_h2d_seconds ((gsize) full.bytes, 9, &copy_full, &error)
       || !sift_cuda_h2d_seconds ((gsize) MAX (q.bytes, 1), 9, &copy_q, &error))
     return sift_cli_fail ("bench offload", error);
@@ -124,7 +192,7 @@ bench_gpu (const Opts *o)
           "wall/mx: wall / max(copy ms, attn ms)\n");
   printf ("  quest %d vs full: %.2fx per-token speed, %.4f of the bytes (budget / context %.4f)\n", o->budget,
           full.step / q.step, q.bytes / full.bytes, (double) o->budget / (double) o->tokens);
-  return SIFT_EXIT_OK;
+  return bench_gpu_resident (o);
 }
 
 /* ---- 3. What the engine adds over the dense kernels ---------------------- */

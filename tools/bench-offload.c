@@ -504,6 +504,10 @@ sift_bench_offload (int argc, char **argv)
     { "quick", 0, 0, G_OPTION_ARG_NONE, &o.quick, "Small sizes (a smoke run)", NULL },
     { "device", 0, 0, G_OPTION_ARG_STRING, &o.device, "cpu (default) or cuda: offloaded decode on the GPU", "D" },
     { "budget", 0, 0, G_OPTION_ARG_INT, &o.budget, "--device cuda: Quest's token budget (default 2048)", "N" },
+    { "resident-at", 0, 0, G_OPTION_ARG_STRING, &o.resident_at,
+      "--device cuda: context lengths of GPU-resident decode (default 16384,32768,65536,131072; none: skip)", "LIST" },
+    { "sdpa-script", 0, 0, G_OPTION_ARG_FILENAME, &o.sdpa_script,
+      "--device cuda: the PyTorch script timing SDPA beside resident decode (default bench/sdpa.py of the source tree)", "FILE" },
     G_OPTION_ENTRY_NULL,
   };
   if (!sift_cli_parse ("bench offload", "", entries, &argc, &argv))
@@ -519,10 +523,11 @@ sift_bench_offload (int argc, char **argv)
                  "--slots >= 2, --layers >= 1 and --tokens >= --block\n", SIFT_ATTN_DECODE_MAX_ROWS);
       else
         st = bench_gpu (&o);
+      g_free (o.resident_at), g_free (o.sdpa_script);
       g_free (o.device), g_free (o.stored), g_free (o.compute), g_free (o.pipeline), g_free (o.path), g_free (o.stores), g_free (o.decode_at), g_free (o.sections);
       return st;
     }
-  g_free (o.device);
+  g_free (o.device), g_free (o.resident_at), g_free (o.sdpa_script);
   if (o.sections == NULL)
     o.sections = g_strdup ("stores,pipeline,overhead");
   if (o.decode_at == NULL)

@@ -17,6 +17,7 @@ typedef struct {
   gint rows, reps;
   char *decode_at, *sections, *device;
   gint budget;
+  char *resident_at, *sdpa_script;  /* --device cuda: resident decode lengths, SDPA's script */
 } Opts;
 
 /* Block 0 and the last `budget` blocks (all when budget <= 0). */

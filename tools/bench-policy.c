@@ -47,6 +47,7 @@ sift_bench_policy (int argc, char **argv)
     .registry = registry,
     .fail = sift_cli_fail,
     .synth_qkv = sift_bench_synth_qkv,
+    .synth_seed = sift_synthetic_seed,
     .cpu_seconds = sift_bench_cpu_seconds,
   };
   if (argc >= 2)

@@ -9,7 +9,7 @@ sift_bench_synth_qkv (const SiftConfig *cfg, gint32 q_heads, gint64 n, float *q,
 {
   SiftModelShape shape = cfg->shape;
   shape.n_layers = 1;
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, sift_synthetic_config (cfg), NULL, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, sift_synthetic_seed (cfg), sift_synthetic_config (cfg), NULL, error);
   if (src == NULL)
     return FALSE;
   const gint32 d = shape.head_dim, Hq = shape.n_q_heads, Hk = shape.n_kv_heads;

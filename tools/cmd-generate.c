@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <glib/gstdio.h>
 #include <sift/sift.h>
@@ -34,7 +35,8 @@ open_model (const SiftConfig *cfg, const char *path, HarnessPipeline *p, GError 
 {
   g_autoptr (SiftModel) model = sift_model_gguf_new (path, cfg->shape.block_size, cfg->shape.chunk_size,
                                                      cfg->shape.scale, error);
-  if (model == NULL || !harness_check_model_shape (cfg, path, model, error))
+  if (model == NULL || !harness_check_model_shape (cfg, path, model, error)
+      || !sift_model_gguf_use_device (model, sift_offload_config (cfg)->device, error))
     return NULL;
   const SiftOffloadConfig *off = sift_offload_config (cfg);
   g_autofree char *store = off->store_path != NULL ? g_strdup (off->store_path)
@@ -97,10 +99,18 @@ generate (const SiftConfig *cfg, const char *path, const char *prompt, const cha
           ids->len, pre, ids->len / MAX (pre, 1e-9), gen.n_decoded, dec, gen.n_decoded / MAX (dec, 1e-9));
   const LlamaConfig *c = llama_model_config (sift_model_gguf_llama (model));
   gint64 positions = sift_runner_position (p.runner);
-  printf ("memory  weights %.2f MiB, KV %.2f MiB (%" G_GINT64_FORMAT " positions, %s store)\n",
-          llama_model_weight_bytes (sift_model_gguf_llama (model)) / 1048576.0,
-          (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim * sift_dtype_row_bytes (sift_kv_config (cfg)->store_dtype, 32) / 32 / 1048576.0,
-          positions, sift_dtype_name (sift_kv_config (cfg)->store_dtype));
+  double weights = llama_model_weight_bytes (sift_model_gguf_llama (model)) / 1048576.0;
+  double kv = (double) positions * 2 * c->n_layers * c->n_kv_heads * c->head_dim
+              * sift_dtype_row_bytes (sift_kv_config (cfg)->store_dtype, 32) / 32 / 1048576.0;
+  printf ("memory  weights %.2f MiB, KV %.2f MiB (%" G_GINT64_FORMAT " positions, %s store)", weights, kv, positions,
+          sift_dtype_name (sift_kv_config (cfg)->store_dtype));
+  /* The process's peak resident set so far (getrusage's ru_maxrss, KiB on
+   * Linux): everything it touched, mapped file pages included. */
+  struct rusage ru;
+  if (getrusage (RUSAGE_SELF, &ru) == 0 && ru.ru_maxrss > 0)
+    printf (", peak resident %.2f MiB (%+.1f%% over weights + KV)", ru.ru_maxrss / 1024.0,
+            100.0 * (ru.ru_maxrss / 1024.0 / (weights + kv) - 1.0));
+  printf ("\n");
   print_counters (p.engine, SIFT_PHASE_PREFILL, "prefill");
   print_counters (p.engine, SIFT_PHASE_DECODE, "decode");
   harness_generation_clear (&gen);

@@ -262,6 +262,16 @@ cuda_buffer_move (SiftBackend *backend, guint8 *dst, const guint8 *src, gsize n)
 }
 
 static void
+cuda_buffer_move_rows (SiftBackend *backend, guint8 *dst, gsize dst_pitch, const guint8 *src, gsize src_pitch,
+                       gsize width, gsize rows)
+{
+  CudaBackend *b = (CudaBackend *) backend;
+  if (width > 0 && rows > 0)
+    note_failure (b, cudaMemcpy2DAsync (dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, b->cs),
+                  "copy on the GPU");
+}
+
+static void
 cuda_buffer_clear (SiftBackend *backend, guint8 *dst, gsize n)
 {
   CudaBackend *b = (CudaBackend *) backend;
@@ -649,6 +659,7 @@ static const SiftBackendOps cuda_ops = {
   .merge = cuda_merge,
   .buffer_read = cuda_buffer_read,
   .timings = cuda_timings,
+  .buffer_move_rows = cuda_buffer_move_rows,
 };
 
 SiftBackend *

@@ -98,3 +98,34 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   unavailable (error);
   return NULL;
 }
+
+gboolean sift_cuda_blas_init (GError **error) { return unavailable (error); }
+
+gboolean
+sift_cuda_gemm_f16 (const void *w, const void *x, float *y, gint64 n_out, gint64 n_in, gint64 n_tok, float beta,
+                    GError **error)
+{
+  (void) w, (void) x, (void) y, (void) n_out, (void) n_in, (void) n_tok, (void) beta;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_rmsnorm_f16 (const float *x, const float *w, float eps, gint64 rows, gint64 d, void *out, GError **error)
+{
+  (void) x, (void) w, (void) eps, (void) rows, (void) d, (void) out;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_swiglu_f16 (const float *gate_up, gint64 rows, gint64 n, void *out, GError **error)
+{
+  (void) gate_up, (void) rows, (void) n, (void) out;
+  return unavailable (error);
+}
+
+gboolean
+sift_cuda_f32_to_f16 (const float *x, gsize n, void *out, GError **error)
+{
+  (void) x, (void) n, (void) out;
+  return unavailable (error);
+}

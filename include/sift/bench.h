@@ -42,6 +42,9 @@ typedef struct {
                          GError **error);
   /* CPU seconds of every thread of this process so far. */
   double (*cpu_seconds) (void);
+  /* model.seed of the config, the seed synth_qkv uses (the synthetic
+   * model registers the key, so a config has no field for it). */
+  guint64 (*synth_seed) (const SiftConfig *config);
 } SiftBenchHost;
 
 #define SIFT_POLICY_BENCH_DECLARE(name) \

@@ -20,9 +20,10 @@ typedef struct _SiftConfig SiftConfig;
  *
  * The config's sections are key tables that their owners register: core
  * reads the model's shape (model.layers ... model.scale, kv.block_size,
- * kv.chunk_size), the model source and seed, and the policy setups; the
- * engine registers the rest of kv and offload; the synthetic model
- * model.synthetic; the GGUF model model.path; the needle harness harness.
+ * kv.chunk_size), model.source and the policy setups; the engine registers
+ * the rest of kv and offload; the synthetic model its sources' seed
+ * (model.seed) and model.synthetic; the GGUF model model.path; the needle
+ * harness harness.
  * Each section's values live in a struct of the owner's type, one per
  * config, read with sift_config_get_section (owners wrap it in a typed
  * getter). Parsing, --set, defaults, errors and the resolved YAML all walk
@@ -89,6 +90,23 @@ SIFT_API gpointer sift_config_edit_section (SiftConfig *config, const SiftConfig
 SIFT_API void sift_config_section_init (const SiftConfigSection *section, gpointer values);
 SIFT_API void sift_config_section_clear (const SiftConfigSection *section, gpointer values);
 
+/* ---- Model sources, registered by the models -----------------------------------
+ *
+ * model.source names where q, k, v come from. Core knows no source: the
+ * models register theirs (the synthetic model "synthetic" and "random",
+ * the GGUF model "gguf"), with their keys as sections beside. A value that
+ * names no registered source is an error listing those that are; with
+ * none registered, model.source is unset (NULL) and any value is refused. */
+typedef struct {
+  const char *name;                   /* model.source's value */
+  const char *doc;                    /* one line */
+  gboolean is_default;                /* the source of a config that names none (one at most) */
+} SiftConfigModelSource;
+
+/* Adds a source to every config made afterwards (once: again, also by
+ * another copy of the same table, is a no-op). */
+SIFT_API void sift_config_register_model_source (const SiftConfigModelSource *source);
+
 /* A policy in one phase: its name, resolved ops and validated params. */
 typedef struct {
   char *name;
@@ -109,9 +127,8 @@ typedef struct {
 struct _SiftConfig {
   char *file;                         /* the first file read */
   /* model */
-  char *source;                       /* "synthetic" | "random" | "gguf" */
+  char *source;                       /* a registered model source's name, or NULL (none registered) */
   SiftModelShape shape;               /* scale resolved (model.scale 0: 1/sqrt(head_dim)) */
-  guint64 seed;
   /* policies */
   GPtrArray *setups;                  /* SiftPolicySetup *, at least one */
 };

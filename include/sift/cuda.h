@@ -78,4 +78,31 @@ SIFT_API gboolean sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blo
 SIFT_API gboolean sift_cuda_attn_merge (SiftView *o1, float *lse1, const SiftView *o2, const float *lse2,
                                         GError **error);
 
+/* ---- Dense operations: a model's forward pass on the GPU ----------------
+ * What a transformer's layers need besides attention, on device memory
+ * (docs/kernels.md, "The forward pass on the GPU"): matrix products
+ * through cuBLAS with f16 operands and f32 accumulation and result, and
+ * the element-wise steps that produce the next product's f16 operand.
+ * Matrices are row-major. Calls run in order on CUDA's legacy default
+ * stream, as the attention calls above. cuBLAS is loaded at the first
+ * call (libcublas.so.13 of the CUDA toolkit, found by the dynamic loader
+ * or in /usr/local/cuda/lib64); without it these calls fail with
+ * SIFT_CUDA_ERROR_UNAVAILABLE naming it. */
+
+/* Loads cuBLAS once (also done by the first product). */
+SIFT_API gboolean sift_cuda_blas_init (GError **error);
+/* y [n_tok][n_out] = x [n_tok][n_in] W^T + beta y: W f16 [n_out][n_in],
+ * x f16, y f32 (not read when beta is 0). */
+SIFT_API gboolean sift_cuda_gemm_f16 (const void *w, const void *x, float *y, gint64 n_out, gint64 n_in,
+                                      gint64 n_tok, float beta, GError **error);
+/* out [rows][d] f16 = x / sqrt (mean (x^2) + eps) * w, per row of f32 x;
+ * w f32 [d] or NULL (1). */
+SIFT_API gboolean sift_cuda_rmsnorm_f16 (const float *x, const float *w, float eps, gint64 rows, gint64 d,
+                                         void *out, GError **error);
+/* out [rows][n] f16 = silu (gate) * up = gate / (1 + e^-gate) * up, from
+ * gate_up f32 [rows][2 n] (each row's gate, then its up). */
+SIFT_API gboolean sift_cuda_swiglu_f16 (const float *gate_up, gint64 rows, gint64 n, void *out, GError **error);
+/* out [n] f16 = x [n] f32, rounded to nearest. */
+SIFT_API gboolean sift_cuda_f32_to_f16 (const float *x, gsize n, void *out, GError **error);
+
 G_END_DECLS

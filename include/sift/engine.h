@@ -56,6 +56,7 @@ typedef struct {
   SiftPipeline pipeline;
   gboolean force_copy;                /* FALSE: ring loads from a host store in the compute dtype map (zero-copy) */
   SiftDevice device;
+  gboolean resident;                  /* every stored block kept in compute memory too: attention reads it there (no ring) */
 } SiftOffloadConfig;
 
 /* The values of a config (never NULL: libsift registers both sections).
@@ -95,6 +96,15 @@ SIFT_API const char *sift_device_name (SiftDevice device);
  * between attention calls. Whether loads map now: */
 SIFT_API void sift_engine_set_force_copy (SiftEngine *engine, gboolean force_copy);
 SIFT_API gboolean sift_engine_maps (const SiftEngine *engine);
+/* Resident KV (offload.resident; docs/engine.md, "Resident KV"): every
+ * block the engine stores from now on is also kept in compute memory
+ * (device memory on a GPU) and the default attention reads it there: no
+ * ring, no load from the store while attending; the store keeps its copy.
+ * Set before a sequence stores its first block (after new or reset);
+ * SIFT_ENGINE_ERROR_STATE once blocks are stored. Compute memory running
+ * out later is SIFT_ENGINE_ERROR_CAPACITY from the call that stores. */
+SIFT_API gboolean sift_engine_set_resident (SiftEngine *engine, gboolean resident, GError **error);
+SIFT_API gboolean sift_engine_resident (const SiftEngine *engine);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (SiftEngine, sift_engine_free)
 
 /* Bounded KV (docs/eviction.md): each layer keeps at most capacity_tokens

@@ -1,4 +1,5 @@
-/* model.path: the GGUF model's key, a config section beside core's model keys. */
+/* The GGUF model's part of the config: the model source "gguf" and its
+ * key model.path, a section beside core's model keys. */
 #include <stddef.h>
 
 #include <sift/error.h>
@@ -24,9 +25,14 @@ const SiftConfigSection sift_gguf_config_section = {
   "model", 10, "the model source and its shape", sizeof (SiftGgufConfig), gguf_keys, check,
 };
 
+static const SiftConfigModelSource gguf_source = {
+  "gguf", "a Llama-family model from the GGUF file model.path (docs/model.md)", FALSE,
+};
+
 void
 sift_gguf_config_register (void)
 {
+  sift_config_register_model_source (&gguf_source);
   sift_config_register_section (&sift_gguf_config_section);
 }
 

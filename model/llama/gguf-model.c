@@ -1,6 +1,4 @@
 /* The model protocol's methods over a LlamaModel. */
-#include <math.h>
-
 #include "gguf-model.h"
 
 typedef struct {
@@ -60,7 +58,7 @@ sift_model_gguf_new (const char *path, gint32 block_size, gint32 chunk_size, flo
   SiftModelShape shape = {
     .n_layers = c->n_layers, .n_q_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
     .block_size = block_size, .chunk_size = chunk_size,
-    .scale = scale > 0 ? scale : 1.0f / sqrtf ((float) c->head_dim),
+    .scale = sift_attn_scale (scale, c->head_dim),
   };
   GgufModel *m = g_new0 (GgufModel, 1);
   m->llama = llama;
@@ -77,4 +75,12 @@ LlamaModel *
 sift_model_gguf_llama (SiftModel *model)
 {
   return model != NULL && model->klass == &gguf_class ? ((GgufModel *) model)->llama : NULL;
+}
+
+gboolean
+sift_model_gguf_use_device (SiftModel *model, SiftDevice device, GError **error)
+{
+  LlamaModel *llama = sift_model_gguf_llama (model);
+  g_return_val_if_fail (llama != NULL, FALSE);
+  return device != SIFT_DEVICE_CUDA || llama_model_use_gpu (llama, error);
 }

@@ -1,6 +1,8 @@
 /* GGUF reader: parses the header of a mapped file, checking every length,
  * count and offset against the bytes that are there before using it. */
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <sift/error.h>
 
@@ -515,6 +517,19 @@ gguf_open (const char *path, GError **error)
   if (!parse (f, error))
     return NULL;
   return g_steal_pointer (&f);
+}
+
+void
+gguf_drop_pages (const GgufFile *f, const void *p, gsize n)
+{
+  const guint8 *b = p;
+  g_return_if_fail (b >= f->base && n <= f->size && (gsize) (b - f->base) <= f->size - n);
+  if (f->mapped == NULL)
+    return;
+  guintptr page = (guintptr) sysconf (_SC_PAGESIZE);
+  guintptr lo = ((guintptr) b + page - 1) / page * page, hi = ((guintptr) b + n) / page * page;
+  if (hi > lo)
+    (void) madvise ((void *) lo, hi - lo, MADV_DONTNEED); /* a hint: on failure the pages stay */
 }
 
 void

@@ -123,6 +123,11 @@ GgufFile *gguf_open (const char *path, GError **error);
 GgufFile *gguf_open_bytes (const char *path, const guint8 *bytes, gsize size, GError **error);
 void gguf_close (GgufFile *f);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (GgufFile, gguf_close)
+/* The mapped file's pages wholly inside [p, p + n) leave this process's
+ * resident set (madvise MADV_DONTNEED on the private read-only mapping:
+ * the page cache keeps them, and a later read maps them again). Nothing
+ * for a file opened from bytes. For data that a copy has replaced. */
+void gguf_drop_pages (const GgufFile *f, const void *p, gsize n);
 
 const char *gguf_path (const GgufFile *f);
 guint32 gguf_version (const GgufFile *f);

@@ -4,9 +4,13 @@
 #include <string.h>
 
 #include <sift/error.h>
+#include <sift/memory.h>
+#include <sift/parallel.h>
 
+#include "llama-gpu.h"
 #include "llama.h"
 #include "quant.h"
+#include "repack.h"
 
 struct _LlamaModel {
   GgufFile *f;
@@ -17,6 +21,7 @@ struct _LlamaModel {
   float *rope_freqs;  /* [n_rot / 2] or NULL */
   LlamaLayer *layers; /* [n_layers] */
   guint64 weight_bytes;
+  guint8 *x16;        /* the matrices repacked at load (sift_mem_alloc), or NULL */
 
   /* The step under way. */
   gboolean in_step;
@@ -27,6 +32,10 @@ struct _LlamaModel {
   float *x;           /* [cap][n_embd] residual stream */
   float *xn;          /* [cap][n_embd] normed */
   float *gate, *up;   /* [cap][n_ff] */
+
+  /* The forward pass on the GPU (llama_model_use_gpu), or NULL. */
+  LlamaGpu *gpu;
+  float *qkv;         /* [cap][n_q + 2 n_kv]: the GPU's projections, before bias, norms and RoPE */
 };
 
 static const struct {
@@ -334,6 +343,75 @@ read_tensors (LlamaModel *m, GError **error)
   return TRUE;
 }
 
+/* ---- repacking ---- */
+
+typedef struct {
+  const GgufFile *f;
+  const LlamaMat *src; /* rows in order, in the mapping */
+  guint8 *dst;
+} Repack;
+
+/* Groups [begin, end), then the source's pages they used leave the resident set. */
+static void
+repack_body (gint64 begin, gint64 end, gint worker, gpointer user_data)
+{
+  (void) worker;
+  const Repack *r = user_data;
+  gsize group = LLAMA_X16 * r->src->row_bytes;
+  llama_mat_repack_groups (r->src, begin, end, r->dst);
+  gguf_drop_pages (r->f, r->src->data + (gsize) begin * group, (gsize) (end - begin) * group);
+}
+
+/* The matrices that the active kernels read faster as x16 groups
+ * (repack.h) are copied so into one buffer on huge pages, ~2 MiB at a time,
+ * and the mapped file's pages they came from leave the resident set as
+ * they are copied: the weights stay resident once, not twice. */
+static void
+repack (LlamaModel *m)
+{
+  const LlamaMatmulKernels *k = llama_matmul_kernels_get (sift_isa_active ());
+  GPtrArray *mats = g_ptr_array_new ();
+  g_ptr_array_add (mats, &m->embd);
+  if (!m->cfg.tied)
+    g_ptr_array_add (mats, &m->output);
+  for (gint32 il = 0; il < m->cfg.n_layers; il++)
+    {
+      LlamaLayer *L = &m->layers[il];
+      LlamaMat *each[] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+      for (gsize i = 0; i < G_N_ELEMENTS (each); i++)
+        g_ptr_array_add (mats, each[i]);
+    }
+  gsize total = 0;
+  for (guint i = 0; i < mats->len; i++)
+    {
+      const LlamaMat *w = mats->pdata[i];
+      if (llama_mat_can_repack (w, k))
+        total += ((gsize) w->n_out * w->row_bytes + 63) / 64 * 64;
+    }
+  if (total > 0 && (m->x16 = sift_mem_alloc (total)) != NULL)
+    {
+      gsize off = 0;
+      for (guint i = 0; i < mats->len; i++)
+        {
+          LlamaMat *w = mats->pdata[i];
+          if (!llama_mat_can_repack (w, k))
+            continue;
+          Repack r = { m->f, w, m->x16 + off };
+          gint64 n_groups = w->n_out / LLAMA_X16;
+          gsize bytes = (gsize) w->n_out * w->row_bytes;
+          sift_parallel_for (n_groups, MAX (1, (gint64) (SIFT_HUGE_PAGE_BYTES / (LLAMA_X16 * w->row_bytes))),
+                             repack_body, &r);
+          gguf_drop_pages (m->f, w->data, bytes); /* the pages that straddled two ranges */
+          w->data = m->x16 + off;
+          w->x16 = TRUE;
+          off += (bytes + 63) / 64 * 64;
+        }
+    }
+  if (m->cfg.tied)
+    m->output = m->embd;
+  g_ptr_array_unref (mats);
+}
+
 LlamaModel *
 llama_model_open (const char *path, GError **error)
 {
@@ -341,6 +419,7 @@ llama_model_open (const char *path, GError **error)
   m->f = gguf_open (path, error);
   if (m->f == NULL || !read_config (m, error) || !read_tensors (m, error))
     return NULL;
+  repack (m);
   return g_steal_pointer (&m);
 }
 
@@ -368,8 +447,33 @@ llama_model_free (LlamaModel *m)
   g_free (m->xn);
   g_free (m->gate);
   g_free (m->up);
+  sift_mem_free (m->x16);
+  g_free (m->qkv);
+  llama_gpu_free (m->gpu);
   gguf_close (m->f);
   g_free (m);
+}
+
+gboolean
+llama_model_use_gpu (LlamaModel *m, GError **error)
+{
+  if (m->gpu != NULL)
+    return TRUE;
+  m->in_step = FALSE;
+  m->cap = 0; /* the next step allocates the host side of the GPU's buffers too */
+  m->gpu = llama_gpu_new (&m->cfg, m->layers, &m->output, m->output_norm, error);
+  if (m->gpu == NULL)
+    {
+      g_prefix_error (error, "%s: ", gguf_path (m->f));
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+llama_model_on_gpu (const LlamaModel *m)
+{
+  return m->gpu != NULL;
 }
 
 const LlamaConfig *llama_model_config (const LlamaModel *m) { return &m->cfg; }
@@ -377,6 +481,12 @@ GgufFile *llama_model_gguf (const LlamaModel *m) { return m->f; }
 guint64 llama_model_weight_bytes (const LlamaModel *m) { return m->weight_bytes; }
 
 /* ---- the forward pass ---- */
+
+/* Tokens per pass of the MLP: gate and up of 128 tokens take 8 MiB at
+ * n_ff 8192 (32 MiB for a 512-token chunk), for ~5% more prefill CPU on
+ * Llama-3.2-1B's shape (the weights are read once per pass;
+ * docs/benchmarks.md, "Peak resident memory"). */
+#define MLP_SLICE 128
 
 static gboolean
 out_of_order (const LlamaModel *m, const char *call, gint32 layer, GError **error)
@@ -414,12 +524,15 @@ llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, G
       m->cap = n;
       m->x = g_renew (float, m->x, n * c->n_embd);
       m->xn = g_renew (float, m->xn, n * c->n_embd);
-      m->gate = g_renew (float, m->gate, n * MAX (c->n_ff, c->n_embd));
-      m->up = g_renew (float, m->up, n * c->n_ff);
+      m->gate = g_renew (float, m->gate, MIN (n, MLP_SLICE) * MAX (c->n_ff, c->n_embd));
+      m->up = g_renew (float, m->up, MIN (n, MLP_SLICE) * c->n_ff);
+      if (m->gpu != NULL)
+        m->qkv = g_renew (float, m->qkv, n * ((gint64) c->n_heads + 2 * (gint64) c->n_kv_heads) * c->head_dim);
     }
   for (gint64 t = 0; t < n; t++)
-    llama_dequantize_row (m->embd.type, m->embd.data + (gsize) tokens[t] * m->embd.row_bytes,
-                          m->x + t * c->n_embd, c->n_embd);
+    llama_mat_row (&m->embd, tokens[t], m->x + t * c->n_embd);
+  if (m->gpu != NULL && !llama_gpu_begin (m->gpu, m->x, n, error))
+    return FALSE;
   m->in_step = TRUE;
   m->pos0 = pos0;
   m->n = n;
@@ -438,6 +551,16 @@ add_bias (float *y, const float *b, gint64 n, gint64 d)
       y[t * d + i] += b[i];
 }
 
+/* Products over one input share one parallel loop where their types and layouts agree. */
+static gboolean
+fusable (const LlamaMat *const *w, int n)
+{
+  for (int i = 1; i < n; i++)
+    if (w[i]->type != w[0]->type || w[i]->x16 != w[0]->x16)
+      return FALSE;
+  return TRUE;
+}
+
 gboolean
 llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float *v, GError **error)
 {
@@ -446,10 +569,29 @@ llama_model_qkv (LlamaModel *m, gint32 layer, float *q, float *k, float *v, GErr
     return out_of_order (m, "qkv", layer, error);
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, nq = (gint64) c->n_heads * c->head_dim, nkv = (gint64) c->n_kv_heads * c->head_dim;
-  llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
-  llama_matmul (&L->q, m->xn, q, n);
-  llama_matmul (&L->k, m->xn, k, n);
-  llama_matmul (&L->v, m->xn, v, n);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_qkv (m->gpu, layer, m->qkv, error))
+        return FALSE;
+      for (gint64 t = 0; t < n; t++)
+        {
+          const float *row = m->qkv + t * (nq + 2 * nkv);
+          memcpy (q + t * nq, row, sizeof (float) * (gsize) nq);
+          memcpy (k + t * nkv, row + nq, sizeof (float) * (gsize) nkv);
+          memcpy (v + t * nkv, row + nq + nkv, sizeof (float) * (gsize) nkv);
+        }
+    }
+  else
+    {
+      llama_rmsnorm (m->x, L->attn_norm, c->eps, n, c->n_embd, m->xn);
+      const LlamaMat *qkv[] = { &L->q, &L->k, &L->v };
+      float *out[] = { q, k, v };
+      if (fusable (qkv, 3))
+        llama_matmul_multi (qkv, out, 3, m->xn, n);
+      else
+        for (int i = 0; i < 3; i++)
+          llama_matmul (qkv[i], m->xn, out[i], n);
+    }
   add_bias (q, L->bq, n, nq);
   add_bias (k, L->bk, n, nkv);
   add_bias (v, L->bv, n, nkv);
@@ -470,20 +612,38 @@ llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GError **er
   const LlamaConfig *c = &m->cfg;
   if (!m->in_step || !m->want_attended || layer != m->next_layer)
     return out_of_order (m, "attended", layer, error);
+  if (m->gpu != NULL)
+    {
+      if (!llama_gpu_attended (m->gpu, layer, out, error))
+        return FALSE;
+      m->want_attended = FALSE;
+      m->next_layer++;
+      return TRUE;
+    }
   const LlamaLayer *L = &m->layers[layer];
   gint64 n = m->n, d = c->n_embd;
-  /* Attention block: x += Wo out. gate serves as scratch [n][n_embd]. */
-  llama_matmul (&L->o, out, m->gate, n);
-  for (gint64 i = 0; i < n * d; i++)
-    m->x[i] += m->gate[i];
-  /* MLP: x += Wdown (silu (Wgate xn) * Wup xn). */
-  llama_rmsnorm (m->x, L->ffn_norm, c->eps, n, d, m->xn);
-  llama_matmul (&L->gate, m->xn, m->gate, n);
-  llama_matmul (&L->up, m->xn, m->up, n);
-  llama_swiglu (m->gate, m->up, n * c->n_ff, m->up);
-  llama_matmul (&L->down, m->up, m->xn, n);
+  /* Attention block: x += Wo out (xn is free once q, k and v exist). */
+  llama_matmul (&L->o, out, m->xn, n);
   for (gint64 i = 0; i < n * d; i++)
     m->x[i] += m->xn[i];
+  /* MLP: x += Wdown (silu (Wgate xn) * Wup xn), MLP_SLICE tokens at a time:
+   * the n_ff-wide buffers hold a slice, not the whole step. */
+  llama_rmsnorm (m->x, L->ffn_norm, c->eps, n, d, m->xn);
+  for (gint64 s0 = 0; s0 < n; s0 += MLP_SLICE)
+    {
+      gint64 ns = MIN (MLP_SLICE, n - s0);
+      const LlamaMat *gu[] = { &L->gate, &L->up };
+      float *gu_out[] = { m->gate, m->up };
+      if (fusable (gu, 2))
+        llama_matmul_multi (gu, gu_out, 2, m->xn + s0 * d, ns);
+      else
+        for (int i = 0; i < 2; i++)
+          llama_matmul (gu[i], m->xn + s0 * d, gu_out[i], ns);
+      llama_swiglu (m->gate, m->up, ns * c->n_ff, m->up);
+      llama_matmul (&L->down, m->up, m->gate, ns); /* gate is free: [ns][n_embd] */
+      for (gint64 i = 0; i < ns * d; i++)
+        m->x[s0 * d + i] += m->gate[i];
+    }
   m->want_attended = FALSE;
   m->next_layer++;
   return TRUE;
@@ -498,6 +658,8 @@ llama_model_end (LlamaModel *m, float *logits, GError **error)
   m->in_step = FALSE;
   if (logits == NULL)
     return TRUE;
+  if (m->gpu != NULL)
+    return llama_gpu_end (m->gpu, logits, error);
   const float *last = m->x + (m->n - 1) * c->n_embd;
   llama_rmsnorm (last, m->output_norm, c->eps, 1, c->n_embd, m->xn);
   llama_matmul (&m->output, m->xn, logits, 1);

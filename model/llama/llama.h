@@ -64,6 +64,12 @@ gboolean llama_model_attended (LlamaModel *m, gint32 layer, const float *out, GE
 /* logits [n_vocab] of the step's last token, or NULL for none. */
 gboolean llama_model_end (LlamaModel *m, float *logits, GError **error);
 
+/* Moves the forward pass to the GPU (llama-gpu.h): the weights uploaded
+ * as f16, the projections, MLP and logits by cuBLAS; the protocol's calls
+ * are the same. SIFT_CUDA_ERROR without a GPU or cuBLAS. */
+gboolean llama_model_use_gpu (LlamaModel *m, GError **error);
+gboolean llama_model_on_gpu (const LlamaModel *m);
+
 /* The tokenizer of a GGUF file, from its tokenizer.ggml.* keys (gguf-tokenizer.c). */
 SiftTokenizer *llama_tokenizer_from_gguf (const GgufFile *f, GError **error);
 

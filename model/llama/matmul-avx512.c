@@ -3,6 +3,7 @@
  * vectors, exact (no 16-bit intermediate); and the register tiles that
  * prefill's multi-token products run on (F16, Q8_0, Q4_K). */
 #include <immintrin.h>
+#include <string.h>
 
 static inline __attribute__ ((always_inline)) __m256i
 dpbusd (__m256i acc, __m256i u, __m256i s)
@@ -11,6 +12,7 @@ dpbusd (__m256i acc, __m256i u, __m256i s)
 }
 
 #include "matmul-simd.h"
+#include "repack-avx512.h"
 
 /* ---- register tiles (prefill): TR weight rows x up to TT tokens ---- */
 
@@ -193,6 +195,127 @@ tile_q4_k_nt (const guint8 *w, gsize ws, const guint8 *a, gsize as, const int NT
 }
 TILE_DISPATCH (tile_q4_k)
 
+/* ---- x16 groups (decode and short steps): 16 rows x up to X16_T tokens ---- */
+
+#define X16_T 4
+
+#define X16_DISPATCH(NAME)                                                                 \
+  static void NAME (const guint8 *w, const guint8 *a, gsize as, int nt, gint64 n, float *y, gsize ys) \
+  {                                                                                        \
+    switch (nt)                                                                            \
+      {                                                                                    \
+      case 1: NAME##_nt (w, a, as, 1, n, y, ys); break;                                    \
+      case 2: NAME##_nt (w, a, as, 2, n, y, ys); break;                                    \
+      case 3: NAME##_nt (w, a, as, 3, n, y, ys); break;                                    \
+      default: NAME##_nt (w, a, as, X16_T, n, y, ys); break;                               \
+      }                                                                                    \
+  }
+
+/* 4 activation codes (i8) at p in every 32-bit lane. */
+ALWAYS_INLINE __m512i
+bcast4 (const gint8 *p)
+{
+  gint32 v;
+  memcpy (&v, p, 4);
+  return _mm512_set1_epi32 (v);
+}
+
+/* Q8_0: per block, 8 vectors of (code + 128) as u8, one vpdpbusd each with
+ * 4 of the token's codes in every lane; lane r is row r, so the 16 rows'
+ * scales meet their sums as one vector. The bias 128 * sum (x codes) comes
+ * off through the accumulator's start. Two integer chains halve the
+ * dependency on vpdpbusd's latency. */
+ALWAYS_INLINE void
+x16_q8_0_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  const BlockQ8_0x16 *b = (const BlockQ8_0x16 *) w;
+  const __m512i bias = _mm512_set1_epi8 ((char) 0x80);
+  __m512 acc[X16_T];
+  for (int t = 0; t < NT; t++)
+    acc[t] = _mm512_setzero_ps ();
+  for (gint64 i = 0; i < n / QK; i++)
+    {
+      _mm_prefetch ((const char *) (b + i + 4), _MM_HINT_T0);
+      __m512i q[QK / 4];
+      for (int g = 0; g < QK / 4; g++)
+        q[g] = _mm512_xor_si512 (_mm512_loadu_si512 (b[i].qs[g]), bias);
+      __m512 dw = _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) b[i].d));
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8 *x = (const ActQ8 *) (a + (gsize) t * as) + i;
+          __m512i s0 = _mm512_set1_epi32 (-128 * x->sum), s1 = _mm512_setzero_si512 ();
+          for (int g = 0; g < QK / 4; g += 2)
+            {
+              s0 = _mm512_dpbusd_epi32 (s0, q[g], bcast4 (x->qs + 4 * g));
+              s1 = _mm512_dpbusd_epi32 (s1, q[g + 1], bcast4 (x->qs + 4 * g + 4));
+            }
+          acc[t] = _mm512_fmadd_ps (_mm512_cvtepi32_ps (_mm512_add_epi32 (s0, s1)),
+                                    _mm512_mul_ps (dw, _mm512_set1_ps (x->d)), acc[t]);
+        }
+    }
+  for (int t = 0; t < NT; t++)
+    _mm512_storeu_ps (y + t * ys, acc[t]);
+}
+X16_DISPATCH (x16_q8_0)
+
+/* Q4_K: per sub-block pair, 8 vectors of nibbles, each split into the low
+ * (sub-block 2c) and high (2c + 1) codes as u8, one vpdpbusd each against
+ * 4 of the token's codes in every lane; the sums take the rows' 6-bit
+ * scales as int32 lanes, the mins meet the token's 32-element sums. */
+ALWAYS_INLINE void
+x16_q4_k_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  const BlockQ4_Kx16 *b = (const BlockQ4_Kx16 *) w;
+  const __m512i m4 = _mm512_set1_epi8 (15);
+  __m512 acc[X16_T];
+  for (int t = 0; t < NT; t++)
+    acc[t] = _mm512_setzero_ps ();
+  for (gint64 i = 0; i < n / QK_K; i++)
+    {
+      __m512i sc[8], mn[8];
+      x16_q4_k_scales_avx512 (&b[i], sc, mn);
+      __m512i sq[X16_T], sm[X16_T];
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+          sq[t] = _mm512_setzero_si512 ();
+          sm[t] = _mm512_setzero_si512 ();
+          for (int j = 0; j < 8; j++)
+            sm[t] = _mm512_add_epi32 (sm[t], _mm512_mullo_epi32 (mn[j], _mm512_set1_epi32 (x->bsums[2 * j] + x->bsums[2 * j + 1])));
+        }
+      for (int c = 0; c < 4; c++)
+        {
+          __m512i lo[X16_T], hi[X16_T];
+          for (int t = 0; t < NT; t++)
+            lo[t] = hi[t] = _mm512_setzero_si512 ();
+          for (int g = 0; g < QK / 4; g++)
+            {
+              __m512i v = _mm512_loadu_si512 (b[i].qs[c][g]);
+              __m512i vl = _mm512_and_si512 (v, m4), vh = _mm512_and_si512 (_mm512_srli_epi16 (v, 4), m4);
+              for (int t = 0; t < NT; t++)
+                {
+                  const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+                  lo[t] = _mm512_dpbusd_epi32 (lo[t], vl, bcast4 (x->qs + 64 * c + 4 * g));
+                  hi[t] = _mm512_dpbusd_epi32 (hi[t], vh, bcast4 (x->qs + 64 * c + 32 + 4 * g));
+                }
+            }
+          for (int t = 0; t < NT; t++)
+            sq[t] = _mm512_add_epi32 (sq[t], _mm512_add_epi32 (_mm512_mullo_epi32 (lo[t], sc[2 * c]),
+                                                               _mm512_mullo_epi32 (hi[t], sc[2 * c + 1])));
+        }
+      __m512 d = _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) b[i].d));
+      __m512 dmin = _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) b[i].dmin));
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+          __m512 v = _mm512_fmsub_ps (d, _mm512_cvtepi32_ps (sq[t]), _mm512_mul_ps (dmin, _mm512_cvtepi32_ps (sm[t])));
+          acc[t] = _mm512_fmadd_ps (_mm512_set1_ps (x->d), v, acc[t]);
+        }
+    }
+  for (int t = 0; t < NT; t++)
+    _mm512_storeu_ps (y + t * ys, acc[t]);
+}
+X16_DISPATCH (x16_q4_k)
 
 const LlamaMatmulKernels llama_matmul_avx512 = {
   .name = "avx512-vnni",
@@ -212,4 +335,9 @@ const LlamaMatmulKernels llama_matmul_avx512 = {
   },
   .tile_r = TR,
   .tile_t = TT,
+  .x16 = {
+    [GGUF_TENSOR_Q8_0] = x16_q8_0,
+    [GGUF_TENSOR_Q4_K] = x16_q4_k,
+  },
+  .x16_t = X16_T,
 };

@@ -16,7 +16,8 @@ typedef struct {
   GgufTensorType type;
   gint64 n_in, n_out;
   gsize row_bytes;
-  const guint8 *data; /* [n_out][row_bytes] */
+  const guint8 *data; /* [n_out][row_bytes], or x16: [n_out / 16] groups of 16 * row_bytes */
+  gboolean x16;       /* rows interleaved by 16 (repack.h) */
 } LlamaMat;
 
 /* The dot product of one weight row (n elements) with one activation row
@@ -31,24 +32,33 @@ typedef float (*LlamaDotFn) (const void *w, const void *act, gint64 n);
 typedef void (*LlamaTileFn) (const guint8 *w, gsize w_stride, const guint8 *act, gsize act_stride, int nt,
                              gint64 n, float *y, gsize y_stride);
 
-/* Panels: LLAMA_PANEL_ROWS weight rows against all n_tok tokens, which
- * pack has laid out once per product, 16 tokens at a time (the activation
- * rows past n_tok are zeros), in pack_bytes (n) per 16 tokens. */
+/* x16 groups (repack.h): a group of 16 rows against nt (1..x16_t)
+ * activation rows (act_stride bytes apart): y[t * y_stride + r], r < 16. */
+typedef void (*LlamaX16Fn) (const guint8 *group, const guint8 *act, gsize act_stride, int nt, gint64 n, float *y,
+                            gsize y_stride);
+
+/* Panels (AMX): one x16 group against all n_tok tokens, 16 at a time; the
+ * tokens' codes are read in place (rows past n_tok are zeros), pack lays
+ * out what else a panel needs per 16 tokens (their scales) once per
+ * product, pack_bytes (n) per 16 tokens; run may use scratch_bytes (n) of
+ * 64-byte aligned scratch (its thread's own). */
 typedef struct {
   gsize (*pack_bytes) (gint64 n);
   void (*pack) (const guint8 *act, gsize act_stride, gint64 n, guint8 *packed);
-  void (*run) (const guint8 *w, gsize w_stride, const guint8 *packed, gint64 n_tok, gint64 n, float *y,
-               gsize y_stride);
+  gsize (*scratch_bytes) (gint64 n);
+  void (*run) (const guint8 *group, const guint8 *act, gsize act_stride, const guint8 *packed, guint8 *scratch,
+               gint64 n_tok, gint64 n, float *y, gsize y_stride);
 } LlamaPanel;
-#define LLAMA_PANEL_ROWS 16
-#define LLAMA_PANEL_MIN_TOKENS 16 /* fewer tokens take the tiles or dots */
+#define LLAMA_PANEL_MIN_TOKENS 16 /* fewer tokens take the x16 kernels */
 
 typedef struct {
   const char *name;
   LlamaDotFn dot[GGUF_TENSOR_TYPE_COUNT];
   LlamaTileFn tile[GGUF_TENSOR_TYPE_COUNT];   /* optional per type (NULL: dot only) */
   int tile_r, tile_t;
-  const LlamaPanel *panel[GGUF_TENSOR_TYPE_COUNT]; /* optional per type, for >= LLAMA_PANEL_MIN_TOKENS */
+  LlamaX16Fn x16[GGUF_TENSOR_TYPE_COUNT];     /* per x16 type; NULL: the scalar table's serve */
+  int x16_t;
+  const LlamaPanel *panel[GGUF_TENSOR_TYPE_COUNT]; /* optional per x16 type, for >= LLAMA_PANEL_MIN_TOKENS */
 } LlamaMatmulKernels;
 
 extern const LlamaMatmulKernels llama_matmul_scalar;
@@ -63,22 +73,29 @@ extern const LlamaMatmulKernels llama_matmul_avx512; /* needs AVX-512 VNNI */
  * tile state; the Q8_0 and Q4_K panels. llama_matmul_kernels_get
  * (SIFT_ISA_AVX512) adds them to the AVX-512 kernels when usable. */
 gboolean llama_amx_usable (void);
-gsize llama_amx_pack_bytes_q8_0 (gint64 n);
-void llama_amx_pack_q8_0 (const guint8 *act, gsize as, gint64 n, guint8 *packed);
-void llama_amx_panel_q8_0 (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys);
-gsize llama_amx_pack_bytes_q4_k (gint64 n);
-void llama_amx_pack_q4_k (const guint8 *act, gsize as, gint64 n, guint8 *packed);
-void llama_amx_panel_q4_k (const guint8 *w, gsize ws, const guint8 *packed, gint64 n_tok, gint64 n, float *y, gsize ys);
+extern const LlamaPanel llama_amx_panel_q8_0, llama_amx_panel_q4_k;
 #endif
 
 /* The kernels of `isa`, or NULL when the CPU lacks it. */
 const LlamaMatmulKernels *llama_matmul_kernels_get (SiftIsa isa);
 
-/* A matrix over a tensor of dims [n_in, n_out] (a supported type). */
+/* A matrix over a tensor of dims [n_in, n_out] (a supported type), rows in order. */
 void llama_mat_init (LlamaMat *m, GgufTensorType type, gint64 n_in, gint64 n_out, const void *data);
+/* Whether k has x16 kernels of its own for m's type and m's rows come in whole groups. */
+gboolean llama_mat_can_repack (const LlamaMat *m, const LlamaMatmulKernels *k);
+/* Rows [g0 * 16, g1 * 16) of m (rows in order) as x16 groups at dst + g0 * 16 * row_bytes. */
+void llama_mat_repack_groups (const LlamaMat *m, gint64 g0, gint64 g1, guint8 *dst);
+/* Row r of m (either layout) to f32. */
+void llama_mat_row (const LlamaMat *m, gint64 r, float *dst);
 
 /* y [n_tok][n_out] = x [n_tok][n_in] W^T with the active ISA's kernels. */
 void llama_matmul (const LlamaMat *w, const float *x, float *y, gint64 n_tok);
 void llama_matmul_with (const LlamaMatmulKernels *k, const LlamaMat *w, const float *x, float *y, gint64 n_tok);
+/* y[i] [n_tok][w[i]->n_out] = x W_i^T for n_mats (<= 3) matrices of one type
+ * and n_in (q, k, v; gate, up): the activations are prepared once and the
+ * rows of all of them shared out in one parallel loop. */
+void llama_matmul_multi (const LlamaMat *const *w, float *const *y, int n_mats, const float *x, gint64 n_tok);
+void llama_matmul_multi_with (const LlamaMatmulKernels *k, const LlamaMat *const *w, float *const *y, int n_mats,
+                              const float *x, gint64 n_tok);
 
 G_END_DECLS

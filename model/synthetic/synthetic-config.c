@@ -1,5 +1,7 @@
-/* model.synthetic: the synthetic source's knobs as a config section (its
- * key table is the one place for their defaults). */
+/* The synthetic model's part of the config: its sources' names
+ * (model.source synthetic and random), their seed (model.seed) and the
+ * synthetic source's knobs (model.synthetic); the key tables are the one
+ * place for their defaults. */
 #include <stddef.h>
 
 #include <sift/error.h>
@@ -48,19 +50,49 @@ const SiftConfigSection sift_synthetic_config_section = {
   "model.synthetic", 30, "knobs of the synthetic source", sizeof (SiftSyntheticConfig), synthetic_keys, check,
 };
 
+static const SiftConfigKey seed_keys[] = {
+  { "seed", SIFT_CONFIG_KEY_UINT64, offsetof (SiftSyntheticSeedConfig, seed), 0, NO_RANGE, NULL, "1", "seed of the synthetic and random sources" },
+  { NULL },
+};
+
+const SiftConfigSection sift_synthetic_seed_section = {
+  "model", 5, "the model source and its shape", sizeof (SiftSyntheticSeedConfig), seed_keys, NULL,
+};
+
+static const SiftConfigModelSource sources[] = {
+  { "synthetic", "the seeded attention model (model.synthetic: its knobs)", TRUE },
+  { "random", "q, k, v drawn at random from model.seed", FALSE },
+};
+
 void
 sift_synthetic_config_register (void)
 {
+  for (gsize i = 0; i < G_N_ELEMENTS (sources); i++)
+    sift_config_register_model_source (&sources[i]);
+  sift_config_register_section (&sift_synthetic_seed_section);
   sift_config_register_section (&sift_synthetic_config_section);
+}
+
+/* A section's values, or an error naming the call that was missed. */
+static gconstpointer
+section_of (const SiftConfig *config, const SiftConfigSection *section)
+{
+  gconstpointer values = sift_config_get_section (config, section);
+  if (values == NULL)
+    g_error ("%s: made before sift_synthetic_config_register () was called", config->file);
+  return values;
 }
 
 const SiftSyntheticConfig *
 sift_synthetic_config (const SiftConfig *config)
 {
-  const SiftSyntheticConfig *values = sift_config_get_section (config, &sift_synthetic_config_section);
-  if (values == NULL)
-    g_error ("%s: made before sift_synthetic_config_register () was called", config->file);
-  return values;
+  return section_of (config, &sift_synthetic_config_section);
+}
+
+guint64
+sift_synthetic_seed (const SiftConfig *config)
+{
+  return ((const SiftSyntheticSeedConfig *) section_of (config, &sift_synthetic_seed_section))->seed;
 }
 
 void

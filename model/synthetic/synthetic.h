@@ -43,12 +43,22 @@ typedef struct {
                                   * (the former model, for comparison) */
 } SiftSyntheticConfig;
 
-/* model.synthetic, registered by sift_synthetic_config_register (the
- * table: model/synthetic/synthetic-config.c). */
+/* model.seed: the seed of the synthetic and random sources (a section at
+ * "model", beside core's keys there). */
+typedef struct {
+  guint64 seed;
+} SiftSyntheticSeedConfig;
+
+/* model.synthetic and model.seed, and the model sources "synthetic" (the
+ * default) and "random", registered by sift_synthetic_config_register (the
+ * tables: model/synthetic/synthetic-config.c). */
 extern const SiftConfigSection sift_synthetic_config_section;
+extern const SiftConfigSection sift_synthetic_seed_section;
 void sift_synthetic_config_register (void);
 /* The knobs of a config made after registration. */
 const SiftSyntheticConfig *sift_synthetic_config (const SiftConfig *config);
+/* model.seed of a config made after registration. */
+guint64 sift_synthetic_seed (const SiftConfig *config);
 
 typedef enum {
   SIFT_NEEDLE_SINGLE = 0,

@@ -287,7 +287,7 @@ SIFT_POLICY_BENCH_DEFINE (minference)
           sift_isa_name (sift_isa_active ()), sift_parallel_n_threads ());
   if (cfg != NULL)
     printf ("# input: synthetic source of %s (seed %" G_GUINT64_FORMAT ", its knobs, no needle), layer 0\n", config,
-            cfg->seed);
+            bench_host->synth_seed (cfg));
   printf ("# seconds (wall, cpu) for all %d heads; sparse includes the estimate (estim, wall); work = the "
           "first touch of the kernel's workspace, once per run (not in sparse); dense = sift_attn_dense, densevs = the sparse kernel keeping every diagonal, both timed on %d 64-row "
           "tiles and scaled by causal work; speedups: wall, cpu, cpu against densevs\n",

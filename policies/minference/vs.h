@@ -122,6 +122,12 @@ void vs_attn_finish (VsAttn *a, SiftView *out, float *lse);
 /* Keys attended so far, rows x keys summed over heads. */
 gint64 vs_attn_attended (const VsAttn *a);
 
+/* ---- Inner loops (vs-group.c; vs-kernel-avx2.c, vs-kernel-avx512.c) -------
+ *
+ * Rows of one tile against a group of keys: the kernel's online-softmax
+ * step and the estimator's scores, with a scalar reference and the
+ * dispatch to the SIMD loops. */
+
 /* Keys per call of the inner loop. */
 #define VS_KEY_GROUP 32
 
@@ -220,6 +226,8 @@ void vs_scores_avx2 (const float *q, gint32 n_rows, gint32 d, const float *const
 /* Tests: force the inner loops to a SiftIsa (the caller checked the CPU
  * has it); -1 follows sift_isa_active () again. */
 void vs_set_isa (int isa);
+/* The ISA the inner loops use: sift_isa_active () unless a test forced one. */
+SiftIsa vs_isa (void);
 
 /* The paths sift_isa_active () picks. */
 void vs_group_attend (VsTile *t, const VsGroup *g);

@@ -644,7 +644,7 @@ SIFT_POLICY_BENCH_DEFINE (xattn_bsa)
           use_cpu_clock ? "CPU" : "wall");
   if (cfg != NULL)
     printf ("# input: synthetic source of %s (seed %" G_GUINT64_FORMAT ", its knobs, no needle), layer 0\n",
-            config_path, cfg->seed);
+            config_path, bench_host->synth_seed (cfg));
   else
     printf ("# input: bench generator: sink %.1f, locality %.1f, heavy %.1f x %d, noise %.2f, seed %u\n", o.sink,
             o.locality, o.heavy, o.n_heavy, o.noise, o.seed);

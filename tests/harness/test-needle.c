@@ -431,7 +431,7 @@ test_shipped_configs (void **state)
           g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (sift_harness_config (cfg), g.lengths[l], 1.0,
                                                                   sift_synthetic_config (cfg)->sink_tokens, cfg->shape.block_size, sift_harness_config (cfg)->seed, &error);
           assert_non_null (plan);
-          g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, sift_synthetic_config (cfg), plan,
+          g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, sift_synthetic_seed (cfg), sift_synthetic_config (cfg), plan,
                                                                       &error);
           assert_non_null (src);
         }

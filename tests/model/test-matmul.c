@@ -15,6 +15,7 @@
 #include "gguf-writer.h"
 #include "matmul.h"
 #include "quant.h"
+#include "repack.h"
 
 static const GgufTensorType types[] = {
   GGUF_TENSOR_F32, GGUF_TENSOR_F16, GGUF_TENSOR_BF16, GGUF_TENSOR_Q8_0,
@@ -206,6 +207,93 @@ check_matmul (gint64 n_in, gint64 n_tok)
   g_rand_free (r);
 }
 
+/* The x16 layout (Q8_0, Q4_K; 48 rows: three groups): every row reads back
+ * as the row layout's, and every table's products on it (the scalar x16
+ * kernels, the AVX-512 ones, the AMX panels) match the scalar dots on the
+ * rows in order; q, k, v shared out in one loop match three products. */
+static void
+check_x16 (gint64 n_in, gint64 n_tok)
+{
+  GRand *r = g_rand_new_with_seed (13);
+  const gint64 n_out = 48;
+  g_autofree float *w = g_new (float, n_in * n_out), *x = g_new (float, n_in * n_tok);
+  g_autofree float *y = g_new (float, n_out * n_tok), *ys = g_new (float, n_out * n_tok);
+  g_autofree float *row = g_new (float, n_in), *row_x16 = g_new (float, n_in);
+  randn (r, w, (gsize) (n_in * n_out), 0.05);
+  for (gint64 i = 0; i < n_in * n_out; i += 5)
+    w[i] = fabsf (w[i]) + 0.02f; /* skewed sub-blocks: Q4_K's mins at work */
+  randn (r, x, (gsize) (n_in * n_tok), 1.0);
+  const GgufTensorType x16_types[] = { GGUF_TENSOR_Q8_0, GGUF_TENSOR_Q4_K };
+  for (gsize t = 0; t < G_N_ELEMENTS (x16_types); t++)
+    {
+      gsize rb;
+      g_autofree guint8 *q = quantized (x16_types[t], w, n_out, n_in, &rb);
+      g_autofree guint8 *packed = g_malloc (rb * (gsize) n_out);
+      LlamaMat m, mx;
+      llama_mat_init (&m, x16_types[t], n_in, n_out, q);
+      llama_mat_repack_groups (&m, 0, n_out / LLAMA_X16, packed);
+      mx = m;
+      mx.data = packed;
+      mx.x16 = TRUE;
+      for (gint64 o = 0; o < n_out; o++)
+        {
+          llama_mat_row (&m, o, row);
+          llama_mat_row (&mx, o, row_x16);
+          if (memcmp (row, row_x16, (gsize) n_in * sizeof (float)) != 0)
+            fail_msg ("%s x16 row %" G_GINT64_FORMAT " differs from the row layout's", gguf_tensor_type_name (x16_types[t]), o);
+        }
+      llama_matmul_with (&llama_matmul_scalar, &m, x, ys, n_tok);
+      const LlamaMatmulKernels *ks[] = {
+        &llama_matmul_scalar,
+        llama_matmul_kernels_get (SIFT_ISA_AVX2), /* no x16 kernels: the scalar ones */
+#ifdef SIFT_HAVE_AVX512
+        __builtin_cpu_supports ("avx512vnni") ? &llama_matmul_avx512 : NULL,
+#endif
+        llama_matmul_kernels_get (SIFT_ISA_AVX512), /* with AMX panels where usable */
+      };
+      for (gsize i_k = 0; i_k < G_N_ELEMENTS (ks); i_k++)
+        {
+          const LlamaMatmulKernels *k = ks[i_k];
+          if (k == NULL)
+            continue;
+          llama_matmul_with (k, &mx, x, y, n_tok);
+          double num = 0, den = 0;
+          for (gint64 i = 0; i < n_out * n_tok; i++)
+            {
+              num += (double) (y[i] - ys[i]) * (y[i] - ys[i]);
+              den += (double) ys[i] * ys[i];
+            }
+          if (num / den > 1e-11)
+            fail_msg ("%s x16 %s vs scalar rows: NMSE %g (%" G_GINT64_FORMAT " tokens)",
+                      gguf_tensor_type_name (x16_types[t]), k->name, num / den, n_tok);
+          /* Three matrices (the last one of 16 rows) in one loop. */
+          LlamaMat small = mx;
+          small.n_out = 16;
+          const LlamaMat *three[] = { &mx, &mx, &small };
+          g_autofree float *y1 = g_new (float, n_out * n_tok), *y2 = g_new (float, n_out * n_tok);
+          g_autofree float *y3 = g_new (float, 16 * n_tok);
+          float *outs[] = { y1, y2, y3 };
+          llama_matmul_multi_with (k, three, outs, 3, x, n_tok);
+          for (gint64 tk = 0; tk < n_tok; tk++)
+            for (gint64 o = 0; o < n_out; o++)
+              if (y1[tk * n_out + o] != y[tk * n_out + o] || y2[tk * n_out + o] != y[tk * n_out + o]
+                  || (o < 16 && y3[tk * 16 + o] != y[tk * n_out + o]))
+                fail_msg ("%s %s: the fused product differs at token %" G_GINT64_FORMAT " row %" G_GINT64_FORMAT,
+                          gguf_tensor_type_name (x16_types[t]), k->name, tk, o);
+        }
+    }
+  g_rand_free (r);
+}
+
+static void
+test_x16 (void **state)
+{
+  (void) state;
+  check_x16 (512, 1);  /* decode */
+  check_x16 (768, 7);  /* x16 kernels of 4 tokens and 3 */
+  check_x16 (2304, 37); /* AMX panels, the last tile padded */
+}
+
 static void
 test_matmul_few_tokens (void **state)
 {
@@ -228,6 +316,7 @@ main (void)
     cmocka_unit_test (test_dequantize),
     cmocka_unit_test (test_matmul_few_tokens),
     cmocka_unit_test (test_matmul_many_tokens),
+    cmocka_unit_test (test_x16),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -215,7 +215,7 @@ test_defaults (void **state)
   assert_int_equal (c->shape.block_size, 64);
   assert_int_equal (c->shape.chunk_size, 512);
   assert_float_equal (c->shape.scale, 0.125, 1e-7);
-  assert_int_equal (c->seed, 1);
+  assert_int_equal (sift_synthetic_seed (c), 1);
   assert_int_equal (sift_synthetic_config (c)->sink_tokens, 4);
   assert_float_equal (sift_synthetic_config (c)->sink_strength, 11.5, 0);
   assert_float_equal (sift_synthetic_config (c)->locality, 2.0, 0);
@@ -286,7 +286,7 @@ test_values_and_params (void **state)
     fail_msg ("%s", error->message);
   assert_string_equal (c->source, "random");
   assert_float_equal (c->shape.scale, 0.5, 0);
-  assert_true (c->seed == G_MAXUINT64);
+  assert_true (sift_synthetic_seed (c) == G_MAXUINT64);
   assert_int_equal (sift_kv_config (c)->store_dtype, SIFT_DTYPE_Q8_0);
   assert_int_equal (sift_kv_config (c)->compute_dtype, SIFT_DTYPE_BF16);
   assert_null (sift_offload_config (c)->store_path); /* follows harness.out (/tmp/x) when the harness runs */
@@ -663,6 +663,32 @@ test_registered_section (void **state)
                 "d.yaml:2:1: unknown section 'harnes'; did you mean 'harness'?");
 }
 
+/* ---- Model sources registered by the models ---------------------------------- */
+
+static void
+test_registered_model_source (void **state)
+{
+  (void) state;
+  g_autoptr (GError) error = NULL;
+  /* The models' sources (registered with the harness's sections), listed
+   * in the error for one that is not among them. */
+  expect_error ("model: {source: demo, layers: 4}\n", SIFT_CONFIG_ERROR_RANGE,
+                "d.yaml:1:17: model.source: 'demo' is not one of synthetic | random | gguf\n");
+  static const SiftConfigModelSource demo = { "demo", "a test source", FALSE };
+  sift_config_register_model_source (&demo);
+  sift_config_register_model_source (&demo); /* twice: once */
+  g_autoptr (SiftConfig) c = sift_config_load_string ("d.yaml", "model: {source: demo, layers: 4}\n", NULL, &error);
+  if (c == NULL)
+    fail_msg ("%s", error->message);
+  assert_string_equal (c->source, "demo");
+  g_autoptr (SiftConfig) d = sift_config_load_string ("d.yaml", "model: {layers: 4}\n", NULL, &error);
+  if (d == NULL)
+    fail_msg ("%s", error->message);
+  assert_string_equal (d->source, "synthetic"); /* the default the synthetic model registered */
+  expect_error ("model: {source: dem, layers: 4}\n", SIFT_CONFIG_ERROR_RANGE,
+                "d.yaml:1:17: model.source: 'dem' is not one of synthetic | random | gguf | demo; did you mean 'demo'?");
+}
+
 int
 main (void)
 {
@@ -682,6 +708,7 @@ main (void)
     cmocka_unit_test (test_round_trip),
     cmocka_unit_test (test_documented),
     cmocka_unit_test (test_registered_section),
+    cmocka_unit_test (test_registered_model_source),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

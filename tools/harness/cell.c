@@ -240,7 +240,7 @@ harness_run_cell (const SiftConfig *cfg, const SiftPolicySetup *setup, gint64 le
                                                           h->seed, error);
   if (plan == NULL)
     return FALSE;
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, cfg->seed, knobs, plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&shape, sift_synthetic_seed (cfg), knobs, plan, error);
   if (src == NULL)
     return FALSE;
 

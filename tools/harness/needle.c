@@ -74,7 +74,7 @@ check_config (const SiftConfig *cfg, const HarnessGrid *g, HarnessText *text, GE
   if (plan == NULL)
     return config_error (cfg, plan_keys, error);
   /* The model must take the knobs and the plan's needle keys. */
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, sift_synthetic_config (cfg), plan, error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, sift_synthetic_seed (cfg), sift_synthetic_config (cfg), plan, error);
   return src != NULL || config_error (cfg, model_keys, error);
 }
 

@@ -55,7 +55,8 @@ harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, SiftModel
   SiftEvictConfig ev = { sift_kv_config (cfg)->capacity_tokens, sift_kv_config (cfg)->evict_granularity, sift_kv_config (cfg)->protect_sinks, sift_kv_config (cfg)->protect_recent };
   if (p->store != NULL)
     p->engine = sift_engine_new (&ec, p->store, error);
-  if (p->engine != NULL && sift_engine_set_eviction (p->engine, &ev, error))
+  if (p->engine != NULL && sift_engine_set_eviction (p->engine, &ev, error)
+      && sift_engine_set_resident (p->engine, sift_offload_config (cfg)->resident, error))
     {
       sift_engine_set_force_copy (p->engine, sift_offload_config (cfg)->force_copy);
       p->runner = sift_runner_new (p->engine, model, prefill, decode, error);

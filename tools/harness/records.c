@@ -37,7 +37,7 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
    * cells, out_dir and min_accuracy do not. */
   g_string_append_printf (s, "sift %s\nsource %s\nshape %d %d %d %d %d %d %.9g\nseed %" G_GUINT64_FORMAT "\n",
                           sift_version_string (), c->source, m->n_layers, m->n_q_heads, m->n_kv_heads,
-                          m->head_dim, m->block_size, m->chunk_size, (double) m->scale, c->seed);
+                          m->head_dim, m->block_size, m->chunk_size, (double) m->scale, sift_synthetic_seed (c));
   g_string_append_printf (s, "synthetic %" G_GINT64_FORMAT " %.17g %.17g %.17g %" G_GINT64_FORMAT
                           " %.17g %" G_GINT64_FORMAT " %.17g %.17g %.17g %.17g\n",
                           k->sink_tokens, k->sink_strength, k->locality, k->locality_scale, k->heavy_hitters,
@@ -199,7 +199,7 @@ harness_record_json (const SiftConfig *c, const SiftPolicySetup *setup, const ch
   json_int (&w, "head_dim", m->head_dim);
   json_int (&w, "block_size", m->block_size);
   json_int (&w, "chunk_size", m->chunk_size);
-  json_uint (&w, "seed", c->seed);
+  json_uint (&w, "seed", sift_synthetic_seed (c));
   json_string (&w, "planted_keys", sift_synthetic_config (c)->planted_exact ? "exact" : "matched");
   json_end_object (&w);
   const SiftKvConfig *kv = sift_kv_config (c);

@@ -74,7 +74,7 @@ harness_text_new (const SiftConfig *cfg, GError **error)
     }
   t->model = sift_model_gguf_new (t->model_path, cfg->shape.block_size, cfg->shape.chunk_size, cfg->shape.scale,
                                   error);
-  if (t->model == NULL)
+  if (t->model == NULL || !sift_model_gguf_use_device (t->model, sift_offload_config (cfg)->device, error))
     return NULL;
   GgufFile *f = llama_model_gguf (sift_model_gguf_llama (t->model));
   if (gguf_find (f, "tokenizer.ggml.model") == NULL)

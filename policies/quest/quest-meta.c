@@ -1,0 +1,176 @@
+/* Quest's key boxes and bounds (quest-meta.h). */
+#include <math.h>
+#include <string.h>
+
+#include "quest-meta.h"
+
+QuestMeta *
+quest_meta_new (gint32 n_layers, gint32 n_kv_heads, gint32 head_dim)
+{
+  QuestMeta *meta = g_new0 (QuestMeta, 1);
+  *meta = (QuestMeta) { n_layers, n_kv_heads, head_dim, 0, g_new0 (float *, n_layers),
+                        g_new0 (guint8 *, n_layers), g_new0 (gint64, n_layers) };
+  return meta;
+}
+
+void
+quest_meta_clear (QuestMeta *meta)
+{
+  for (gint32 l = 0; l < meta->n_layers; l++)
+    {
+      g_clear_pointer (&meta->box[l], g_free);
+      g_clear_pointer (&meta->present[l], g_free);
+      meta->capacity[l] = 0;
+    }
+  meta->n_present = 0;
+}
+
+void
+quest_meta_free (QuestMeta *meta)
+{
+  quest_meta_clear (meta);
+  g_free (meta->box);
+  g_free (meta->present);
+  g_free (meta->capacity);
+  g_free (meta);
+}
+
+static gsize
+box_floats (const QuestMeta *meta)
+{
+  return 2 * (gsize) meta->n_kv_heads * (gsize) meta->head_dim;
+}
+
+const float *
+quest_meta_block (const QuestMeta *meta, gint32 layer, gint64 id)
+{
+  if (layer < 0 || layer >= meta->n_layers || id < 0 || id >= meta->capacity[layer] || !meta->present[layer][id])
+    return NULL;
+  return meta->box[layer] + (gsize) id * box_floats (meta);
+}
+
+gboolean
+quest_meta_update (QuestMeta *meta, gint32 layer, gint64 id, const SiftView *k, gint32 n_valid, GError **error)
+{
+  const gint32 d = meta->head_dim;
+  if (!sift_view_check (k, "quest: block keys", error))
+    return FALSE;
+  if (layer < 0 || layer >= meta->n_layers || id < 0 || k->n_heads != meta->n_kv_heads || k->head_dim != d
+      || n_valid < 1 || n_valid > k->n_tokens)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                   "quest: block %" G_GINT64_FORMAT " of layer %d: keys [%d heads][%" G_GINT64_FORMAT
+                   " rows][%d dim] with %d valid do not fit %d layers of [%d][..][%d]",
+                   id, layer, k->n_heads, k->n_tokens, k->head_dim, n_valid, meta->n_layers, meta->n_kv_heads, d);
+      return FALSE;
+    }
+  if (id >= meta->capacity[layer]) /* doubling: ids arrive in order */
+    {
+      gint64 cap = MAX (meta->capacity[layer] * 2, 64);
+      while (cap <= id)
+        cap *= 2;
+      meta->box[layer] = g_renew (float, meta->box[layer], (gsize) cap * box_floats (meta));
+      meta->present[layer] = g_renew (guint8, meta->present[layer], (gsize) cap);
+      memset (meta->present[layer] + meta->capacity[layer], 0, (gsize) (cap - meta->capacity[layer]));
+      meta->capacity[layer] = cap;
+    }
+  float *box = meta->box[layer] + (gsize) id * box_floats (meta);
+  g_autofree float *row = g_new (float, d);
+  for (gint32 g = 0; g < meta->n_kv_heads; g++)
+    {
+      float *hi = box + (gsize) g * 2 * d, *lo = hi + d;
+      for (gint32 t = 0; t < n_valid; t++)
+        {
+          sift_view_row_to_f32 (k, g, t, row);
+          for (gint32 i = 0; i < d; i++)
+            {
+              hi[i] = t == 0 ? row[i] : fmaxf (hi[i], row[i]);
+              lo[i] = t == 0 ? row[i] : fminf (lo[i], row[i]);
+            }
+        }
+    }
+  meta->n_present += !meta->present[layer][id];
+  meta->present[layer][id] = 1;
+  return TRUE;
+}
+
+/* The paper's bound of q.k over every key in the box: each channel's
+ * product is linear in k_i, so its maximum over [kmin_i, kmax_i] sits at an
+ * end, and the channels are independent inside the box. The plain
+ * reference of quest_head_bounds. */
+float
+quest_bound (const float *q, const float *kmin, const float *kmax, gint32 head_dim)
+{
+  float s = 0.0f;
+  for (gint32 i = 0; i < head_dim; i++)
+    s += fmaxf (q[i] * kmax[i], q[i] * kmin[i]);
+  return s;
+}
+
+/* max(q_i M_i, q_i m_i) is q_i M_i for q_i >= 0 and q_i m_i otherwise, so
+ * with a row split into [max(q, 0) | min(q, 0)] and a box stored
+ * [kmax | kmin], a bound is a dot product of 2 head_dim: one
+ * sift_score_tile per kv head. */
+gboolean
+quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
+                   const gint64 *available, gsize n, float *out, GError **error)
+{
+  const gint32 d = meta->head_dim, nq = q->n_heads, nkv = meta->n_kv_heads;
+  if (!sift_view_check (q, "quest: q", error))
+    return FALSE;
+  if (d != q->head_dim || nq % nkv != 0 || q->n_tokens < 1)
+    {
+      g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                   "quest: q is [%d heads][%" G_GINT64_FORMAT " rows][%d dim], the model has %d kv heads of dim %d",
+                   nq, q->n_tokens, q->head_dim, nkv, d);
+      return FALSE;
+    }
+  const gint32 group = nq / nkv;
+  const gint64 n_rows = mean_query ? 1 : q->n_tokens;
+  const gsize w = 2 * (gsize) d;
+  g_autofree float *rows = g_new0 (float, (gsize) nq * n_rows * w); /* [nq][n_rows][max part | min part] */
+  g_autofree float *cols = g_new (float, MAX (n, 1) * w);           /* [n] boxes of one kv head */
+  g_autofree float *dots = g_new (float, (gsize) group * n_rows * MAX (n, 1));
+  g_autofree float *x = g_new (float, d);
+  for (gint32 h = 0; h < nq; h++)
+    for (gint64 t = 0; t < q->n_tokens; t++)
+      {
+        float *r = rows + ((gsize) h * n_rows + (gsize) (mean_query ? 0 : t)) * w;
+        sift_view_row_to_f32 (q, h, t, x);
+        for (gint32 i = 0; i < d; i++)
+          r[i] += mean_query ? x[i] / (float) q->n_tokens : x[i];
+      }
+  for (gsize r = 0; r < (gsize) nq * n_rows; r++)
+    for (gint32 i = 0; i < d; i++)
+      {
+        float *p = rows + r * w;
+        p[d + i] = MIN (p[i], 0.0f);
+        p[i] = MAX (p[i], 0.0f);
+      }
+  for (gint32 g = 0; g < nkv; g++)
+    {
+      for (gsize b = 0; b < n; b++)
+        {
+          const float *box = quest_meta_block (meta, layer, available[b]);
+          if (box == NULL)
+            {
+              g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                           "quest: no key bounds for block %" G_GINT64_FORMAT " of layer %d "
+                           "(its offload hook never ran for this policy)", available[b], layer);
+              return FALSE;
+            }
+          memcpy (cols + b * w, box + (gsize) g * w, w * sizeof (float));
+        }
+      sift_score_tile (rows + (gsize) g * group * n_rows * w, w, group * n_rows, cols, w, (gint64) n, w, dots);
+      for (gint32 hh = 0; hh < group; hh++)
+        for (gsize b = 0; b < n; b++)
+          {
+            float best = -INFINITY;
+            for (gint64 t = 0; t < n_rows; t++)
+              best = fmaxf (best, dots[((gsize) hh * n_rows + (gsize) t) * n + b]);
+            out[(gsize) (g * group + hh) * n + b] = best;
+          }
+    }
+  return TRUE;
+}
+
