@@ -212,72 +212,68 @@ batch_weights (__m256 s, int nb, float *m, float *l, float *r_out)
   return p;
 }
 
-/* nv vectors of 8 per row; nv is a constant where it is inlined. Eight
- * candidates a step: their scores come out of one reduction tree, the
- * running max is raised (and acc rescaled) at most once per step, the
+/* The row loop of both ISAs, as acc_<isa>: nv vectors of W floats per row
+ * (nv a constant where it is inlined). Eight candidates a step: their
+ * scores (each folded to 8 lanes by TO8) come out of one reduction tree,
+ * the running max is raised (and acc rescaled) at most once per step, the
  * eight exponentials are one vector. */
-SIFT_SIMD_INLINE SIFT_TARGET_AVX2 void
-acc_avx2 (SiftRowState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
-          gint64 stride, const gint32 *idx, gsize n)
+#define DEFINE_ROW_ACC(isa, ATTR, VEC, W, LOAD, STORE, SET1, MUL, FMA, TO8)                               \
+  SIFT_SIMD_INLINE ATTR void acc_##isa (SiftRowState *st, const float *q, int nv, float scale,             \
+                                        const float *bk, const float *bv, gint64 stride, const gint32 *idx, \
+                                        gsize n)                                                           \
+  {                                                                                                        \
+    VEC qv[128 / (W)], acc[128 / (W)];                                                                     \
+    _Pragma ("GCC unroll 16") for (int j = 0; j < nv; j++)                                                 \
+    {                                                                                                      \
+      qv[j] = MUL (LOAD (q + (W) * j), SET1 (scale));                                                      \
+      acc[j] = LOAD (st->acc + (W) * j);                                                                   \
+    }                                                                                                      \
+    float m = st->m, l = st->l;                                                                            \
+    for (gsize x = 0; x < n; x += 8)                                                                       \
+      {                                                                                                    \
+        int nb = (int) MIN (8, n - x);                                                                     \
+        __m256 t[8];                                                                                       \
+        _Pragma ("GCC unroll 8") for (int c = 0; c < 8; c++)                                               \
+        {                                                                                                  \
+          t[c] = _mm256_setzero_ps ();                                                                     \
+          if (c < nb)                                                                                      \
+            {                                                                                              \
+              const float *k = bk + (gint64) idx[x + c] * stride;                                          \
+              VEC z = MUL (qv[0], LOAD (k));                                                               \
+              _Pragma ("GCC unroll 16") for (int j = 1; j < nv; j++) z = FMA (qv[j], LOAD (k + (W) * j), z); \
+              t[c] = TO8 (z);                                                                              \
+            }                                                                                              \
+        }                                                                                                  \
+        float r;                                                                                           \
+        __m256 p = batch_weights (sift_hsum8x8_256 (t), nb, &m, &l, &r);                                   \
+        if (r != 1.0f)                                                                                     \
+          _Pragma ("GCC unroll 16") for (int j = 0; j < nv; j++) acc[j] = MUL (acc[j], SET1 (r));          \
+        float pf[8];                                                                                       \
+        _mm256_storeu_ps (pf, p);                                                                          \
+        for (int c = 0; c < nb; c++)                                                                       \
+          {                                                                                                \
+            const float *v = bv + (gint64) idx[x + c] * stride;                                            \
+            VEC w = SET1 (pf[c]);                                                                          \
+            _Pragma ("GCC unroll 16") for (int j = 0; j < nv; j++) acc[j] = FMA (w, LOAD (v + (W) * j), acc[j]); \
+          }                                                                                                \
+      }                                                                                                    \
+    _Pragma ("GCC unroll 16") for (int j = 0; j < nv; j++) STORE (st->acc + (W) * j, acc[j]);              \
+    st->m = m;                                                                                             \
+    st->l = l;                                                                                             \
+  }
+
+SIFT_SIMD_INLINE SIFT_TARGET_AVX2 __m256
+same_256 (__m256 z)
 {
-  __m256 qv[16], acc[16];
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    {
-      qv[j] = _mm256_mul_ps (_mm256_loadu_ps (q + 8 * j), _mm256_set1_ps (scale));
-      acc[j] = _mm256_loadu_ps (st->acc + 8 * j);
-    }
-  float m = st->m, l = st->l;
-  for (gsize x = 0; x < n; x += 8)
-    {
-      int nb = (int) MIN (8, n - x);
-      __m256 t[8];
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c++)
-        {
-          t[c] = _mm256_setzero_ps ();
-          if (c < nb)
-            {
-              const float *k = bk + (gint64) idx[x + c] * stride;
-#pragma GCC unroll 16
-              for (int j = 0; j < nv; j++)
-                t[c] = _mm256_fmadd_ps (qv[j], _mm256_loadu_ps (k + 8 * j), t[c]);
-            }
-        }
-      float r;
-      __m256 p = batch_weights (sift_hsum8x8_256 (t), nb, &m, &l, &r);
-      if (r != 1.0f)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++)
-          acc[j] = _mm256_mul_ps (acc[j], _mm256_set1_ps (r));
-      float pf[8];
-      _mm256_storeu_ps (pf, p);
-      for (int c = 0; c < nb; c++)
-        {
-          const float *v = bv + (gint64) idx[x + c] * stride;
-          __m256 w = _mm256_set1_ps (pf[c]);
-#pragma GCC unroll 16
-          for (int j = 0; j < nv; j++)
-            acc[j] = _mm256_fmadd_ps (w, _mm256_loadu_ps (v + 8 * j), acc[j]);
-        }
-    }
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    _mm256_storeu_ps (st->acc + 8 * j, acc[j]);
-  st->m = m;
-  st->l = l;
+  return z;
 }
 
-/* One entry point per head_dim with a constant vector count, so the row
- * loops unroll and acc and q stay in registers. */
-#define SQ_DEFINE_ACC(isa, ATTR, d, nv)                                                   \
-  static ATTR void acc_##isa##_##d (SiftRowState *st, const float *q, gint32 head_dim, float scale, \
-                                    const float *bk, const float *bv, gint64 stride,     \
-                                    const gint32 *idx, gsize n)                          \
-  {                                                                                      \
-    (void) head_dim;                                                                     \
-    acc_##isa (st, q, nv, scale, bk, bv, stride, idx, n);                                \
-  }
+DEFINE_ROW_ACC (avx2, SIFT_TARGET_AVX2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_mul_ps,
+                _mm256_fmadd_ps, same_256)
+/* AVX-512: rows in 16-float vectors, each score folded to 8 lanes, then the
+ * same reduction tree and weights as AVX2. */
+DEFINE_ROW_ACC (avx512, SIFT_TARGET_AVX512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+                _mm512_mul_ps, _mm512_fmadd_ps, sift_fold_512)
 
 /* One entry point per head_dim with a constant vector count, so the row
  * loops unroll and acc and q stay in registers. */
@@ -291,63 +287,6 @@ acc_avx2 (SiftRowState *st, const float *q, int nv, float scale, const float *bk
 DEFINE_ROW_SPARSE (avx2, SIFT_TARGET_AVX2, 32, 4)
 DEFINE_ROW_SPARSE (avx2, SIFT_TARGET_AVX2, 64, 8)
 DEFINE_ROW_SPARSE (avx2, SIFT_TARGET_AVX2, 128, 16)
-
-/* AVX-512: rows in 16-float vectors, each score folded to 8 lanes first,
- * then the same reduction tree and weights as AVX2. */
-SIFT_SIMD_INLINE SIFT_TARGET_AVX512 void
-acc_avx512 (SiftRowState *st, const float *q, int nv, float scale, const float *bk, const float *bv,
-            gint64 stride, const gint32 *idx, gsize n)
-{
-  __m512 qv[8], acc[8];
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    {
-      qv[j] = _mm512_mul_ps (_mm512_loadu_ps (q + 16 * j), _mm512_set1_ps (scale));
-      acc[j] = _mm512_loadu_ps (st->acc + 16 * j);
-    }
-  float m = st->m, l = st->l;
-  for (gsize x = 0; x < n; x += 8)
-    {
-      int nb = (int) MIN (8, n - x);
-      __m256 t[8];
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c++)
-        {
-          t[c] = _mm256_setzero_ps ();
-          if (c < nb)
-            {
-              const float *k = bk + (gint64) idx[x + c] * stride;
-              __m512 z = _mm512_mul_ps (qv[0], _mm512_loadu_ps (k));
-#pragma GCC unroll 16
-              for (int j = 1; j < nv; j++)
-                z = _mm512_fmadd_ps (qv[j], _mm512_loadu_ps (k + 16 * j), z);
-              t[c] = sift_fold_512 (z);
-            }
-        }
-      float r;
-      __m256 p = batch_weights (sift_hsum8x8_256 (t), nb, &m, &l, &r);
-      if (r != 1.0f)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++)
-          acc[j] = _mm512_mul_ps (acc[j], _mm512_set1_ps (r));
-      float pf[8];
-      _mm256_storeu_ps (pf, p);
-      for (int c = 0; c < nb; c++)
-        {
-          const float *v = bv + (gint64) idx[x + c] * stride;
-          __m512 w = _mm512_set1_ps (pf[c]);
-#pragma GCC unroll 16
-          for (int j = 0; j < nv; j++)
-            acc[j] = _mm512_fmadd_ps (w, _mm512_loadu_ps (v + 16 * j), acc[j]);
-        }
-    }
-#pragma GCC unroll 16
-  for (int j = 0; j < nv; j++)
-    _mm512_storeu_ps (st->acc + 16 * j, acc[j]);
-  st->m = m;
-  st->l = l;
-}
-
 DEFINE_ROW_SPARSE (avx512, SIFT_TARGET_AVX512, 32, 2)
 DEFINE_ROW_SPARSE (avx512, SIFT_TARGET_AVX512, 64, 4)
 DEFINE_ROW_SPARSE (avx512, SIFT_TARGET_AVX512, 128, 8)

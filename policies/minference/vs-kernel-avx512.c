@@ -15,39 +15,75 @@
 
 #define G VS_KEY_GROUP
 
+/* The four query rows of a tile (past nr the last one again). */
+static inline void
+tile_rows (const float *q, gint32 nr, gint32 d, const float *qr[4])
+{
+  for (gint32 k = 0; k < 4; k++)
+    qr[k] = q + (gsize) MIN (k, nr - 1) * d;
+}
+
+/* Scores of nq query rows qr[k] (4 or 8, a constant where inlined) against
+ * all 32 transposed keys, the first nr stored: one load of each key vector
+ * serves every row. */
+static inline __attribute__ ((always_inline)) void
+panel_scores (const float *const *qr, int nq, gint32 nr, const float *kt, gint32 d, float (*s)[G])
+{
+  __m512 a[8][2];
+#pragma GCC unroll 8
+  for (int k = 0; k < nq; k++)
+    a[k][0] = a[k][1] = _mm512_setzero_ps ();
+  for (gint32 c = 0; c < d; c++)
+    {
+      const float *kc = kt + (gsize) c * G;
+      const __m512 k0 = _mm512_loadu_ps (kc), k1 = _mm512_loadu_ps (kc + 16);
+#pragma GCC unroll 8
+      for (int k = 0; k < nq; k++)
+        {
+          const __m512 x = _mm512_set1_ps (qr[k][c]);
+          a[k][0] = _mm512_fmadd_ps (x, k0, a[k][0]);
+          a[k][1] = _mm512_fmadd_ps (x, k1, a[k][1]);
+        }
+    }
+  for (gint32 k = 0; k < nr; k++)
+    {
+      _mm512_storeu_ps (s[k], a[k][0]);
+      _mm512_storeu_ps (s[k] + 16, a[k][1]);
+    }
+}
+
 /* Scores of rows q[0..nr) against lanes [h, h + 16) only: four chains. */
 static inline void
 rows_scores_half (const float *q, gint32 nr, const float *kt, gint32 d, float (*s)[G], gint32 h)
 {
-  __m512 a0 = _mm512_setzero_ps (), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
-              *q3 = q + (gsize) MIN (3, nr - 1) * d;
+  const float *qr[4];
+  tile_rows (q, nr, d, qr);
+  __m512 a[2][4]; /* [c parity][row] */
+#pragma GCC unroll 2
+  for (int u = 0; u < 2; u++)
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+      a[u][k] = _mm512_setzero_ps ();
   gint32 c = 0;
   /* Two c at a time: eight independent chains. */
   for (; c + 2 <= d; c += 2)
-    {
-      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h), k1 = _mm512_loadu_ps (kt + (gsize) (c + 1) * G + h);
-      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
-      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
-      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
-      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
-      b0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c + 1]), k1, b0);
-      b1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c + 1]), k1, b1);
-      b2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c + 1]), k1, b2);
-      b3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c + 1]), k1, b3);
-    }
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; u++)
+      {
+        const __m512 kc = _mm512_loadu_ps (kt + (gsize) (c + u) * G + h);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+          a[u][k] = _mm512_fmadd_ps (_mm512_set1_ps (qr[k][c + u]), kc, a[u][k]);
+      }
   for (; c < d; c++)
     {
-      __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G + h);
-      a0 = _mm512_fmadd_ps (_mm512_set1_ps (q[c]), k0, a0);
-      a1 = _mm512_fmadd_ps (_mm512_set1_ps (q1[c]), k0, a1);
-      a2 = _mm512_fmadd_ps (_mm512_set1_ps (q2[c]), k0, a2);
-      a3 = _mm512_fmadd_ps (_mm512_set1_ps (q3[c]), k0, a3);
+      const __m512 kc = _mm512_loadu_ps (kt + (gsize) c * G + h);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; k++)
+        a[0][k] = _mm512_fmadd_ps (_mm512_set1_ps (qr[k][c]), kc, a[0][k]);
     }
-  const __m512 out[4] = { _mm512_add_ps (a0, b0), _mm512_add_ps (a1, b1), _mm512_add_ps (a2, b2),
-                          _mm512_add_ps (a3, b3) };
   for (gint32 k = 0; k < nr; k++)
-    _mm512_storeu_ps (s[k] + h, out[k]);
+    _mm512_storeu_ps (s[k] + h, _mm512_add_ps (a[0][k], a[1][k]));
 }
 
 /* Scores of rows q[0..nr) (nr <= 4) against the 32 transposed keys; a
@@ -65,31 +101,9 @@ rows_scores (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need,
       rows_scores_half (q, nr, kt, d, s, 16);
       return;
     }
-  __m512 a00 = _mm512_setzero_ps (), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-         a31 = a00;
-  const float *q1 = q + (gsize) MIN (1, nr - 1) * d, *q2 = q + (gsize) MIN (2, nr - 1) * d,
-              *q3 = q + (gsize) MIN (3, nr - 1) * d;
-  for (gint32 c = 0; c < d; c++)
-    {
-      const float *k = kt + (gsize) c * G;
-      __m512 k0 = _mm512_loadu_ps (k), k1 = _mm512_loadu_ps (k + 16);
-      __m512 x0 = _mm512_set1_ps (q[c]), x1 = _mm512_set1_ps (q1[c]);
-      __m512 x2 = _mm512_set1_ps (q2[c]), x3 = _mm512_set1_ps (q3[c]);
-      a00 = _mm512_fmadd_ps (x0, k0, a00);
-      a01 = _mm512_fmadd_ps (x0, k1, a01);
-      a10 = _mm512_fmadd_ps (x1, k0, a10);
-      a11 = _mm512_fmadd_ps (x1, k1, a11);
-      a20 = _mm512_fmadd_ps (x2, k0, a20);
-      a21 = _mm512_fmadd_ps (x2, k1, a21);
-      a30 = _mm512_fmadd_ps (x3, k0, a30);
-      a31 = _mm512_fmadd_ps (x3, k1, a31);
-    }
-  const __m512 out[4][2] = { { a00, a01 }, { a10, a11 }, { a20, a21 }, { a30, a31 } };
-  for (gint32 k = 0; k < nr; k++)
-    {
-      _mm512_storeu_ps (s[k], out[k][0]);
-      _mm512_storeu_ps (s[k] + 16, out[k][1]);
-    }
+  const float *qr[4];
+  tile_rows (q, nr, d, qr);
+  panel_scores (qr, 4, nr, kt, d, s);
 }
 
 /* Softmax step of row r without the P.V part: p = e^(s - m_new) in the
@@ -121,119 +135,65 @@ row_softmax (VsTile *t, gint32 r, float *s, guint32 vis)
   return alpha;
 }
 
+/* acc[k] = alpha[k] acc[k] + p[k] . V over `lanes` for NR rows (1 or 4, a
+ * constant where inlined), row k's accumulator at acc + k d, its weights
+ * p[k][i] for value row vrow[i]: the rows share each value load, NR x NA
+ * accumulators per 16 NA dims (NA 4 while 64 floats remain, then 1). */
+static inline __attribute__ ((always_inline)) void
+pv_rows (float *acc, gint32 d, int nr, const float *const *p, const float *alpha, guint64 lanes,
+         const float *const *vrow)
+{
+  __m512 al[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < nr; k++)
+    al[k] = _mm512_set1_ps (alpha[k]);
+  gint32 c0 = 0;
+#define PV_BLOCK(NA)                                                                         \
+  do                                                                                         \
+    {                                                                                        \
+      __m512 a[4][NA];                                                                       \
+      _Pragma ("GCC unroll 4") for (int k = 0; k < nr; k++)                                  \
+      _Pragma ("GCC unroll 4") for (int j = 0; j < (NA); j++)                                \
+        a[k][j] = _mm512_mul_ps (_mm512_loadu_ps (acc + (gsize) k * d + c0 + 16 * j), al[k]); \
+      for (guint64 m = lanes; m; m &= m - 1)                                                 \
+        {                                                                                    \
+          const gint32 i = __builtin_ctzll (m);                                              \
+          __m512 v[NA];                                                                      \
+          _Pragma ("GCC unroll 4") for (int j = 0; j < (NA); j++)                            \
+            v[j] = _mm512_loadu_ps (vrow[i] + c0 + 16 * j);                                  \
+          _Pragma ("GCC unroll 4") for (int k = 0; k < nr; k++)                              \
+          {                                                                                  \
+            const __m512 x = _mm512_set1_ps (p[k][i]);                                       \
+            _Pragma ("GCC unroll 4") for (int j = 0; j < (NA); j++)                          \
+              a[k][j] = _mm512_fmadd_ps (x, v[j], a[k][j]);                                  \
+          }                                                                                  \
+        }                                                                                    \
+      _Pragma ("GCC unroll 4") for (int k = 0; k < nr; k++)                                  \
+      _Pragma ("GCC unroll 4") for (int j = 0; j < (NA); j++)                                \
+        _mm512_storeu_ps (acc + (gsize) k * d + c0 + 16 * j, a[k][j]);                       \
+    }                                                                                        \
+  while (0)
+  for (; c0 + 64 <= d; c0 += 64)
+    PV_BLOCK (4);
+  for (; c0 < d; c0 += 16)
+    PV_BLOCK (1);
+#undef PV_BLOCK
+}
+
 /* Online-softmax update of row r with the scores s of the lanes in vis. */
 static inline void
 row_update (VsTile *t, gint32 r, float *s, guint32 vis, const float *const *vrow)
 {
-  const gint32 d = t->d;
   const float alpha = row_softmax (t, r, s, vis);
-  float *acc = t->acc + (gsize) r * d;
-  const __m512 av = _mm512_set1_ps (alpha);
-  for (gint32 c0 = 0; c0 < d; c0 += 16)
-    {
-      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
-      for (guint32 m = vis; m; m &= m - 1)
-        {
-          const gint32 i = __builtin_ctz (m);
-          a0 = _mm512_fmadd_ps (_mm512_set1_ps (s[i]), _mm512_loadu_ps (vrow[i] + c0), a0);
-        }
-      _mm512_storeu_ps (acc + c0, a0);
-    }
+  pv_rows (t->acc + (gsize) r * t->d, t->d, 1, (const float *const[]) { s }, &alpha, vis, vrow);
 }
 
 /* acc[r..r+3] = alpha * acc + p . V over `lanes` (p[k][i] for row r + k,
- * value row vrow[i]): four rows share each value load, 16 accumulators per
- * 64 dims. */
+ * value row vrow[i]): four rows share each value load. */
 static inline void
 pv4 (VsTile *t, gint32 r, float *const *p, const float *alpha, guint64 lanes, const float *const *vrow)
 {
-  const gint32 d = t->d;
-  float *acc0 = t->acc + (gsize) r * d, *acc1 = acc0 + d, *acc2 = acc1 + d, *acc3 = acc2 + d;
-  const __m512 al0 = _mm512_set1_ps (alpha[0]), al1 = _mm512_set1_ps (alpha[1]);
-  const __m512 al2 = _mm512_set1_ps (alpha[2]), al3 = _mm512_set1_ps (alpha[3]);
-  gint32 c0 = 0;
-  for (; c0 + 64 <= d; c0 += 64)
-    {
-      __m512 a00 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
-      __m512 a01 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 16), al0);
-      __m512 a02 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 32), al0);
-      __m512 a03 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0 + 48), al0);
-      __m512 a10 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
-      __m512 a11 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 16), al1);
-      __m512 a12 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 32), al1);
-      __m512 a13 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0 + 48), al1);
-      __m512 a20 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
-      __m512 a21 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 16), al2);
-      __m512 a22 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 32), al2);
-      __m512 a23 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0 + 48), al2);
-      __m512 a30 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
-      __m512 a31 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 16), al3);
-      __m512 a32 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 32), al3);
-      __m512 a33 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0 + 48), al3);
-      for (guint64 m = lanes; m; m &= m - 1)
-        {
-          const gint32 i = __builtin_ctzll (m);
-          const float *v = vrow[i] + c0;
-          const __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
-          const __m512 v2 = _mm512_loadu_ps (v + 32), v3 = _mm512_loadu_ps (v + 48);
-          __m512 x = _mm512_set1_ps (p[0][i]);
-          a00 = _mm512_fmadd_ps (x, v0, a00);
-          a01 = _mm512_fmadd_ps (x, v1, a01);
-          a02 = _mm512_fmadd_ps (x, v2, a02);
-          a03 = _mm512_fmadd_ps (x, v3, a03);
-          x = _mm512_set1_ps (p[1][i]);
-          a10 = _mm512_fmadd_ps (x, v0, a10);
-          a11 = _mm512_fmadd_ps (x, v1, a11);
-          a12 = _mm512_fmadd_ps (x, v2, a12);
-          a13 = _mm512_fmadd_ps (x, v3, a13);
-          x = _mm512_set1_ps (p[2][i]);
-          a20 = _mm512_fmadd_ps (x, v0, a20);
-          a21 = _mm512_fmadd_ps (x, v1, a21);
-          a22 = _mm512_fmadd_ps (x, v2, a22);
-          a23 = _mm512_fmadd_ps (x, v3, a23);
-          x = _mm512_set1_ps (p[3][i]);
-          a30 = _mm512_fmadd_ps (x, v0, a30);
-          a31 = _mm512_fmadd_ps (x, v1, a31);
-          a32 = _mm512_fmadd_ps (x, v2, a32);
-          a33 = _mm512_fmadd_ps (x, v3, a33);
-        }
-      _mm512_storeu_ps (acc0 + c0, a00);
-      _mm512_storeu_ps (acc0 + c0 + 16, a01);
-      _mm512_storeu_ps (acc0 + c0 + 32, a02);
-      _mm512_storeu_ps (acc0 + c0 + 48, a03);
-      _mm512_storeu_ps (acc1 + c0, a10);
-      _mm512_storeu_ps (acc1 + c0 + 16, a11);
-      _mm512_storeu_ps (acc1 + c0 + 32, a12);
-      _mm512_storeu_ps (acc1 + c0 + 48, a13);
-      _mm512_storeu_ps (acc2 + c0, a20);
-      _mm512_storeu_ps (acc2 + c0 + 16, a21);
-      _mm512_storeu_ps (acc2 + c0 + 32, a22);
-      _mm512_storeu_ps (acc2 + c0 + 48, a23);
-      _mm512_storeu_ps (acc3 + c0, a30);
-      _mm512_storeu_ps (acc3 + c0 + 16, a31);
-      _mm512_storeu_ps (acc3 + c0 + 32, a32);
-      _mm512_storeu_ps (acc3 + c0 + 48, a33);
-    }
-  for (; c0 < d; c0 += 16)
-    {
-      __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc0 + c0), al0);
-      __m512 a1 = _mm512_mul_ps (_mm512_loadu_ps (acc1 + c0), al1);
-      __m512 a2 = _mm512_mul_ps (_mm512_loadu_ps (acc2 + c0), al2);
-      __m512 a3 = _mm512_mul_ps (_mm512_loadu_ps (acc3 + c0), al3);
-      for (guint64 m = lanes; m; m &= m - 1)
-        {
-          const gint32 i = __builtin_ctzll (m);
-          const __m512 v0 = _mm512_loadu_ps (vrow[i] + c0);
-          a0 = _mm512_fmadd_ps (_mm512_set1_ps (p[0][i]), v0, a0);
-          a1 = _mm512_fmadd_ps (_mm512_set1_ps (p[1][i]), v0, a1);
-          a2 = _mm512_fmadd_ps (_mm512_set1_ps (p[2][i]), v0, a2);
-          a3 = _mm512_fmadd_ps (_mm512_set1_ps (p[3][i]), v0, a3);
-        }
-      _mm512_storeu_ps (acc0 + c0, a0);
-      _mm512_storeu_ps (acc1 + c0, a1);
-      _mm512_storeu_ps (acc2 + c0, a2);
-      _mm512_storeu_ps (acc3 + c0, a3);
-    }
+  pv_rows (t->acc + (gsize) r * t->d, t->d, 4, (const float *const *) p, alpha, lanes, vrow);
 }
 
 /* Scores of rows q[0..nr) (nr <= 4) against the lanes of `any` as 4 x 4
@@ -245,8 +205,7 @@ static inline void
 rows_scores_few (const float *q, gint32 nr, gint32 d, const VsGroup *g, guint32 any, float (*s)[G])
 {
   const float *qr[4];
-  for (gint32 k = 0; k < 4; k++)
-    qr[k] = q + (gsize) MIN (k, nr - 1) * d;
+  tile_rows (q, nr, d, qr);
   gint32 idx[G], n = 0;
   for (guint32 m = any; m; m &= m - 1)
     idx[n++] = __builtin_ctz (m);
@@ -364,26 +323,7 @@ rows_scores8 (const float *q, gint32 nr, const float *kt, gint32 d, guint32 need
         _mm512_storeu_ps (s[k] + h, a[k]);
       return;
     }
-  __m512 a[8][2];
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; k++)
-    a[k][0] = a[k][1] = _mm512_setzero_ps ();
-  for (gint32 c = 0; c < d; c++)
-    {
-      const __m512 k0 = _mm512_loadu_ps (kt + (gsize) c * G), k1 = _mm512_loadu_ps (kt + (gsize) c * G + 16);
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; k++)
-        {
-          const __m512 x = _mm512_set1_ps (qr[k][c]);
-          a[k][0] = _mm512_fmadd_ps (x, k0, a[k][0]);
-          a[k][1] = _mm512_fmadd_ps (x, k1, a[k][1]);
-        }
-    }
-  for (gint32 k = 0; k < nr; k++)
-    {
-      _mm512_storeu_ps (s[k], a[k][0]);
-      _mm512_storeu_ps (s[k] + 16, a[k][1]);
-    }
+  panel_scores (qr, 8, nr, kt, d, s);
 }
 
 /* Visible lanes of each row of t under `mask`, counted as attended; the
@@ -532,16 +472,7 @@ vs_pending_flush_avx512 (VsTile *t, VsPending *pd)
     }
   else
     for (gint32 k = 0; k < t->n_rows; k++)
-      {
-        float *acc = t->acc + (gsize) k * t->d;
-        const __m512 av = _mm512_set1_ps (alpha[k]);
-        for (gint32 c0 = 0; c0 < t->d; c0 += 16)
-          {
-            __m512 a0 = _mm512_mul_ps (_mm512_loadu_ps (acc + c0), av);
-            for (gint32 i = 0; i < n; i++)
-              a0 = _mm512_fmadd_ps (_mm512_set1_ps (pd->s[k][i]), _mm512_loadu_ps (pd->vrow[i] + c0), a0);
-            _mm512_storeu_ps (acc + c0, a0);
-          }
-      }
+      pv_rows (t->acc + (gsize) k * t->d, t->d, 1, (const float *const[]) { pd->s[k] }, &alpha[k], lanes,
+               pd->vrow);
   pd->n = 0;
 }

@@ -96,6 +96,48 @@ band_scores (const SqBand *b, const float *qs, int nv, gint64 p, int np, float *
     *b->pf = pf;
 }
 
+/* P . V of the band and shared kernels for their SQ_BAND_ROWS rows: row r's
+ * accumulator (d = 16 nv floats) is rescaled by rf[r], then gains w[r *
+ * w_stride + c] times value row c for c in [c0, c1): at vbase + c * vstride,
+ * or at vrows[c] when vbase is NULL. Two vectors of d at a time for all the
+ * rows: 2R accumulators stay in registers and each line of a value row is
+ * read once per head. Rows from n_rows on are padding (weights 0) and are
+ * not stored. */
+INLINE AVX512 void
+pv_rows (SiftRowState *st, int n_rows, int nv, const float *rf, const float *w, gsize w_stride, const float *vbase,
+         gint64 vstride, const float *const *vrows, gint64 c0, gint64 c1)
+{
+  enum { R = SQ_BAND_ROWS };
+  for (int jv = 0; jv < nv; jv += 2)
+    {
+      __m512 acc[R][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++)
+          acc[r][j] = r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
+                                 : _mm512_setzero_ps ();
+      for (gint64 c = c0; c < c1; c++)
+        {
+          const float *v = (vbase != NULL ? vbase + c * vstride : vrows[c]) + 16 * jv;
+          __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++)
+            {
+              __m512 x = _mm512_set1_ps (w[(gsize) r * w_stride + (gsize) c]);
+              acc[r][0] = _mm512_fmadd_ps (x, v0, acc[r][0]);
+              acc[r][1] = _mm512_fmadd_ps (x, v1, acc[r][1]);
+            }
+        }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++)
+        if (r < n_rows)
+#pragma GCC unroll 2
+          for (int j = 0; j < 2; j++)
+            _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
+    }
+}
+
 /* Keys come in panels of 16 packed dimension-major ([d][16]), so a row's
  * 16 scores are one vector: q . k for 8 rows x 16 keys is d steps of one
  * panel load and 8 broadcast FMAs, with no horizontal sums. The band is
@@ -163,39 +205,9 @@ band_avx512 (const SqBand *b, SiftRowState *st, int nv)
             }
           l[r] += _mm512_reduce_add_ps (ls);
         }
-      const gint64 c_lo = MAX (j_lo, pc * L), c_hi = MIN (j_hi, (pc + np) * L - 1);
-      /* Two vectors of d at a time for all R rows: 2R accumulators stay in
-       * registers and each line of a value row is read once per head. */
-      for (int jv = 0; jv < nv; jv += 2)
-        {
-          __m512 acc[R][2];
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-            for (int j = 0; j < 2; j++)
-              acc[r][j] = r < n_rows
-                            ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
-                            : _mm512_setzero_ps ();
-          for (gint64 jk = c_lo; jk <= c_hi; jk++)
-            {
-              const float *v = b->v + jk * b->v_stride + 16 * jv;
-              const gint64 c = jk - pc * L;
-              __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
-#pragma GCC unroll 8
-              for (int r = 0; r < R; r++)
-                {
-                  __m512 w = _mm512_set1_ps (sb[r][c]);
-                  acc[r][0] = _mm512_fmadd_ps (w, v0, acc[r][0]);
-                  acc[r][1] = _mm512_fmadd_ps (w, v1, acc[r][1]);
-                }
-            }
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-            if (r < n_rows)
-#pragma GCC unroll 2
-              for (int j = 0; j < 2; j++)
-                _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
-        }
+      /* The chunk's keys any row sees, as columns of sb. */
+      const gint64 c_lo = MAX (j_lo, pc * L) - pc * L, c_hi = MIN (j_hi, (pc + np) * L - 1) - pc * L;
+      pv_rows (st, n_rows, nv, rf, sb[0], CH * L, b->v + pc * L * b->v_stride, b->v_stride, NULL, c_lo, c_hi + 1);
     }
   if (b->pf != NULL)
     sq_prefetch_rest (b->pf);
@@ -206,7 +218,7 @@ band_avx512 (const SqBand *b, SiftRowState *st, int nv)
     }
 }
 
-/* Entry points with a constant vector count, as SQ_DEFINE_ACC. */
+/* Entry points with a constant vector count, so the row loops unroll. */
 #define SQ_DEFINE_TILE(kernel, Args, d, nv)                                                 \
   static AVX512 void kernel##_##d (const Args *b, SiftRowState *st)                              \
   {                                                                                         \
@@ -562,34 +574,7 @@ shared_avx512 (const SqShared *b, SiftRowState *st, int nv)
       st[r].m = mn;
       _mm512_store_ps (sb[r], w);
     }
-  for (int jv = 0; jv < nv; jv += 2)
-    {
-      __m512 acc[R][2];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; j++)
-          acc[r][j] = r < n_rows ? _mm512_mul_ps (_mm512_loadu_ps (st[r].acc + 16 * (jv + j)), _mm512_set1_ps (rf[r]))
-                                 : _mm512_setzero_ps ();
-      for (int c = 0; c < n; c++)
-        {
-          const float *v = b->v[c] + 16 * jv;
-          __m512 v0 = _mm512_loadu_ps (v), v1 = _mm512_loadu_ps (v + 16);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; r++)
-            {
-              __m512 w = _mm512_set1_ps (sb[r][c]);
-              acc[r][0] = _mm512_fmadd_ps (w, v0, acc[r][0]);
-              acc[r][1] = _mm512_fmadd_ps (w, v1, acc[r][1]);
-            }
-        }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++)
-        if (r < n_rows)
-#pragma GCC unroll 2
-          for (int j = 0; j < 2; j++)
-            _mm512_storeu_ps (st[r].acc + 16 * (jv + j), acc[r][j]);
-    }
+  pv_rows (st, n_rows, nv, rf, sb[0], L, NULL, 0, b->v, 0, n);
 }
 
 static AVX512 void
