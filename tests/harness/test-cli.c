@@ -1,5 +1,6 @@
 /* `sift needle` end to end: table, records, PNG and SVG heatmaps, resume,
  * and the exit statuses (0 pass, 1 below min_accuracy, 2 config error). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -287,6 +288,62 @@ test_records_bytes_mapped (void **state)
   assert_int_equal (mapped[1], 0);
 }
 
+/* The line of `text` that starts with `prefix` (a copy), or NULL. */
+static char *
+line_starting (const char *text, const char *prefix)
+{
+  g_auto (GStrv) lines = g_strsplit (text, "\n", -1);
+  for (char **l = lines; *l != NULL; l++)
+    if (g_str_has_prefix (*l, prefix))
+      return g_strdup (*l);
+  return NULL;
+}
+
+/* Bounded setups (evict.yaml: sinks+window and h2o at 384 tokens) get a
+ * random eviction baseline: a number in the random and vs.rand columns,
+ * the summary line's cells above it, the records' kind; resumed from the
+ * records, the same table. */
+static void
+test_eviction_baseline_in_table (void **state)
+{
+  (void) state;
+  g_autofree char *out = g_dir_make_tmp ("sift-needle-XXXXXX", NULL);
+  const char *args[] = { "--config", SOURCE_DIR "/evict.yaml", "--out", out, NULL };
+  Result r = sift (args);
+  if (r.status != 0 && r.status != 1)
+    fail_msg ("exit %d: %s", r.status, r.err);
+  const char *labels[] = { "sinks+window", "h2o" };
+  for (gsize i = 0; i < G_N_ELEMENTS (labels); i++)
+    {
+      g_autofree char *row_prefix = g_strdup_printf ("%s ", labels[i]);
+      g_autofree char *summary_prefix = g_strdup_printf ("%s:", labels[i]);
+      g_autofree char *row = line_starting (r.out, row_prefix);
+      assert_non_null (row);
+      /* label, acc, then "R%+-S%" and the difference, not "-". */
+      char label[64];
+      double acc, mean, sd, diff;
+      if (sscanf (row, "%63s %lf%% %lf%%+-%lf%% %lf%%", label, &acc, &mean, &sd, &diff) != 5)
+        fail_msg ("no baseline in: %s", row);
+      assert_true (fabs (acc - mean - diff) < 0.11);
+      g_autofree char *summary = line_starting (r.out, summary_prefix);
+      assert_non_null (summary);
+      assert_non_null (strstr (summary, "random eviction at its capacity (384 tokens)"));
+      assert_non_null (strstr (summary, "(2 seeds)"));
+      assert_non_null (strstr (summary, "cells above random"));
+    }
+  g_autofree char *records = g_build_filename (out, "records.jsonl", NULL);
+  g_autofree char *text = NULL;
+  assert_true (g_file_get_contents (records, &text, NULL, NULL));
+  assert_non_null (strstr (text, "\"baseline\":{\"kind\":\"eviction\",\"capacity_tokens\":384,"));
+  g_autofree char *first_table = g_steal_pointer (&r.out);
+  result_clear (&r);
+  r = sift (args);
+  assert_non_null (strstr (r.err, "resumed 6 of 6"));
+  assert_string_equal (r.out, first_table);
+  result_clear (&r);
+  remove_tree (out);
+}
+
 int
 main (void)
 {
@@ -299,6 +356,7 @@ main (void)
     cmocka_unit_test (test_config_error_exits_2),
     cmocka_unit_test (test_file_store_follows_out),
     cmocka_unit_test (test_records_bytes_mapped),
+    cmocka_unit_test (test_eviction_baseline_in_table),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

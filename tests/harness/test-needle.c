@@ -165,6 +165,180 @@ test_baseline_hit_rate (void **state)
   assert_true (fabs (recall[1] - 1.0 / 3.0) < 0.05 && fabs (hits[1] - 1.0 / 3.0) < 0.05);
 }
 
+/* What a bounded cache held at every attention call of a run: its
+ * stored tokens (per call), their positions (call after call), and where
+ * the tokens not yet stored began. */
+typedef struct {
+  GArray *stored;   /* gint64 */
+  GArray *kv_len;   /* gint64 */
+  GArray *kept;     /* gint64 */
+} Trace;
+
+static void
+trace_attention (gpointer user_data, const SiftPolicyContext *ctx, const SiftView *out, const float *lse)
+{
+  Trace *t = user_data;
+  (void) out;
+  (void) lse;
+  gint64 n = 0;
+  for (gint64 b = 0; b < ctx->n_blocks; b++)
+    {
+      g_array_append_vals (t->kept, sift_engine_block_positions (ctx->engine, ctx->layer, b), ctx->blocks[b].n_valid);
+      n += ctx->blocks[b].n_valid;
+    }
+  g_array_append_val (t->stored, n);
+  g_array_append_val (t->kv_len, ctx->kv_len);
+}
+
+/* The cell (length, depth 0.5) through setup `label`, or with label NULL
+ * through the random eviction baseline's policies seeded with `seed`. */
+static Trace
+trace_run (const SiftConfig *cfg, const char *label, guint64 seed)
+{
+  const SiftHarnessConfig *h = sift_harness_config (cfg);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, h->lengths[0], 0.5, sift_synthetic_config (cfg)->sink_tokens,
+                                                          cfg->shape.block_size, h->seed, &error);
+  assert_non_null (plan);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, sift_synthetic_seed (cfg),
+                                                        sift_synthetic_config (cfg), plan, &error);
+  assert_non_null (src);
+  g_autofree char *store = harness_store_path (cfg, "kv.store", &error);
+  HarnessPipeline pl;
+  SiftPolicy **prefill, **decode;
+  gboolean ok = label != NULL ? harness_pipeline_init (&pl, cfg, setup_named (cfg, label), src, store, &error)
+                              : harness_random_policies_new (&cfg->shape, NAN, NAN, seed, &prefill, &decode, &error)
+                                  && harness_pipeline_init_with (&pl, cfg, src, prefill, decode, store, &error);
+  if (!ok)
+    fail_msg ("%s", error->message);
+  Trace t = { g_array_new (FALSE, FALSE, sizeof (gint64)), g_array_new (FALSE, FALSE, sizeof (gint64)),
+              g_array_new (FALSE, FALSE, sizeof (gint64)) };
+  SiftRunnerObserver obs = { .attention = trace_attention };
+  sift_runner_set_observer (pl.runner, &obs, &t);
+  ok = sift_runner_prefill (pl.runner, h->lengths[0], NULL, NULL, &error);
+  for (gint64 s = 0; ok && s < h->decode_steps; s++)
+    ok = sift_runner_decode (pl.runner, 1, NULL, NULL, &error);
+  if (!ok)
+    fail_msg ("%s", error->message);
+  harness_pipeline_clear (&pl);
+  return t;
+}
+
+static void
+trace_clear (Trace *t)
+{
+  g_array_unref (t->stored);
+  g_array_unref (t->kv_len);
+  g_array_unref (t->kept);
+}
+
+static gboolean
+same (const GArray *a, const GArray *b)
+{
+  return a->len == b->len && memcmp (a->data, b->data, a->len * sizeof (gint64)) == 0;
+}
+
+/* The random eviction baseline keeps exactly the capacity: at every call
+ * min(tokens stored so far, capacity), as many as sinks+window and h2o
+ * keep at the same call (128-token chunks and 100 decode steps: evictions
+ * in both phases); its victims are reproducible for a seed, differ
+ * between seeds and from the oldest-first ones; with block granularity
+ * whole blocks go. */
+static void
+test_random_eviction_keeps_capacity (void **state)
+{
+  (void) state;
+  const char *sets[] = { "kv.chunk_size=128", "harness.decode_steps=100", NULL };
+  g_autoptr (SiftConfig) cfg = load_file (SOURCE_DIR "/evict.yaml", sets);
+  const gint64 cap = sift_kv_config (cfg)->capacity_tokens, length = sift_harness_config (cfg)->lengths[0];
+  Trace r = trace_run (cfg, NULL, 1), again = trace_run (cfg, NULL, 1), other = trace_run (cfg, NULL, 2);
+  Trace window = trace_run (cfg, "sinks+window", 0), h2o = trace_run (cfg, "h2o", 0);
+  int evicted_prefill = 0, evicted_decode = 0;
+  for (guint i = 0; i < r.stored->len; i++)
+    {
+      gint64 stored = g_array_index (r.stored, gint64, i), kv_len = g_array_index (r.kv_len, gint64, i);
+      assert_int_equal (stored, MIN (kv_len, cap));
+      evicted_prefill += kv_len > cap && kv_len <= length;
+      evicted_decode += kv_len > length;
+    }
+  assert_true (evicted_prefill > 0 && evicted_decode > 0);
+  assert_true (same (r.stored, window.stored) && same (r.stored, h2o.stored));
+  assert_true (same (r.kv_len, window.kv_len));
+  assert_true (same (r.kept, again.kept));
+  assert_false (same (r.kept, other.kept));
+  assert_false (same (r.kept, window.kept));
+  trace_clear (&r);
+  trace_clear (&again);
+  trace_clear (&other);
+  trace_clear (&window);
+  trace_clear (&h2o);
+
+  const char *blocks[] = { "kv.chunk_size=128", "harness.decode_steps=100", "kv.evict_granularity=block", NULL };
+  g_autoptr (SiftConfig) bcfg = load_file (SOURCE_DIR "/evict.yaml", blocks);
+  const gint64 bs = bcfg->shape.block_size;
+  Trace b = trace_run (bcfg, NULL, 1);
+  gsize at = 0;
+  for (guint i = 0; i < b.stored->len; i++)
+    {
+      gint64 stored = g_array_index (b.stored, gint64, i), kv_len = g_array_index (b.kv_len, gint64, i);
+      assert_true (stored <= cap && stored > MIN (kv_len, cap) - bs);
+      /* Whole blocks as written: runs of block_size positions from a multiple of it. */
+      for (gint64 j = 0; j < stored; j++)
+        {
+          gint64 p = g_array_index (b.kept, gint64, at + (gsize) j);
+          assert_true (j % bs != 0 || p % bs == 0);
+          assert_true (j % bs == 0 || p == g_array_index (b.kept, gint64, at + (gsize) j - 1) + 1);
+        }
+      at += (gsize) stored;
+    }
+  trace_clear (&b);
+}
+
+/* The random eviction baseline's hit rate where it is known: evict.yaml
+ * prefills its 768 tokens as one chunk (the question's rows attend them
+ * all) and evicts once to 384 before the decode steps, uniformly among the
+ * tokens outside the 4 sinks and the 64 recent ones, so a needle among
+ * them stays with probability (384 - 68) / (768 - 68) in each layer, and
+ * is hit exactly when kept. Over 32 seeds x 2 layers x 6 cells both the
+ * decode recall and the decode retrieval must come out there (4 binomial
+ * standard deviations; draws of one seed in different cells are
+ * negatively correlated, which only narrows the spread). */
+static void
+test_random_eviction_hit_rate (void **state)
+{
+  (void) state;
+  const char *sets[] = { "harness.baseline_seeds=32", NULL };
+  g_autoptr (SiftConfig) cfg = load_file (SOURCE_DIR "/evict.yaml", sets);
+  const SiftKvConfig *kv = sift_kv_config (cfg);
+  const gint64 length = sift_harness_config (cfg)->lengths[0], guarded = kv->protect_sinks + kv->protect_recent;
+  const double p = (double) (kv->capacity_tokens - guarded) / (double) (length - guarded);
+  const double depths[] = { 0.1, 0.2, 0.3, 0.4, 0.5, 0.6 };
+  const gsize n = G_N_ELEMENTS (depths);
+  double recall = 0, hits = 0;
+  for (gsize d = 0; d < n; d++)
+    {
+      HarnessCell c = run (cfg, "sinks+window", length, depths[d]);
+      assert_true (c.needle_positions[0] >= kv->protect_sinks && c.needle_positions[0] < length - kv->protect_recent);
+      assert_int_equal (c.baseline.n_seeds, 32);
+      assert_int_equal (c.baseline.capacity_tokens, kv->capacity_tokens);
+      /* As many tokens evicted as the policy: (768 - 384) per layer. */
+      assert_true (c.baseline.tokens_evicted == (double) (c.prefill_counters.tokens_evicted + c.decode_counters.tokens_evicted));
+      assert_true (c.baseline.tokens_evicted == (double) (cfg->shape.n_layers * (length - kv->capacity_tokens)));
+      assert_true (c.baseline.prefill_recall == 1.0);
+      recall += c.baseline.decode_recall / (double) n;
+      for (gsize s = 0; s < 32; s++)
+        {
+          assert_true (c.baseline.prefill_retrieval[s] == 1.0);
+          hits += c.baseline.decode_retrieval[s] / (32.0 * (double) n);
+        }
+      harness_cell_clear (&c);
+    }
+  double sd = sqrt (p * (1 - p) / (32.0 * (double) cfg->shape.n_layers * (double) n));
+  if (g_getenv ("SIFT_TEST_VERBOSE"))
+    g_printerr ("eviction baseline recall %.3f hits %.3f expected %.3f +- %.3f\n", recall, hits, p, sd);
+  assert_true (fabs (recall - p) < 4 * sd && fabs (hits - p) < 4 * sd);
+}
+
 /* A layer forced dense sees every block: the needle outside the window is
  * covered there and only there. */
 static void
@@ -274,6 +448,8 @@ main (void)
     cmocka_unit_test (test_sinkwindow_fails_outside_window),
     cmocka_unit_test (test_dense_layers_recall),
     cmocka_unit_test (test_baseline_hit_rate),
+    cmocka_unit_test (test_random_eviction_keeps_capacity),
+    cmocka_unit_test (test_random_eviction_hit_rate),
     cmocka_unit_test (test_needles_off_nothing_passes),
     cmocka_unit_test (test_every_kind_full_passes),
     cmocka_unit_test (test_shipped_configs),

@@ -140,7 +140,7 @@ test_default_config (void **state)
 /* The random baseline draws stored blocks at the setup's measured density:
  * beside a selecting policy that keeps every block (density 1) it is dense
  * attention and answers as full attention does; at a policy's low density
- * it is scored like the cell. */
+ * it is scored like the cell; beside a bounded cache it evicts at random. */
 static void
 test_random_baseline (void **state)
 {
@@ -175,6 +175,23 @@ test_random_baseline (void **state)
   assert_true (cell.decode_density < 0.2);
   assert_int_equal (cell.baseline.n_seeds, 1);
   double m = cell.baseline.prefill_retrieval[0];
+  assert_true (m >= 0.0 && m <= 1.0);
+  assert_true (cell.baseline.pass[0] == (m == 1.0));
+  assert_int_equal (cell.baseline.capacity_tokens, 0);
+  harness_cell_clear (&cell);
+
+  /* A bounded cache (sinks+window at 512 tokens) selects nothing: its
+   * baseline is random eviction at the same capacity, evicting as many
+   * tokens as the policy, scored like the cell. */
+  sift_kv_config_edit (local)->capacity_tokens = 512;
+  if (!harness_text_run_cell (text, local, g_ptr_array_index (cfg->setups, 1), FALSE, 2048, 0.25, &cell, &error))
+    fail_msg ("%s", error->message);
+  assert_int_equal (cell.baseline.n_seeds, 1);
+  assert_int_equal (cell.baseline.capacity_tokens, 512);
+  assert_true (cell.prefill_counters.tokens_evicted > 0);
+  assert_true (cell.baseline.tokens_evicted
+               == (double) (cell.prefill_counters.tokens_evicted + cell.decode_counters.tokens_evicted));
+  m = cell.baseline.prefill_retrieval[0];
   assert_true (m >= 0.0 && m <= 1.0);
   assert_true (cell.baseline.pass[0] == (m == 1.0));
   harness_cell_clear (&cell);

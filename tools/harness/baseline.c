@@ -149,20 +149,6 @@ merge (double *o1, double *l1, const double *o2, double l2, gsize d)
   *l1 = m + log (a + b);
 }
 
-/* k distinct indices of [0, n) drawn uniformly: the first k of a partial
- * Fisher-Yates shuffle of idx (which holds a permutation of [0, n)). */
-static void
-draw (GRand *rand, gint64 *idx, gint64 n, gint64 k)
-{
-  for (gint64 i = 0; i < k; i++)
-    {
-      gint64 j = i + (gint64) g_rand_int_range (rand, 0, (gint32) (n - i));
-      gint64 t = idx[i];
-      idx[i] = idx[j];
-      idx[j] = t;
-    }
-}
-
 static gint64
 blocks_for (const HarnessCall *k, gint32 h, double density)
 {
@@ -204,6 +190,7 @@ harness_baseline_compute (SiftModel *src, const SiftNeedlePlan *plan, const Harn
   g_return_val_if_fail (n_seeds <= HARNESS_BASELINE_MAX_SEEDS, FALSE);
   memset (out, 0, sizeof *out);
   out->n_seeds = n_seeds;
+  out->tokens_evicted = NAN;
   if (n_seeds == 0)
     return TRUE;
   const gint64 n_pos = row0 + n_rows;
@@ -267,7 +254,7 @@ harness_baseline_compute (SiftModel *src, const SiftNeedlePlan *plan, const Harn
                         8);
                       for (gint64 b = 0; b < k->n_blocks; b++)
                         idx[b] = b;
-                      draw (rand, idx, k->n_blocks, n_pick);
+                      harness_random_draw (rand, idx, k->n_blocks, n_pick);
                       g_rand_free (rand);
                       double lse = local_l;
                       memcpy (acc, local_o, d * sizeof (double));

@@ -39,7 +39,7 @@ static const SiftConfigKey harness_keys[] = {
   { "depth_spacing", SIFT_CONFIG_KEY_ENUM, OFF (depth_spacing), 0, NO_RANGE, spacings, "explicit", "explicit | linear | sigmoid (depth_count over [0, 1])" },
   { "depth_count", SIFT_CONFIG_KEY_INT, OFF (depth_count), 0, 1, 1000, NULL, "5", "depths for linear/sigmoid spacing" },
   { "depth_span", SIFT_CONFIG_KEY_ENUM, OFF (depth_span), 0, NO_RANGE, depth_spans, "interior", "where depths 0..1 fall: interior (between the first block and the last before the question) | full (the whole haystack)" },
-  { "baseline_seeds", SIFT_CONFIG_KEY_INT, OFF (baseline_seeds), 0, 0, 32, NULL, "5", "random-baseline selections drawn per cell (0: no baseline)" },
+  { "baseline_seeds", SIFT_CONFIG_KEY_INT, OFF (baseline_seeds), 0, 0, 32, NULL, "5", "random-baseline draws per cell (0: none): random blocks, or random eviction over a bounded cache" },
   { "needle", SIFT_CONFIG_KEY_ENUM, OFF (needle), 0, NO_RANGE, needles, "single", "single | multikey | multivalue | multiquery" },
   { "n_distractors", SIFT_CONFIG_KEY_INT, OFF (n_distractors), 0, 0, 64, NULL, "3", "distractor needles (multikey)" },
   { "n_values", SIFT_CONFIG_KEY_INT, OFF (n_values), 0, 1, 64, NULL, "3", "values of the one key (multivalue)" },

@@ -51,6 +51,8 @@ gboolean harness_pipeline_init_with (HarnessPipeline *p, const SiftConfig *cfg, 
                                      SiftPolicy **prefill, SiftPolicy **decode, const char *store_path,
                                      GError **error);
 void harness_pipeline_clear (HarnessPipeline *p);
+/* Tokens the engine evicted so far, both phases and every layer. */
+guint64 harness_pipeline_tokens_evicted (const HarnessPipeline *p);
 /* A config for a GGUF model (model.source: gguf) takes the model's shape
  * from the file; a shape key it writes (model.layers, q_heads, kv_heads,
  * head_dim) must say what the file says, else SIFT_CONFIG_ERROR_INVALID
@@ -109,6 +111,10 @@ void harness_recall_selected (HarnessRecall *r, const SiftPolicyContext *ctx, co
  * Returns whether it was dense. `policies` is the phase's [n_layers]. */
 gboolean harness_recall_unselected (HarnessRecall *r, SiftPolicy *const *policies, const SiftPolicyContext *ctx,
                                     const gint64 *positions, gsize n);
+/* Whether a question call chose among the stored blocks (a validated
+ * selection, or a policy computing its own way): random blocks then
+ * make its baseline. */
+gboolean harness_recall_selects (const HarnessRecall *r);
 /* The cell's recall fields: per phase, layer and head, and how it was known. */
 void harness_recall_finish (const HarnessRecall *r, gboolean bounded, HarnessCell *cell);
 
@@ -119,9 +125,14 @@ void harness_recall_finish (const HarnessRecall *r, gboolean bounded, HarnessCel
 /* The random baseline of a cell: the same question rows answered from a
  * random selection of as many stored blocks as the policy attended, call
  * for call and head for head (a policy without a selection: its measured
- * density of the phase), once per seed (docs/needle.md). */
+ * density of the phase), once per seed; over a bounded cache, the cell
+ * run again with uniformly random eviction victims at the same capacity
+ * (and random blocks at the measured density where the setup selects)
+ * (docs/needle.md). */
 typedef struct {
   gsize n_seeds;                                      /* 0: none */
+  gint64 capacity_tokens;                             /* > 0: random eviction at this capacity; 0: selection only */
+  double tokens_evicted;                              /* eviction: mean over seeds, both phases; NAN otherwise */
   gboolean pass[HARNESS_BASELINE_MAX_SEEDS];          /* both phases above 1/2, as a cell */
   double prefill_retrieval[HARNESS_BASELINE_MAX_SEEDS];
   double decode_retrieval[HARNESS_BASELINE_MAX_SEEDS];
@@ -209,6 +220,20 @@ void harness_calls_add (HarnessCalls *calls, const SiftPolicyContext *ctx, const
 gboolean harness_baseline_compute (SiftModel *src, const SiftNeedlePlan *plan, const HarnessCalls *calls,
                                    gsize n_seeds, guint64 seed, double prefill_density, double decode_density,
                                    gint64 row0, gint64 n_rows, HarnessBaseline *out, GError **error);
+
+/* The random policies of a baseline run (random-policy.c), one instance
+ * per layer and phase ([n_layers] each, for harness_pipeline_init_with):
+ * with a finite density, round(density * n) of the n stored blocks drawn
+ * at random for every kv head at each call; NAN: no selection (every kept
+ * block attended). Over a bounded cache, victims uniformly random among
+ * the engine's candidates (tokens, or blocks with block granularity), as
+ * many as the engine evicts for any policy. Seeded by seed (prefill) and
+ * seed + 1 (decode), the layer, phase and call. */
+gboolean harness_random_policies_new (const SiftModelShape *shape, double prefill_density, double decode_density,
+                                      guint64 seed, SiftPolicy ***prefill, SiftPolicy ***decode, GError **error);
+/* idx[0..k) := k distinct entries of idx[0..n) drawn uniformly (the first
+ * k of a partial Fisher-Yates shuffle; idx holds a permutation). */
+void harness_random_draw (GRand *rand, gint64 *idx, gint64 n, gint64 k);
 
 /* Retrieval scoring of captured outputs (score.c). out: f32
  * [n_layers][n_q_heads][n_rows][head_dim] for rows [row0, row0 + n_rows).

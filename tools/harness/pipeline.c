@@ -112,6 +112,19 @@ harness_pipeline_clear (HarnessPipeline *p)
   g_clear_pointer (&p->store, sift_store_free);
 }
 
+guint64
+harness_pipeline_tokens_evicted (const HarnessPipeline *p)
+{
+  guint64 n = 0;
+  for (int ph = 0; ph < 2; ph++)
+    {
+      SiftCounters c;
+      sift_engine_counters (p->engine, -1, ph == 0 ? SIFT_PHASE_PREFILL : SIFT_PHASE_DECODE, &c);
+      n += c.tokens_evicted;
+    }
+  return n;
+}
+
 static gint32
 argmax (const float *x, gint32 n)
 {

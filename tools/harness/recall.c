@@ -70,6 +70,12 @@ harness_recall_count (HarnessRecall *r, const SiftPolicyContext *ctx, const Sift
     }
 }
 
+gboolean
+harness_recall_selects (const HarnessRecall *r)
+{
+  return r->selection_calls[0] + r->selection_calls[1] + r->unknown_calls[0] + r->unknown_calls[1] > 0;
+}
+
 static double
 ratio (guint64 a, guint64 b)
 {

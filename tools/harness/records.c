@@ -46,9 +46,11 @@ harness_settings_key (const SiftConfig *c, const SiftPolicySetup *setup, gint64 
   g_string_append_printf (s, "kv %s %s %" G_GINT64_FORMAT "\noffload %s %d %d\n",
                           sift_dtype_name (kv->store_dtype), sift_dtype_name (kv->compute_dtype),
                           kv->capacity_tokens, off->store, off->ring_slots, (int) off->pipeline);
-  if (kv->capacity_tokens > 0) /* unbounded keys stay as before eviction existed */
-    g_string_append_printf (s, "evict %d %" G_GINT64_FORMAT " %" G_GINT64_FORMAT "\n", (int) kv->evict_granularity,
-                            kv->protect_sinks, kv->protect_recent);
+  /* Unbounded keys stay as before eviction existed; bounded ones name
+   * their baseline (random eviction since it exists). */
+  if (kv->capacity_tokens > 0)
+    g_string_append_printf (s, "evict %d %" G_GINT64_FORMAT " %" G_GINT64_FORMAT " random-eviction-baseline\n",
+                            (int) kv->evict_granularity, kv->protect_sinks, kv->protect_recent);
   g_string_append_printf (s, "label %s\nprefill ", setup->label);
   params_text (s, &setup->prefill);
   g_string_append (s, "\ndecode ");
@@ -108,12 +110,19 @@ write_counters (JsonWriter *w, const char *key, const SiftCounters *c)
   json_end_object (w);
 }
 
-/* The random baseline: per seed whether the cell passed and each phase's
- * retrieval, then the mean pass and the draws' needle recall. */
+/* The random baseline: its kind (random blocks, or random eviction at a
+ * capacity, with the tokens it evicted), per seed whether the cell passed
+ * and each phase's retrieval, then the mean pass and the needle recall. */
 static void
 write_baseline (JsonWriter *w, const HarnessBaseline *b)
 {
   json_begin_object (w, "baseline");
+  json_string (w, "kind", b->n_seeds == 0 ? "none" : b->capacity_tokens > 0 ? "eviction" : "selection");
+  if (b->capacity_tokens > 0)
+    {
+      json_int (w, "capacity_tokens", b->capacity_tokens);
+      json_double (w, "tokens_evicted", b->tokens_evicted);
+    }
   json_int (w, "seeds", (gint64) b->n_seeds);
   json_begin_array (w, "pass");
   for (gsize i = 0; i < b->n_seeds; i++)
@@ -137,6 +146,9 @@ write_baseline (JsonWriter *w, const HarnessBaseline *b)
 static void
 read_baseline (const JsonNode *r, HarnessBaseline *b)
 {
+  double cap = json_get_double (r, "baseline.capacity_tokens");
+  b->capacity_tokens = isfinite (cap) ? (gint64) cap : 0;
+  b->tokens_evicted = json_get_double (r, "baseline.tokens_evicted");
   const char *names[] = { "baseline.pass", "baseline.prefill_retrieval", "baseline.decode_retrieval" };
   const JsonNode *arrays[3];
   for (int i = 0; i < 3; i++)

@@ -184,16 +184,21 @@ harness_summary_print (FILE *to, const HarnessSetupResult *results, gsize n)
             fprintf (to, "chance of a retrieval hit by luck with the needle unseen: at most %.2g per row (a cell passes"
                      " above 50%% of rows)\n", chance);
           /* How far above luck: cells passed minus those a random selection
-           * of the policy's own size passes (mean over seeds). */
+           * of the policy's own size passes, or over a bounded cache a
+           * random eviction at its capacity (mean over seeds). */
           for (gsize j = i; j < n && g_strcmp0 (results[j].config_file, r->config_file) == 0; j++)
             {
               Totals t = totals (&results[j]);
               double cells = (double) n_cells (&results[j]);
               if (!isfinite (t.rand_mean))
                 continue;
-              fprintf (to, "%s: %.0f of %.0f cells passed, random blocks at its density %.1f +- %.1f (%zu seeds):"
-                       " %+.1f cells above random\n", results[j].label, t.acc * cells, cells, t.rand_mean * cells,
-                       t.rand_sd * cells, t.rand_seeds, (t.acc - t.rand_mean) * cells);
+              gint64 cap = results[j].cells[0].baseline.capacity_tokens;
+              g_autofree char *kind = cap > 0 ? g_strdup_printf ("random eviction at its capacity (%" G_GINT64_FORMAT
+                                                                 " tokens)", cap)
+                                              : g_strdup ("random blocks at its density");
+              fprintf (to, "%s: %.0f of %.0f cells passed, %s %.1f +- %.1f (%zu seeds): %+.1f cells above random\n",
+                       results[j].label, t.acc * cells, cells, kind, t.rand_mean * cells, t.rand_sd * cells,
+                       t.rand_seeds, (t.acc - t.rand_mean) * cells);
             }
           last_config = r->config_file;
         }

@@ -3,7 +3,8 @@
  * score of the answer, needle recall from the validated selections, the
  * last layer's attention output against dense attention (the full setup's
  * run of the same cell, kept, or a dense run made for it), and a random
- * baseline at the policy's measured density (docs/needle.md, "Real text"). */
+ * baseline: random blocks at the policy's measured density, or random
+ * eviction at its capacity (docs/needle.md, "Real text"). */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -37,58 +38,6 @@ dense_run_free (gpointer data)
   g_array_unref (d->ids);
   g_free (d);
 }
-
-/* ---- The random-selection policy of the baseline ---------------------------------- */
-
-typedef struct {
-  SiftPolicy parent;
-  double density;            /* fraction of the stored blocks each kv head gets */
-  guint64 seed;
-} RandomPolicy;
-
-static const SiftParamSpec no_params[] = { SIFT_PARAM_END };
-
-/* round(density * n) of the available blocks for every kv head, drawn
- * from (seed, layer, phase, q_pos). */
-static gboolean
-random_select (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
-               SiftSelection *selected, GError **error)
-{
-  RandomPolicy *rp = (RandomPolicy *) self;
-  (void) error;
-  gsize k = (gsize) CLAMP (llround (rp->density * (double) n), 0, (gint64) n);
-  if (n == 0 || k == 0)
-    return TRUE;
-  g_autoptr (GRand) rand = g_rand_new_with_seed_array ((const guint32[]) {
-    (guint32) rp->seed, (guint32) (rp->seed >> 32), (guint32) ctx->layer, (guint32) ctx->phase,
-    (guint32) ctx->q_pos }, 5);
-  g_autofree gsize *idx = g_new (gsize, n);
-  for (gint32 kv = 0; kv < self->shape->n_kv_heads; kv++)
-    {
-      for (gsize i = 0; i < n; i++)
-        idx[i] = i;
-      /* The first k of a partial Fisher-Yates shuffle. */
-      for (gsize i = 0; i < k; i++)
-        {
-          gsize j = i + (gsize) g_rand_int_range (rand, 0, (gint32) (n - i)), x = idx[i];
-          idx[i] = idx[j];
-          idx[j] = x;
-          sift_selection_add_kv_head (selected, available[idx[i]], kv);
-        }
-    }
-  return TRUE;
-}
-
-static const SiftPolicyOps random_ops = {
-  SIFT_POLICY_OPS_HEADER,
-  .name = "random",
-  .version = "1",
-  .description = "the needle harness's random baseline: random stored blocks at a given density",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
-  .params = no_params,
-  .instance_size = sizeof (RandomPolicy),
-  .select_blocks = random_select,
-};
 
 /* ---- Shared state ------------------------------------------------------------------ */
 
@@ -343,50 +292,38 @@ ratio (guint64 a, guint64 b)
   return b > 0 ? (double) a / (double) b : NAN;
 }
 
-/* The random baseline: the cell again with random blocks at the setup's
- * measured density per phase, once per seed. */
+/* The random baseline, once per seed: over an unbounded cache, the cell
+ * again with random blocks at the setup's measured density per phase;
+ * over a bounded one, with uniformly random eviction at the same capacity
+ * (and random blocks at the measured density if the setup selects). */
 static gboolean
-baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, HarnessCell *cell, GError **error)
+baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, gboolean selects, HarnessCell *cell,
+          GError **error)
 {
   const SiftHarnessConfig *h = sift_harness_config (cfg);
   HarnessBaseline *b = &cell->baseline;
-  b->prefill_recall = b->decode_recall = NAN;
+  b->prefill_recall = b->decode_recall = b->tokens_evicted = NAN;
   b->n_seeds = (gsize) MIN (h->baseline_seeds, HARNESS_BASELINE_MAX_SEEDS);
+  b->capacity_tokens = sift_kv_config (cfg)->capacity_tokens;
   const SiftModelShape *shape = &t->model->shape;
   g_autofree char *store = harness_store_path (cfg, "kv-baseline.store", error);
   if (store == NULL)
     return FALSE;
+  /* Unbounded: a phase without a selection draws every block. */
+  double pf = selects ? (isfinite (cell->prefill_density) ? cell->prefill_density : 1.0) : NAN;
+  double dc = selects ? (isfinite (cell->decode_density) ? cell->decode_density : 1.0) : NAN;
+  guint64 evicted = 0;
   for (gsize s = 0; s < b->n_seeds; s++)
     {
-      gint32 L = shape->n_layers;
-      SiftPolicy **prefill = g_new0 (SiftPolicy *, L), **decode = g_new0 (SiftPolicy *, L);
-      gboolean ok = TRUE;
-      for (gint32 l = 0; ok && l < L; l++)
-        {
-          prefill[l] = sift_policy_new (&random_ops, NULL, shape, error);
-          decode[l] = sift_policy_new (&random_ops, NULL, shape, error);
-          ok = prefill[l] != NULL && decode[l] != NULL;
-          if (!ok)
-            break;
-          RandomPolicy *rp = (RandomPolicy *) prefill[l], *rd = (RandomPolicy *) decode[l];
-          rp->density = isfinite (cell->prefill_density) ? cell->prefill_density : 1.0;
-          rd->density = isfinite (cell->decode_density) ? cell->decode_density : 1.0;
-          rp->seed = h->seed + 7919 * s;
-          rd->seed = h->seed + 7919 * s + 1;
-        }
-      HarnessPipeline pl = { .n_layers = L, .prefill = prefill, .decode = decode };
-      if (!ok)
-        {
-          harness_pipeline_clear (&pl);
-          return FALSE;
-        }
-      g_autoptr (SiftConfig) whole = unbounded (cfg);
-      if (!harness_pipeline_init_with (&pl, whole, t->model, prefill, decode, store, error))
+      SiftPolicy **prefill, **decode;
+      HarnessPipeline pl;
+      if (!harness_random_policies_new (shape, pf, dc, h->seed + 7919 * s, &prefill, &decode, error)
+          || !harness_pipeline_init_with (&pl, cfg, t->model, prefill, decode, store, error))
         return FALSE;
       Capture c;
       capture_init (&c, shape, p, NULL, 0);
       HarnessGeneration gen = { 0 };
-      ok = run (t, &pl, p, &c, &gen, error);
+      gboolean ok = run (t, &pl, p, &c, &gen, error);
       if (ok)
         {
           double match;
@@ -395,6 +332,7 @@ baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, Har
           b->pass[s] = match == 1.0;
           b->prefill_retrieval[s] = match;
           b->decode_retrieval[s] = NAN;
+          evicted += harness_pipeline_tokens_evicted (&pl);
         }
       harness_generation_clear (&gen);
       capture_clear (&c);
@@ -402,6 +340,8 @@ baseline (HarnessText *t, const SiftConfig *cfg, const HarnessTextPrompt *p, Har
       if (!ok)
         return FALSE;
     }
+  if (b->capacity_tokens > 0 && b->n_seeds > 0)
+    b->tokens_evicted = (double) evicted / (double) b->n_seeds;
   return TRUE;
 }
 
@@ -484,12 +424,10 @@ harness_text_run_cell (HarnessText *t, const SiftConfig *cfg, const SiftPolicySe
         same++;
       cell->prefill_rel_error = last_layer_error (shape, c.out, d, 0, q);
       cell->decode_rel_error = last_layer_error (shape, c.out, d, q, q + same);
-      /* Random blocks mean something only beside a policy that selects
-       * over the whole cache: not for full attention or a bounded cache. */
-      gboolean selects = c.recall.selection_calls[0] + c.recall.selection_calls[1] + c.recall.unknown_calls[0]
-                         + c.recall.unknown_calls[1] > 0;
-      if (selects && sift_kv_config (cfg)->capacity_tokens == 0 && h->baseline_seeds > 0)
-        ok = baseline (t, cfg, p, cell, error);
+      /* Full attention over the whole cache is its own baseline: none. */
+      gboolean selects = harness_recall_selects (&c.recall);
+      if ((selects || sift_kv_config (cfg)->capacity_tokens > 0) && h->baseline_seeds > 0)
+        ok = baseline (t, cfg, p, selects, cell, error);
     }
   harness_generation_clear (&gen);
   capture_clear (&c);

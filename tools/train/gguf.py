@@ -229,6 +229,15 @@ def permute_rope(w, n_head):
             .swapaxes(1, 2).reshape(w.shape))
 
 
+def unpermute_rope(w, n_head):
+    """The inverse of permute_rope: interleaved row order -> rotate_half
+    row order, per head (old row s * head_dim/2 + j comes from row 2j + s)."""
+    out_dim = w.shape[0]
+    hd = out_dim // n_head
+    return (w.reshape(n_head, hd // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
 def export_llama(path, state, cfg, vocab, name, matrix_type=GGML_F16, context_length=None):
     """state: HF LlamaForCausalLM state dict as float32 numpy arrays;
     cfg: dict with hidden_size, intermediate_size, num_hidden_layers,

@@ -280,10 +280,12 @@ class Sample:
         return "".join(p if isinstance(p, str) else p.text(corpus) for p in self.pieces)
 
 
-def build(rng, ts, task, length, depth=None, with_answer=True):
+def build(rng, ts, task, length, depth=None, with_answer=True, needle_depths=None):
     """A sample of exactly `length` tokens (BOS included; with the answer and
     EOS when with_answer).  depth in [0, 1] places every needle at that
-    fraction of the haystack; None draws one depth per needle."""
+    fraction of the haystack; None draws one depth per needle;
+    needle_depths (one per needle, in planting order) overrides both.
+    Needles at the same boundary stand side by side in planting order."""
     tok = ts.tok
     pre = preamble_text(task.vtype)
     q = question_text(task.kind, task.query_keys, task.vtype)
@@ -301,8 +303,13 @@ def build(rng, ts, task, length, depth=None, with_answer=True):
     # sentence boundaries as token offsets within the haystack
     bounds = np.concatenate([[0], np.cumsum([len(s.ids) for s in hay])])
     places = []
+    if needle_depths is not None and len(needle_depths) != len(needles):
+        raise ValueError(f"{len(needle_depths)} depths for {len(needles)} needles")
     for i in range(len(needles)):
-        d = float(rng.random()) if depth is None else depth
+        if needle_depths is not None:
+            d = needle_depths[i]
+        else:
+            d = float(rng.random()) if depth is None else depth
         places.append(int(np.argmin(np.abs(bounds - d * budget))))
     # insert from the back so earlier indices stay valid; equal places keep planting order
     order = sorted(range(len(needles)), key=lambda i: (places[i], i), reverse=True)
@@ -356,21 +363,134 @@ TRAIN_VTYPE_P = {"number": 0.5, "word": 0.25, "uuid": 0.25}
 def train_batch(rng, ts, length, batch):
     """`batch` samples of `length` tokens with random kinds, value types and
     depths: ids [batch, length] int64 and answer mask [batch, length]."""
-    kinds = list(TRAIN_KIND_P)
-    kp = np.array([TRAIN_KIND_P[k] for k in kinds])
-    vts = list(TRAIN_VTYPE_P)
-    vp = np.array([TRAIN_VTYPE_P[v] for v in vts])
+    def task(r, kind, vtype):
+        n_keys = int(r.integers(2, 9)) if kind == "multikey" else None
+        return make_task(r, kind, vtype, ts.corpus, n_keys)
+    return _batch(rng, ts, length, batch, TRAIN_KIND_P, TRAIN_VTYPE_P, task, None)
+
+
+def _batch(rng, ts, length, batch, kind_p, vtype_p, task_fn, depth_fn):
+    """A batch of a mix: kinds and value types drawn by kind_p and vtype_p,
+    tasks by task_fn(rng, kind, vtype), needle depths by depth_fn(rng, n)
+    (None: build draws one per needle after the haystack)."""
+    kinds = list(kind_p)
+    kp = np.array([kind_p[k] for k in kinds])
+    vts = list(vtype_p)
+    vp = np.array([vtype_p[v] for v in vts])
     ids = np.empty((batch, length), dtype=np.int64)
     mask = np.empty((batch, length), dtype=np.float32)
     for b in range(batch):
         kind = kinds[int(rng.choice(len(kinds), p=kp))]
         vtype = vts[int(rng.choice(len(vts), p=vp))]
-        n_keys = int(rng.integers(2, 9)) if kind == "multikey" else None
-        task = make_task(rng, kind, vtype, ts.corpus, n_keys)
-        s = build(rng, ts, task, length)
+        task = task_fn(rng, kind, vtype)
+        depths = depth_fn(rng, len(task.needles)) if depth_fn else None
+        s = build(rng, ts, task, length, needle_depths=depths)
         ids[b] = s.ids
         mask[b] = s.answer_mask
     return ids, mask
+
+
+# ---------------------------------------------------------------- stage 2 mix
+#
+# Stage 2 fine-tunes the stage-1 model on key/value binding: mostly multikey
+# with 1 to 11 distractors, a third of the time with keys that share their
+# first letters with the asked key, the asked key anywhere among them; and
+# the needles of a sample side by side at one depth half the time (as the
+# evaluations plant them), else scattered or in a few clusters.  Single,
+# multivalue and multiquery samples and the haystack's LM loss stay in the
+# mix so that nothing else is forgotten.
+
+STAGE2_KIND_P = {"single": 0.15, "multikey": 0.55, "multivalue": 0.1, "multiquery": 0.2}
+STAGE2_LAYOUT_P = {"group": 0.5, "scatter": 0.3, "clusters": 0.2}
+STAGE2_KEYS = (2, 12)        # multikey: 2..12 keys, the asked one among them
+STAGE2_SIMILAR = 1 / 3       # share of multikey samples with similar keys
+MIXES = ("base", "multikey")
+
+
+def _prefix_index(corpus, n):
+    cache = corpus.__dict__.setdefault("_prefixes", {})
+    if n not in cache:
+        idx = {}
+        for w in corpus.key_words:
+            idx.setdefault(w[:n], []).append(w)
+        cache[n] = idx
+    return cache[n]
+
+
+def similar_keys(rng, corpus, n):
+    """n distinct key words that share their first 3 letters (else 2, else
+    1) where the key list allows; none is a prefix of another, so each key
+    names one needle only."""
+    first = corpus.key_words[int(rng.integers(len(corpus.key_words)))]
+    keys = [first]
+    for plen in (3, 2, 1):
+        group = _prefix_index(corpus, plen).get(first[:plen], [])
+        for j in rng.permutation(len(group)):
+            w = group[int(j)]
+            if len(keys) == n:
+                break
+            if all(not (w.startswith(k) or k.startswith(w)) for k in keys):
+                keys.append(w)
+        if len(keys) == n:
+            return keys
+    while len(keys) < n:
+        w = corpus.key_words[int(rng.integers(len(corpus.key_words)))]
+        if all(not (w.startswith(k) or k.startswith(w)) for k in keys):
+            keys.append(w)
+    return keys
+
+
+def make_task_stage2(rng, kind, vtype, corpus):
+    """A task of stage 2's mix: multikey with 2..12 keys (similar ones a
+    third of the time), planted in a random order so that the asked key may
+    come anywhere; the other kinds as make_task."""
+    if kind != "multikey":
+        return make_task(rng, kind, vtype, corpus)
+    nk = int(rng.integers(STAGE2_KEYS[0], STAGE2_KEYS[1] + 1))
+    if rng.random() < STAGE2_SIMILAR:
+        keys = similar_keys(rng, corpus, nk)
+    else:
+        keys = []
+        while len(keys) < nk:
+            k = corpus.key_words[int(rng.integers(len(corpus.key_words)))]
+            if k not in keys:
+                keys.append(k)
+    vals = []
+    while len(vals) < nk:
+        v = random_value(rng, vtype, corpus)
+        if v not in vals:
+            vals.append(v)
+    order = [int(i) for i in rng.permutation(nk)]
+    needles = [(keys[i], vals[i]) for i in order]
+    return Task(kind, vtype, needles, [keys[0]], [vals[0]])
+
+
+def layout_depths(rng, n):
+    """One depth per needle: all at one depth ('group'), each its own
+    ('scatter'), or 2-3 clusters."""
+    names = list(STAGE2_LAYOUT_P)
+    p = np.array([STAGE2_LAYOUT_P[k] for k in names])
+    lay = names[int(rng.choice(len(names), p=p))]
+    if n == 1 or lay == "scatter":
+        return [float(x) for x in rng.random(n)]
+    if lay == "group":
+        return [float(rng.random())] * n
+    centres = rng.random(int(rng.integers(2, 4)))
+    return [float(centres[int(rng.integers(len(centres)))]) for _ in range(n)]
+
+
+def stage2_batch(rng, ts, length, batch):
+    """train_batch for stage 2's mix (above)."""
+    return _batch(rng, ts, length, batch, STAGE2_KIND_P, TRAIN_VTYPE_P,
+                  lambda r, k, v: make_task_stage2(r, k, v, ts.corpus), layout_depths)
+
+
+def mix_batch(mix, rng, ts, length, batch):
+    if mix == "base":
+        return train_batch(rng, ts, length, batch)
+    if mix == "multikey":
+        return stage2_batch(rng, ts, length, batch)
+    raise ValueError(f"unknown data mix {mix!r}; expected one of {MIXES}")
 
 
 def tokenizer_corpus(rng, corpus, n_samples=20000):

@@ -79,6 +79,36 @@ def test_haystack(corpus, tok, label):
     check(0.12 < np.mean(share) < 0.3, f"{label}: prose share {np.mean(share):.2f} near {hs.PROSE_SHARE}")
 
 
+def test_stage2_data(corpus, tok):
+    """Stage 2's multikey samples: 2..12 keys, the asked key anywhere among
+    them, similar keys never a prefix of each other, layouts as drawn."""
+    ts = hs.TokenSpace(corpus, tok)
+    rng = np.random.default_rng(11)
+    pos, counts, ok = [], [], True
+    for _ in range(300):
+        t = hs.make_task_stage2(rng, "multikey", "number", corpus)
+        keys = [k for k, _ in t.needles]
+        ok &= len(set(keys)) == len(keys) and dict(t.needles)[t.query_keys[0]] == t.answers[0]
+        pos.append(keys.index(t.query_keys[0]) / max(1, len(keys) - 1))
+        counts.append(len(keys))
+    check(ok, "stage 2: multikey keys distinct, the answer is the asked key's value")
+    check(min(counts) == 2 and max(counts) == 12, f"stage 2: 2..12 keys ({min(counts)}..{max(counts)})")
+    check(0.4 < np.mean(pos) < 0.6 and min(pos) == 0 and max(pos) == 1,
+          f"stage 2: the asked key anywhere among the needles (mean relative position {np.mean(pos):.2f})")
+    sim = [hs.similar_keys(rng, corpus, 6) for _ in range(50)]
+    check(all(len(set(k)) == 6 and not any(a != b and b.startswith(a) for a in k for b in k) for k in sim),
+          "stage 2: similar keys distinct, none a prefix of another")
+    check(np.mean([len({k[:3] for k in ks}) < 6 for ks in sim]) > 0.8, "stage 2: similar keys share prefixes")
+    lay = [hs.layout_depths(rng, 5) for _ in range(400)]
+    grouped = np.mean([len(set(d)) == 1 for d in lay])
+    check(0.4 < grouped < 0.6, f"stage 2: half the samples keep their needles side by side ({grouped:.2f})")
+    t = hs.make_task_stage2(rng, "multikey", "word", corpus)
+    s = hs.build(rng, ts, t, 1500, needle_depths=[0.5] * len(t.needles), with_answer=False)
+    spans = [len(tok.encode(hs.needle_text(k, v, "word"))) for k, v in t.needles]
+    check(all(s.depths[i] + spans[i] == s.depths[i + 1] for i in range(len(spans) - 1))
+          and hs.check_canonical(s, ts), "stage 2: needles at one depth stand side by side, in planting order")
+
+
 def test_score():
     check(hs.score(" 123456.", ["123456"]) == (1.0, True), "score: exact single")
     check(hs.score(" 123457.", ["123456"]) == (0.0, False), "score: wrong digit")
@@ -150,6 +180,50 @@ def test_export(tmp, use_hf):
     check(rel_q < 3e-2, f"export ({label}): Q8_0 file close to the logits ({rel_q:.2e})")
 
 
+def test_import(tmp, use_hf):
+    """GGUF -> LlamaForCausalLM state: the inverse of the export."""
+    import import_gguf
+    label = "transformers" if use_hf else "MiniLlama"
+    torch.manual_seed(1)
+    cfg = mdl.config_dict("tiny", 97, 256, rope_theta=5e5)
+    m = mdl.build(cfg, use_hf=use_hf).float().eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(((1 + 0.3 * torch.randn_like(p)) if "norm" in n else 0.08 * torch.randn_like(p)).half().float())
+    state = mdl.numpy_state(m)
+    path = tmp / "imp.gguf"
+    gguf.export_llama(path, state, cfg, fake_vocab(97), "test")
+    gcfg, got = import_gguf.import_llama(path)
+    check(import_gguf.config_mismatch(gcfg, cfg) is None, f"import ({label}): configuration read back")
+    check(set(got) >= {n for n, _ in m.named_parameters()}
+          and all(np.array_equal(got[n], state[n]) for n in state),
+          f"import ({label}): every tensor equals the exported state (Q/K rows un-permuted)")
+    check(import_gguf.roundtrip(path, gcfg, got), f"import ({label}): import -> export writes the same bytes")
+    ids = torch.from_numpy(np.random.default_rng(2).integers(0, 97, size=30))[None]
+    with torch.no_grad():
+        ref = m(input_ids=ids).logits
+        again = import_gguf.torch_model(gcfg, got, use_hf=use_hf)(input_ids=ids).logits
+    check(torch.equal(ref, again), f"import ({label}): the imported model gives the same logits")
+    keep = gguf.unpermute_rope
+    gguf.unpermute_rope = lambda w, n: w
+    try:
+        _, bad = import_gguf.import_llama(path)
+    finally:
+        gguf.unpermute_rope = keep
+    with torch.no_grad():
+        worse = import_gguf.torch_model(gcfg, bad, use_hf=use_hf)(input_ids=ids).logits
+    rel = float((worse - ref).abs().max() / ref.abs().max())
+    check(rel > 1e-3, f"import ({label}): without un-permuting Q/K the logits differ ({rel:.2e})")
+    r = gguf.Reader(path)
+    bad_meta = [(k, v) for k, v in r.meta.items() if k != "llama.embedding_length"]
+    try:
+        gguf.write(tmp / "nometa.gguf", bad_meta, [])
+        import_gguf.import_llama(tmp / "nometa.gguf")
+        check(False, "import: a GGUF without llama.embedding_length is refused")
+    except ValueError as e:
+        check("llama.embedding_length" in str(e), f"import: a GGUF without llama.embedding_length is refused ({e})")
+
+
 def test_vocab(tmp):
     j = {"model": {"type": "BPE", "vocab": {"a": 2, "b": 3, "ab": 4}, "merges": [["a", "b"]]},
          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
@@ -183,6 +257,35 @@ def test_train(tmp, kjv, corpus, use_hf):
     check(meta2["step"] == 20 and meta2["history"][-1][0] == 20, "train: resume runs to --steps")
     check(train.step_length(1, train.parse_schedule("0:512,10:4096"), 50) in (512, 1024, 2048, 4096),
           "train: curriculum lengths are powers of two up to the maximum")
+    # stage 2: from the stage-1 model exported to GGUF, on the multikey mix, resumable
+    import export
+    _, state = export.load_state(out)
+    g = tmp / "stage1.gguf"
+    gguf.export_llama(g, state, meta2["config"], fake_vocab(meta2["config"]["vocab_size"]), "stage1")
+    out2 = tmp / "ck2"
+    s2 = list(common)
+    s2[s2.index("--schedule") + 1] = "0:1024"
+    s2[s2.index("--workers") + 1] = "0"
+    train.main(s2 + ["--out", str(out2), "--init-gguf", str(g), "--mix", "multikey", "--stop-step", "5"])
+    m3 = json.loads((out2 / "meta.json").read_text())
+    check(m3["step"] == 5 and m3["mix"] == "multikey" and m3["init"]["sha256"] == train.file_sha256(g),
+          "train: stage 2 starts from the GGUF (its sha256 recorded) on the multikey mix")
+    _, w3, _ = train.load_checkpoint(out2)
+    moved = max(float((w3[n].float() - torch.from_numpy(state[n])).abs().max()) for n in w3)
+    check(0 < moved < 0.05, f"train: stage 2 moves the stage-1 weights a little ({moved:.2e})")
+    train.main(s2 + ["--out", str(out2), "--resume", str(out2), "--mix", "multikey"])
+    m4 = json.loads((out2 / "meta.json").read_text())
+    check(m4["step"] == 20 and m4["init"] == m3["init"] and len(m4["segments"]) == 2,
+          "train: stage 2 resumes to --steps and keeps its origin")
+    try:
+        train.main(s2 + ["--out", str(tmp / "ck3"), "--resume", str(out2)])
+        check(False, "train: resuming a stage-2 checkpoint on the base mix is refused")
+    except ValueError as e:
+        check("mix" in str(e), "train: resuming a stage-2 checkpoint on the base mix is refused")
+    rng = np.random.default_rng(5)
+    ts = hs.TokenSpace(corpus, ToyTok.load(tokp))
+    ids, mask = hs.stage2_batch(rng, ts, 1024, 6)
+    check(ids.shape == (6, 1024) and (mask.sum(1) > 0).all(), "train: stage-2 batch shape and masks")
 
 
 def main():
@@ -204,8 +307,11 @@ def main():
         test_gguf(tmp)
         test_vocab(tmp)
         test_export(tmp, use_hf=False)
+        test_import(tmp, use_hf=False)
+        test_stage2_data(corpus, toy)
         if use_hf:
             test_export(tmp, use_hf=True)
+            test_import(tmp, use_hf=True)
         if not a.skip_train:
             test_train(tmp, a.kjv, corpus, use_hf)
     print(f"{len(FAILS)} failed" if FAILS else "all passed", flush=True)

@@ -11,10 +11,17 @@ answer tokens.  The learning rate warms up, stays flat, and decays linearly
 to a tenth over the last --decay-steps steps before --steps (a
 warmup-stable-decay schedule, so a run can be split at any step).
 
-A step's data depends only on (--seed, step), so a resumed run sees the same
-data as an unbroken one.  The checkpoint (written to --out every
---ckpt-every seconds and at the end) holds the weights in bfloat16, Adam's
-second moment in bfloat16, and meta.json (step, configuration, loss
+A step's data depends only on (--seed, --mix, step), so a resumed run sees
+the same data as an unbroken one.
+
+Stage 2 (--init-gguf FILE --mix multikey) starts from the weights of a
+GGUF (the exported stage-1 model, read by import_gguf.py) at step 0 with a
+fresh optimizer, on haystack.py's stage-2 mix (multikey binding); its data
+comes from other random streams than stage 1's at the same steps.
+
+The checkpoint (written to --out every --ckpt-every seconds and at the
+end) holds the weights in bfloat16, Adam's second moment in bfloat16, and
+meta.json (step, configuration, data mix, the GGUF it started from, loss
 history); Adam's first moment is not kept (it rebuilds within ~10 steps of
 a resume, beta1 = 0.9).  Files stay under 16 MiB each.
 """
@@ -61,8 +68,11 @@ def step_rng(seed, step, salt=0):
     return np.random.default_rng([seed, step, salt])
 
 
-def step_length(seed, schedule, step, min_len=512):
-    rng = step_rng(seed, step, 1)
+MIX_SALT = {"base": 0, "multikey": 10}  # stage 2's data from other streams
+
+
+def step_length(seed, schedule, step, min_len=512, mix="base"):
+    rng = step_rng(seed, step, MIX_SALT[mix] + 1)
     top = max_len_at(schedule, step)
     if top <= min_len or rng.random() < 0.5:
         return top
@@ -104,9 +114,10 @@ class Batches(torch.utils.data.IterableDataset):
         ts = self._space()
         sched = parse_schedule(self.a.schedule)
         for step in range(self.start + w, self.end, nw):
-            length = step_length(self.a.seed, sched, step)
+            length = step_length(self.a.seed, sched, step, mix=self.a.mix)
             batch = max(1, self.a.tokens_per_step // length)
-            ids, mask = hs.train_batch(step_rng(self.a.seed, step, 2), ts, length, batch)
+            rng = step_rng(self.a.seed, step, MIX_SALT[self.a.mix] + 2)
+            ids, mask = hs.mix_batch(self.a.mix, rng, ts, length, batch)
             yield step, torch.from_numpy(ids), torch.from_numpy(mask)
 
 
@@ -170,12 +181,24 @@ def load_checkpoint(d):
     return meta, w, v
 
 
+def file_sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kjv", required=True, help="KJV verses from tools/train/kjv.sh (.txt or .txt.gz)")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (from tools/train/make_tokenizer.py)")
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--resume", help="checkpoint folder to resume from")
+    p.add_argument("--init-gguf", help="start at step 0 from this GGUF's weights (stage 2)")
+    p.add_argument("--mix", default="base", choices=sorted(MIX_SALT),
+                   help="data mix: base (stage 1) or multikey (stage 2; haystack.py)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--size", default="base", choices=sorted(mdl.CONFIGS))
     p.add_argument("--rope-theta", type=float, default=5e5)
@@ -194,6 +217,8 @@ def main(argv=None):
     p.add_argument("--mini", action="store_true",
                    help="CPU test mode: MiniLlama instead of transformers, toy tokenizer")
     a = p.parse_args(argv)
+    if a.resume and a.init_gguf:
+        p.error("--resume and --init-gguf exclude each other (a resumed run keeps its own start)")
     t_start = time.time()
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -214,10 +239,22 @@ def main(argv=None):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     start, history, used, segments = 0, [], 0.0, []
+    init = None
+    if a.init_gguf:
+        import import_gguf
+        gcfg, state = import_gguf.import_llama(a.init_gguf)
+        bad = import_gguf.config_mismatch(gcfg, cfg)
+        if bad:
+            raise ValueError(f"{a.init_gguf}: its model differs from --size {a.size} ({bad})")
+        import_gguf.load_into(model, state)
+        init = {"gguf": os.path.basename(a.init_gguf), "sha256": file_sha256(a.init_gguf)}
+        print(f"initialised from {a.init_gguf} (sha256 {init['sha256'][:16]})", flush=True)
     if a.resume:
         meta, w, v = load_checkpoint(a.resume)
         if meta["config"] != cfg:
             raise ValueError(f"{a.resume}: checkpoint config {meta['config']} differs from {cfg}")
+        if meta.get("mix", "base") != a.mix:
+            raise ValueError(f"{a.resume}: checkpoint trained on mix {meta.get('mix', 'base')!r}, not --mix {a.mix}")
         missing = set(dict(model.named_parameters())) - set(w)
         if missing:
             raise ValueError(f"{a.resume}: checkpoint lacks {sorted(missing)[:3]}")
@@ -228,6 +265,7 @@ def main(argv=None):
         history = meta["history"]
         used = meta.get("train_seconds", 0.0)
         segments = meta.get("segments", [])
+        init = meta.get("init")
         for n, prm in model.named_parameters():
             if n in v:
                 opt.state[prm] = {"step": torch.tensor(float(start)),
@@ -248,7 +286,7 @@ def main(argv=None):
 
     def meta_now(step, seconds):
         seg = dict(segment, to=step)
-        return {"step": step, "config": cfg, "seed": a.seed, "size": a.size,
+        return {"step": step, "config": cfg, "seed": a.seed, "size": a.size, "mix": a.mix, "init": init,
                 "segments": segments + [seg], "history": history, "train_seconds": seconds,
                 "params": n_params}
 
