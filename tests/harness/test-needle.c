@@ -200,8 +200,8 @@ trace_run (const SiftConfig *cfg, const char *label, guint64 seed)
   g_autoptr (SiftNeedlePlan) plan = sift_needle_plan_new (h, h->lengths[0], 0.5, sift_synthetic_config (cfg)->sink_tokens,
                                                           cfg->shape.block_size, h->seed, &error);
   assert_non_null (plan);
-  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, cfg->seed, sift_synthetic_config (cfg), plan,
-                                                        &error);
+  g_autoptr (SiftModel) src = sift_model_synthetic_new (&cfg->shape, sift_synthetic_seed (cfg),
+                                                        sift_synthetic_config (cfg), plan, &error);
   assert_non_null (src);
   g_autofree char *store = harness_store_path (cfg, "kv.store", &error);
   HarnessPipeline pl;

@@ -184,6 +184,41 @@ test_kinds (void **state)
     }
 }
 
+/* multikey asks one key drawn at random: over seeds every place in the
+   group is asked, and the answer is the asked needle's value. */
+static void
+test_multikey_asks_any_key (void **state)
+{
+  (void) state;
+  if (!have_text ())
+    skip ();
+  SiftHarnessConfig h = harness_config (SIFT_NEEDLE_MULTIKEY, SIFT_NEEDLE_VALUE_NUMBER);
+  gsize times[4] = { 0 };
+  for (guint64 seed = 1; seed <= 32; seed++)
+    {
+      g_autoptr (HarnessTextPrompt) p = harness_text_prompt_new (source, &h, 600, 0.5, seed, NULL);
+      assert_non_null (p);
+      assert_int_equal (p->n_needles, 4);
+      gsize asked = 0, which = 0;
+      for (gsize k = 0; k < p->n_needles; k++)
+        if (p->needle_asked[k])
+          asked++, which = k;
+      assert_int_equal (asked, 1);
+      times[which]++;
+      g_autofree char *needle = decode (p->ids + p->needle_start[which], p->needle_end[which] - p->needle_start[which]);
+      assert_non_null (strstr (needle, p->answers[0]));
+      /* The question names the asked needle's key: the word before " is:". */
+      g_autofree char *q = decode (p->ids + p->question_start, p->n_ids - p->question_start);
+      const char *for_ = strstr (needle, " for "), *is = strstr (needle, " is:");
+      assert_true (for_ != NULL && is != NULL && is > for_);
+      g_autofree char *key = g_strndup (for_ + 5, (gsize) (is - for_ - 5));
+      g_autofree char *asks = g_strdup_printf ("number for %s mentioned", key);
+      assert_non_null (strstr (q, asks));
+    }
+  for (gsize k = 0; k < 4; k++)
+    assert_true (times[k] >= 2); /* P(a place asked < 2 times in 32) < 1e-2 each */
+}
+
 /* A needle that does not fit: an error naming the numbers. */
 static void
 test_too_short (void **state)
@@ -239,6 +274,7 @@ main (void)
     cmocka_unit_test (test_depth),
     cmocka_unit_test (test_same_haystack),
     cmocka_unit_test (test_kinds),
+    cmocka_unit_test (test_multikey_asks_any_key),
     cmocka_unit_test (test_too_short),
     cmocka_unit_test (test_bad_haystack),
   };

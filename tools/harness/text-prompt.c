@@ -112,19 +112,21 @@ make_task (const SiftHarnessConfig *h, GRand *r, const HarnessCorpus *c, Task *t
   t->query_keys = g_ptr_array_new_with_free_func (g_free);
   t->answers = g_ptr_array_new_null_terminated (4, g_free, TRUE);
   t->asked = g_new0 (gboolean, n_values);
+  /* multikey asks one key of the group, drawn at random, so a model (or a
+     policy) that favours the group's first or last needle scores chance. */
+  gint64 ask = h->needle == SIFT_NEEDLE_MULTIKEY ? g_rand_int_range (r, 0, (gint32) n_keys) : 0;
   for (gint64 i = 0; i < n_values; i++)
     {
       add_copy (t->needle_keys, keys->pdata[h->needle == SIFT_NEEDLE_MULTIVALUE ? 0 : i]);
       add_copy (t->needle_values, values->pdata[i]);
-      /* multikey asks for the first key only: the others are distractors. */
-      t->asked[i] = h->needle != SIFT_NEEDLE_MULTIKEY || i == 0;
+      t->asked[i] = h->needle != SIFT_NEEDLE_MULTIKEY || i == ask;
     }
   switch (h->needle)
     {
     case SIFT_NEEDLE_SINGLE:
     case SIFT_NEEDLE_MULTIKEY:
-      add_copy (t->query_keys, keys->pdata[0]);
-      add_copy (t->answers, values->pdata[0]);
+      add_copy (t->query_keys, keys->pdata[ask]);
+      add_copy (t->answers, values->pdata[ask]);
       break;
     case SIFT_NEEDLE_MULTIVALUE:
       add_copy (t->query_keys, keys->pdata[0]);
