@@ -283,6 +283,24 @@ block_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
   return all ? NULL : flags;
 }
 
+/* The kv heads whose query groups attend block b of sel (bit g: kv head
+ * g), for a load of those heads only; 0 (every head) when all do or a
+ * mask cannot hold them. */
+static guint64
+block_kv_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
+{
+  const SiftModelShape *s = &e->config.shape;
+  const gboolean *heads = block_heads (e, sel, b, flags);
+  if (heads == NULL || s->n_kv_heads > 64)
+    return 0;
+  const gint32 G = s->n_q_heads / s->n_kv_heads;
+  guint64 mask = 0;
+  for (gint32 h = 0; h < s->n_q_heads; h++)
+    if (heads[h])
+      mask |= G_GUINT64_CONSTANT (1) << (h / G);
+  return mask;
+}
+
 static gboolean
 any_head (const gboolean *flags, gint32 n)
 {
@@ -484,11 +502,17 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
 {
   g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
   g_autofree gint64 *ids = g_new (gint64, MAX (m, 1));
+  /* A block only some kv heads' query groups selected loads those heads. */
+  g_autofree guint64 *kv_heads = selection != NULL ? g_new (guint64, MAX (m, 1)) : NULL;
   for (gint64 i = 0; i < m; i++)
-    ids[i] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+    {
+      ids[i] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
+      if (kv_heads != NULL)
+        kv_heads[i] = block_kv_heads (e, selection, ids[i], flags);
+    }
   const gsize G = (gsize) sift_engine_ring_group (e, ctx->n_q);
   g_autofree SiftStreamBlock *blocks = g_new (SiftStreamBlock, G);
-  SiftStream *stream = sift_engine_stream_begin_ring (e, ctx->layer, ids, (gsize) m);
+  SiftStream *stream = sift_engine_stream_begin_ring (e, ctx->layer, ids, kv_heads, (gsize) m);
   gboolean ok = TRUE;
   gsize n;
   while (ok && (n = sift_engine_stream_next (stream, blocks, G, error)) > 0)

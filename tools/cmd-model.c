@@ -92,7 +92,7 @@ model_info (const char *path)
   print_tensor_types (f);
   print_tokenizer (f);
 
-  g_autoptr (LlamaModel) m = llama_model_open (path, &error);
+  g_autoptr (LlamaModel) m = llama_model_open_checked (path, &error);
   if (m == NULL)
     {
       printf ("runnable      no\n");

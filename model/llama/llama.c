@@ -412,15 +412,28 @@ repack (LlamaModel *m)
   g_ptr_array_unref (mats);
 }
 
-LlamaModel *
-llama_model_open (const char *path, GError **error)
+static LlamaModel *
+model_open (const char *path, gboolean for_compute, GError **error)
 {
   g_autoptr (LlamaModel) m = g_new0 (LlamaModel, 1);
   m->f = gguf_open (path, error);
   if (m->f == NULL || !read_config (m, error) || !read_tensors (m, error))
     return NULL;
-  repack (m);
+  if (for_compute)
+    repack (m);
   return g_steal_pointer (&m);
+}
+
+LlamaModel *
+llama_model_open (const char *path, GError **error)
+{
+  return model_open (path, TRUE, error);
+}
+
+LlamaModel *
+llama_model_open_checked (const char *path, GError **error)
+{
+  return model_open (path, FALSE, error);
 }
 
 void

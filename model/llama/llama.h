@@ -46,6 +46,10 @@ typedef struct _LlamaModel LlamaModel;
 /* Opens and checks the file: architecture, shape, every tensor's presence,
  * type and dims. Errors are SIFT_MODEL_ERROR naming the file and the key or tensor. */
 LlamaModel *llama_model_open (const char *path, GError **error);
+/* As llama_model_open, without repacking any weights (repack.h): for what
+ * reads the shape and tensors only (`sift model info`); its forward pass
+ * runs on the rows in the mapping. */
+LlamaModel *llama_model_open_checked (const char *path, GError **error);
 void llama_model_free (LlamaModel *m);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (LlamaModel, llama_model_free)
 

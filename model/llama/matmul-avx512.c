@@ -317,6 +317,76 @@ x16_q4_k_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n,
 }
 X16_DISPATCH (x16_q4_k)
 
+/* Q6_K: per half of a super-block and 4-byte column g, three vectors (two
+ * of low bits, one of high bits) make the 6-bit codes (u8) of four
+ * quarters, one vpdpbusd each against 4 of the token's codes; each
+ * sub-block's sums start at -32 (sum x) (the codes are q - 32) and take
+ * the rows' scales as int32 lanes. */
+ALWAYS_INLINE void
+x16_q6_k_nt (const guint8 *w, const guint8 *a, gsize as, const int NT, gint64 n, float *y, gsize ys)
+{
+  const BlockQ6_Kx16 *b = (const BlockQ6_Kx16 *) w;
+  const __m512i m4 = _mm512_set1_epi8 (15), m3 = _mm512_set1_epi8 (3);
+  __m512 acc[X16_T];
+  for (int t = 0; t < NT; t++)
+    acc[t] = _mm512_setzero_ps ();
+  for (gint64 i = 0; i < n / QK_K; i++)
+    {
+      __m512i sum[X16_T];
+      for (int t = 0; t < NT; t++)
+        sum[t] = _mm512_setzero_si512 ();
+      for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++)
+          {
+            /* Quarter k's elements 128 h + 32 k + 16 half + 0..15: sub-block 8 h + 2 k + half. */
+            __m512i s[X16_T][4];
+            for (int t = 0; t < NT; t++)
+              {
+                const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+                for (int k = 0; k < 4; k++)
+                  s[t][k] = _mm512_set1_epi32 (-32 * x->bsums[8 * h + 2 * k + half]);
+              }
+            for (int gg = 0; gg < 4; gg++)
+              {
+                int g = 4 * half + gg;
+                __m512i l0 = _mm512_loadu_si512 (b[i].ql[h][0][g]), l1 = _mm512_loadu_si512 (b[i].ql[h][1][g]);
+                __m512i hb = _mm512_loadu_si512 (b[i].qh[h][g]);
+                /* Shifts of 16-bit lanes, masked per byte: nothing carries across bytes. */
+                __m512i q[4] = {
+                  _mm512_or_si512 (_mm512_and_si512 (l0, m4), _mm512_slli_epi16 (_mm512_and_si512 (hb, m3), 4)),
+                  _mm512_or_si512 (_mm512_and_si512 (l1, m4),
+                                   _mm512_slli_epi16 (_mm512_and_si512 (_mm512_srli_epi16 (hb, 2), m3), 4)),
+                  _mm512_or_si512 (_mm512_and_si512 (_mm512_srli_epi16 (l0, 4), m4),
+                                   _mm512_slli_epi16 (_mm512_and_si512 (_mm512_srli_epi16 (hb, 4), m3), 4)),
+                  _mm512_or_si512 (_mm512_and_si512 (_mm512_srli_epi16 (l1, 4), m4),
+                                   _mm512_slli_epi16 (_mm512_and_si512 (_mm512_srli_epi16 (hb, 6), m3), 4)),
+                };
+                for (int t = 0; t < NT; t++)
+                  {
+                    const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+                    for (int k = 0; k < 4; k++)
+                      s[t][k] = _mm512_dpbusd_epi32 (s[t][k], q[k], bcast4 (x->qs + 128 * h + 32 * k + 4 * g));
+                  }
+              }
+            for (int k = 0; k < 4; k++)
+              {
+                __m512i sc = _mm512_cvtepi8_epi32 (_mm_loadu_si128 ((const __m128i *) b[i].scales[8 * h + 2 * k + half]));
+                for (int t = 0; t < NT; t++)
+                  sum[t] = _mm512_add_epi32 (sum[t], _mm512_mullo_epi32 (s[t][k], sc));
+              }
+          }
+      __m512 d = _mm512_cvtph_ps (_mm256_loadu_si256 ((const __m256i *) b[i].d));
+      for (int t = 0; t < NT; t++)
+        {
+          const ActQ8K *x = (const ActQ8K *) (a + (gsize) t * as) + i;
+          acc[t] = _mm512_fmadd_ps (_mm512_cvtepi32_ps (sum[t]), _mm512_mul_ps (d, _mm512_set1_ps (x->d)), acc[t]);
+        }
+    }
+  for (int t = 0; t < NT; t++)
+    _mm512_storeu_ps (y + t * ys, acc[t]);
+}
+X16_DISPATCH (x16_q6_k)
+
 const LlamaMatmulKernels llama_matmul_avx512 = {
   .name = "avx512-vnni",
   .dot = {
@@ -338,6 +408,7 @@ const LlamaMatmulKernels llama_matmul_avx512 = {
   .x16 = {
     [GGUF_TENSOR_Q8_0] = x16_q8_0,
     [GGUF_TENSOR_Q4_K] = x16_q4_k,
+    [GGUF_TENSOR_Q6_K] = x16_q6_k,
   },
   .x16_t = X16_T,
 };

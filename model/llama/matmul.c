@@ -151,6 +151,7 @@ const LlamaMatmulKernels llama_matmul_scalar = {
   .x16 = {
     [GGUF_TENSOR_Q8_0] = llama_x16_scalar_q8_0,
     [GGUF_TENSOR_Q4_K] = llama_x16_scalar_q4_k,
+    [GGUF_TENSOR_Q6_K] = llama_x16_scalar_q6_k,
   },
   .x16_t = 1,
 };

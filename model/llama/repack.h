@@ -36,10 +36,24 @@ typedef struct {
   guint8 qs[4][QK / 4][16][4];
 } BlockQ4_Kx16;
 
+/* Q6_K, per 16 rows and super-block: the rows' d and 16 sub-block scales
+ * (scales[j][r]), then the low 4 bits: ql[h][p][g][r][i] = byte
+ * 64 h + 32 p + 4 g + i of row r's ql, and the high 2 bits:
+ * qh[h][g][r][i] = byte 32 h + 4 g + i of its qh (dequantize_q6_k's
+ * order: a byte of ql holds elements 128 h + 32 p + l and + 64, one of qh
+ * the top bits of elements 128 h + l, + 32, + 64, + 96). */
+typedef struct {
+  guint16 d[16]; /* f16 */
+  gint8 scales[16][16];
+  guint8 ql[2][2][QK / 4][16][4];
+  guint8 qh[2][QK / 4][16][4];
+} BlockQ6_Kx16;
+
 G_STATIC_ASSERT (sizeof (BlockQ8_0x16) == 16 * sizeof (BlockQ8_0));
+G_STATIC_ASSERT (sizeof (BlockQ6_Kx16) == 16 * sizeof (BlockQ6_K));
 G_STATIC_ASSERT (sizeof (BlockQ4_Kx16) == 16 * sizeof (BlockQ4_K));
 
-/* Whether `type` has an x16 layout (Q8_0, Q4_K). */
+/* Whether `type` has an x16 layout (Q8_0, Q4_K, Q6_K). */
 gboolean llama_x16_type (GgufTensorType type);
 /* 16 rows (row_bytes apart, n_in elements) as one group at dst (16 * row_bytes). */
 void llama_x16_repack (GgufTensorType type, const guint8 *rows, gsize row_bytes, gint64 n_in, guint8 *dst);
@@ -54,6 +68,8 @@ void llama_x16_q4_k_scales (const BlockQ4_Kx16 *b, guint8 sc[8][16], guint8 m[8]
 void llama_x16_scalar_q8_0 (const guint8 *group, const guint8 *act, gsize act_stride, int nt, gint64 n, float *y,
                             gsize ys);
 void llama_x16_scalar_q4_k (const guint8 *group, const guint8 *act, gsize act_stride, int nt, gint64 n, float *y,
+                            gsize ys);
+void llama_x16_scalar_q6_k (const guint8 *group, const guint8 *act, gsize act_stride, int nt, gint64 n, float *y,
                             gsize ys);
 
 G_END_DECLS

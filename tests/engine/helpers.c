@@ -179,3 +179,135 @@ test_tmp_path (const char *tag)
   return g_strdup_printf ("%s/sift-test-%d-%s-%d.kv", g_get_tmp_dir (), (int) getpid (), tag,
                           g_atomic_int_add (&counter, 1));
 }
+
+/* The error bound of a compute dtype: the CPU kernels compute in f32; the
+ * GPU's round q and the probabilities to K's type (docs/kernels.md). */
+double
+test_tolerance (SiftDType compute)
+{
+  if (TEST_DEVICE == SIFT_DEVICE_CPU)
+    return 1e-5;
+  return compute == SIFT_DTYPE_BF16 ? 3e-2 : 8e-3;
+}
+
+/* The Full policy as a test sees it: both phases, every method NULL. */
+const SiftPolicyOps test_full_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "test-full",
+  .version = "1",
+  .description = "dense, all methods NULL",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE,
+  .instance_size = sizeof (SiftPolicy),
+};
+
+/* Selects every available block: exercises select + validate + the
+ * selection path of the default pipeline. */
+static gboolean
+select_all (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
+            SiftSelection *sel, GError **error)
+{
+  (void) self, (void) ctx, (void) error;
+  for (gsize i = 0; i < n; i++)
+    sift_selection_add (sel, available[i]);
+  return TRUE;
+}
+
+const SiftPolicyOps test_select_all_ops = {
+  SIFT_POLICY_OPS_HEADER,
+  .name = "test-select-all",
+  .version = "1",
+  .description = "selects every block",
+  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
+  .instance_size = sizeof (SiftPolicy),
+  .select_blocks = select_all,
+};
+
+gint32
+test_rows_of_step (gint32 i)
+{
+  return i % 23 == 22 ? 16 : i % 7 == 6 ? 3 : 1;
+}
+
+gint64
+test_case_tokens (const TestCase *c)
+{
+  gint64 n = c->prompt;
+  for (gint32 i = 0; i < c->steps; i++)
+    n += test_rows_of_step (i);
+  return n;
+}
+
+SiftModelShape
+test_case_shape (const TestCase *c)
+{
+  SiftModelShape s = { c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block, c->chunk, 0.0f };
+  return s;
+}
+
+void
+test_run_open (TestRun *r, const TestCase *c, guint64 seed, SiftStore *shared, gboolean resident)
+{
+  memset (r, 0, sizeof *r);
+  SiftModelShape shape = test_case_shape (c);
+  SiftDType round = c->compute != SIFT_DTYPE_F32 ? c->compute : c->stored == SIFT_DTYPE_Q8_0 ? SIFT_DTYPE_F32 : c->stored;
+  g_autoptr (GError) error = NULL;
+  if (shared != NULL)
+    r->store = shared;
+  else
+    {
+      r->path = c->file ? test_tmp_path ("dense") : NULL;
+      SiftStoreConfig sc = test_store_config (&shape, c->stored, r->path);
+      r->store = c->file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
+      g_assert_no_error (error);
+    }
+  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0, TEST_DEVICE };
+  r->engine = sift_engine_new (&ec, r->store, &error);
+  g_assert_no_error (error);
+  g_assert_true (sift_engine_set_resident (r->engine, resident, &error));
+  r->src = test_source_new (&shape, seed, round);
+  r->per_layer = g_new0 (SiftPolicy *, c->layers);
+  if (c->policy != TEST_POL_NULL)
+    {
+      r->policy = sift_policy_new (c->policy == TEST_POL_FULL ? &test_full_ops : &test_select_all_ops, NULL, &shape, &error);
+      g_assert_no_error (error);
+      for (gint32 l = 0; l < c->layers; l++)
+        r->per_layer[l] = r->policy;
+    }
+  r->runner = sift_runner_new (r->engine, r->src, r->per_layer, r->per_layer, &error);
+  g_assert_no_error (error);
+  r->check = test_checker_new (r->src, test_case_tokens (c));
+  sift_runner_set_observer (r->runner, &test_checker_observer, r->check);
+}
+
+void
+test_run_sequence (TestRun *r, const TestCase *c)
+{
+  g_autoptr (GError) error = NULL;
+  g_assert_true (sift_runner_prefill (r->runner, c->prompt, NULL, NULL, &error));
+  g_assert_no_error (error);
+  for (gint32 i = 0; i < c->steps; i++)
+    {
+      g_assert_true (sift_runner_decode (r->runner, test_rows_of_step (i), NULL, NULL, &error));
+      g_assert_no_error (error);
+    }
+  g_assert_cmpint (sift_runner_position (r->runner), ==, test_case_tokens (c));
+}
+
+void
+test_run_close (TestRun *r, gboolean own_store)
+{
+  test_checker_free (r->check);
+  sift_runner_free (r->runner);
+  sift_engine_free (r->engine);
+  sift_policy_free (r->policy);
+  g_free (r->per_layer);
+  sift_model_free (r->src);
+  if (own_store)
+    {
+      g_assert_cmpint (sift_store_blocks_in_use (r->store), ==, 0);
+      sift_store_free (r->store);
+      if (r->path != NULL)
+        g_assert_false (g_file_test (r->path, G_FILE_TEST_EXISTS));
+    }
+  g_free (r->path);
+}

@@ -2,7 +2,7 @@
  * every attention call equals a naive double-precision reference within
  * 1e-5 relative, across slots, block and chunk sizes, stores, stored and
  * compute dtypes, MHA / GQA and both decode pipelines; reset leaves no
- * trace; several sequences share one store.
+ * trace; several sequences share one store. (Resident KV: test-resident.c.)
  *
  * Built a second time with SIFT_TEST_CUDA (tests/cuda: test-cuda-engine)
  * the same properties hold for an engine on the GPU (offload.device cuda):
@@ -22,181 +22,16 @@
 
 #ifdef SIFT_TEST_CUDA
 #include <sift/cuda.h>
-#define TEST_DEVICE SIFT_DEVICE_CUDA
 /* The CPU-only tests below are not run here. */
 #pragma GCC diagnostic ignored "-Wunused-function"
-#define T_DIM 64                      /* head_dim of the shared cases */
-#define T_COMPUTE SIFT_DTYPE_F16      /* their compute dtype */
-#else
-#define TEST_DEVICE SIFT_DEVICE_CPU
-#define T_DIM 32
-#define T_COMPUTE SIFT_DTYPE_F32
 #endif
 
-/* The error bound of a compute dtype: the CPU kernels compute in f32; the
- * GPU's round q and the probabilities to K's type (docs/kernels.md). */
-static double
-tolerance (SiftDType compute)
-{
-  if (TEST_DEVICE == SIFT_DEVICE_CPU)
-    return 1e-5;
-  return compute == SIFT_DTYPE_BF16 ? 3e-2 : 8e-3;
-}
-
-/* The Full policy as a test sees it: both phases, every method NULL. */
-static const SiftPolicyOps full_ops = {
-  SIFT_POLICY_OPS_HEADER,
-  .name = "test-full",
-  .version = "1",
-  .description = "dense, all methods NULL",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE,
-  .instance_size = sizeof (SiftPolicy),
-};
-
-/* Selects every available block: exercises select + validate + the
- * selection path of the default pipeline. */
-static gboolean
-select_all (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
-            SiftSelection *sel, GError **error)
-{
-  (void) self, (void) ctx, (void) error;
-  for (gsize i = 0; i < n; i++)
-    sift_selection_add (sel, available[i]);
-  return TRUE;
-}
-
-static const SiftPolicyOps select_all_ops = {
-  SIFT_POLICY_OPS_HEADER,
-  .name = "test-select-all",
-  .version = "1",
-  .description = "selects every block",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
-  .instance_size = sizeof (SiftPolicy),
-  .select_blocks = select_all,
-};
-
-typedef enum { POL_NULL, POL_FULL, POL_SELECT_ALL } PolicyKind;
-
-typedef struct {
-  gint32 layers, q_heads, kv_heads, head_dim, block, chunk, slots;
-  gboolean file;
-  SiftDType stored, compute;
-  SiftPipeline pipeline;
-  gint64 prompt;
-  gint32 steps;        /* decode steps; every 7th has 3 rows, every 23rd 16 rows */
-  PolicyKind policy;
-} Case;
-
-static gint32
-rows_of_step (gint32 i)
-{
-  return i % 23 == 22 ? 16 : i % 7 == 6 ? 3 : 1;
-}
-
-static gint64
-case_tokens (const Case *c)
-{
-  gint64 n = c->prompt;
-  for (gint32 i = 0; i < c->steps; i++)
-    n += rows_of_step (i);
-  return n;
-}
-
-static SiftModelShape
-case_shape (const Case *c)
-{
-  SiftModelShape s = { c->layers, c->q_heads, c->kv_heads, c->head_dim, c->block, c->chunk, 0.0f };
-  return s;
-}
-
-/* Engines made by run_open keep their KV resident (sift_engine_set_resident). */
-static gboolean resident_mode;
-
-typedef struct {
-  SiftStore *store;
-  SiftEngine *engine;
-  SiftModel *src;
-  SiftPolicy *policy;
-  SiftPolicy **per_layer;
-  SiftRunner *runner;
-  TestChecker *check;
-  char *path;
-} Run;
-
 static void
-run_open (Run *r, const Case *c, guint64 seed, SiftStore *shared)
+check_case (const TestCase *c, double tol)
 {
-  memset (r, 0, sizeof *r);
-  SiftModelShape shape = case_shape (c);
-  SiftDType round = c->compute != SIFT_DTYPE_F32 ? c->compute : c->stored == SIFT_DTYPE_Q8_0 ? SIFT_DTYPE_F32 : c->stored;
-  g_autoptr (GError) error = NULL;
-  if (shared != NULL)
-    r->store = shared;
-  else
-    {
-      r->path = c->file ? test_tmp_path ("dense") : NULL;
-      SiftStoreConfig sc = test_store_config (&shape, c->stored, r->path);
-      r->store = c->file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
-      g_assert_no_error (error);
-    }
-  SiftEngineConfig ec = { shape, c->compute, c->slots, c->pipeline, 0, TEST_DEVICE };
-  r->engine = sift_engine_new (&ec, r->store, &error);
-  g_assert_no_error (error);
-  g_assert_true (sift_engine_set_resident (r->engine, resident_mode, &error));
-  r->src = test_source_new (&shape, seed, round);
-  r->per_layer = g_new0 (SiftPolicy *, c->layers);
-  if (c->policy != POL_NULL)
-    {
-      r->policy = sift_policy_new (c->policy == POL_FULL ? &full_ops : &select_all_ops, NULL, &shape, &error);
-      g_assert_no_error (error);
-      for (gint32 l = 0; l < c->layers; l++)
-        r->per_layer[l] = r->policy;
-    }
-  r->runner = sift_runner_new (r->engine, r->src, r->per_layer, r->per_layer, &error);
-  g_assert_no_error (error);
-  r->check = test_checker_new (r->src, case_tokens (c));
-  sift_runner_set_observer (r->runner, &test_checker_observer, r->check);
-}
-
-static void
-run_sequence (Run *r, const Case *c)
-{
-  g_autoptr (GError) error = NULL;
-  g_assert_true (sift_runner_prefill (r->runner, c->prompt, NULL, NULL, &error));
-  g_assert_no_error (error);
-  for (gint32 i = 0; i < c->steps; i++)
-    {
-      g_assert_true (sift_runner_decode (r->runner, rows_of_step (i), NULL, NULL, &error));
-      g_assert_no_error (error);
-    }
-  g_assert_cmpint (sift_runner_position (r->runner), ==, case_tokens (c));
-}
-
-static void
-run_close (Run *r, gboolean own_store)
-{
-  test_checker_free (r->check);
-  sift_runner_free (r->runner);
-  sift_engine_free (r->engine);
-  sift_policy_free (r->policy);
-  g_free (r->per_layer);
-  sift_model_free (r->src);
-  if (own_store)
-    {
-      g_assert_cmpint (sift_store_blocks_in_use (r->store), ==, 0);
-      sift_store_free (r->store);
-      if (r->path != NULL)
-        g_assert_false (g_file_test (r->path, G_FILE_TEST_EXISTS));
-    }
-  g_free (r->path);
-}
-
-static void
-check_case (const Case *c, double tol)
-{
-  Run r;
-  run_open (&r, c, 42, NULL);
-  run_sequence (&r, c);
+  TestRun r;
+  test_run_open (&r, c, 42, NULL, FALSE);
+  test_run_sequence (&r, c);
   gint64 chunks = (c->prompt + c->chunk - 1) / c->chunk;
   assert_int_equal (r.check->calls, (chunks + c->steps) * c->layers);
   if (r.check->max_err > tol || r.check->max_lse_err > tol)
@@ -213,7 +48,7 @@ check_case (const Case *c, double tol)
   assert_int_equal (pc.tokens_attended, pc.tokens_available);
   assert_int_equal (dc.tokens_attended, dc.tokens_available);
   assert_int_equal (pc.blocks_selected, pc.blocks_available);
-  gint64 stored_blocks = (c->prompt + c->block - 1) / c->block + (case_tokens (c) - c->prompt) / c->block;
+  gint64 stored_blocks = (c->prompt + c->block - 1) / c->block + (test_case_tokens (c) - c->prompt) / c->block;
   assert_int_equal (pc.bytes_stored + dc.bytes_stored,
                     (guint64) (stored_blocks * c->layers) * sift_store_block_bytes (r.store));
   /* Loads: every chunk after the first reads every earlier block once. */
@@ -221,35 +56,35 @@ check_case (const Case *c, double tol)
   for (gint64 ch = 1; ch < chunks; ch++)
     loads += (guint64) (ch * c->chunk / c->block);
   assert_int_equal (pc.bytes_loaded, loads * (guint64) c->layers * sift_store_block_bytes (r.store));
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 #ifdef SIFT_TEST_CUDA
 /* The GPU kernels take f16 / bf16 compute and head_dim 64 or 128; slots 2..8,
  * blocks 16..256, chunks, host (pinned, copied in place) and file (staged)
  * stores, stored dtypes converted on load, both pipelines, 50+ steps. */
-static const Case grid[] = {
+static const TestCase grid[] = {
   /* L  q  kv  d   block chunk slots file  stored          compute          pipeline                prompt steps policy */
-  { 2, 4, 2, 64, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
-  { 2, 4, 4, 64, 32, 64, 3, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_CROSS_LAYER, 300, 55, POL_FULL },
-  { 3, 8, 2, 128, 16, 16, 8, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 170, 52, POL_SELECT_ALL },
-  { 2, 4, 1, 64, 64, 128, 4, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 390, 70, POL_FULL },
-  { 2, 2, 2, 128, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, POL_SELECT_ALL },
-  { 1, 4, 2, 64, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, POL_NULL },
-  { 2, 6, 3, 64, 16, 64, 7, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 131, 80, POL_SELECT_ALL },
-  { 1, 32, 8, 128, 64, 512, 4, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 1500, 52, POL_FULL },
+  { 2, 4, 2, 64, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 203, 60, TEST_POL_NULL },
+  { 2, 4, 4, 64, 32, 64, 3, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_CROSS_LAYER, 300, 55, TEST_POL_FULL },
+  { 3, 8, 2, 128, 16, 16, 8, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 170, 52, TEST_POL_SELECT_ALL },
+  { 2, 4, 1, 64, 64, 128, 4, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 390, 70, TEST_POL_FULL },
+  { 2, 2, 2, 128, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, TEST_POL_SELECT_ALL },
+  { 1, 4, 2, 64, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, TEST_POL_NULL },
+  { 2, 6, 3, 64, 16, 64, 7, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 131, 80, TEST_POL_SELECT_ALL },
+  { 1, 32, 8, 128, 64, 512, 4, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 1500, 52, TEST_POL_FULL },
 };
 #else
-static const Case grid[] = {
+static const TestCase grid[] = {
   /* L  q  kv  d   block chunk slots file  stored          compute          pipeline                prompt steps policy */
-  { 2, 4, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
-  { 2, 4, 4, 32, 32, 64, 3, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 300, 55, POL_FULL },
-  { 3, 8, 2, 16, 16, 16, 8, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 170, 52, POL_SELECT_ALL },
-  { 2, 4, 1, 32, 64, 128, 4, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 390, 70, POL_FULL },
-  { 2, 2, 2, 64, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, POL_SELECT_ALL },
-  { 1, 4, 2, 32, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, POL_NULL },
-  { 1, 2, 1, 16, 1024, 1024, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 2100, 52, POL_FULL },
-  { 2, 6, 3, 32, 16, 64, 7, TRUE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 131, 80, POL_SELECT_ALL },
+  { 2, 4, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 203, 60, TEST_POL_NULL },
+  { 2, 4, 4, 32, 32, 64, 3, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 300, 55, TEST_POL_FULL },
+  { 3, 8, 2, 16, 16, 16, 8, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 170, 52, TEST_POL_SELECT_ALL },
+  { 2, 4, 1, 32, 64, 128, 4, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 390, 70, TEST_POL_FULL },
+  { 2, 2, 2, 64, 128, 256, 5, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 520, 55, TEST_POL_SELECT_ALL },
+  { 1, 4, 2, 32, 256, 256, 6, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 700, 60, TEST_POL_NULL },
+  { 1, 2, 1, 16, 1024, 1024, 2, FALSE, SIFT_DTYPE_F32, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 2100, 52, TEST_POL_FULL },
+  { 2, 6, 3, 32, 16, 64, 7, TRUE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_CROSS_LAYER, 131, 80, TEST_POL_SELECT_ALL },
 };
 #endif
 
@@ -258,7 +93,7 @@ test_dense_grid (void **state)
 {
   (void) state;
   for (gsize i = 0; i < G_N_ELEMENTS (grid); i++)
-    check_case (&grid[i], tolerance (grid[i].compute));
+    check_case (&grid[i], test_tolerance (grid[i].compute));
 }
 
 /* q8_0 is lossy: against the unrounded reference within the quantization error. */
@@ -266,13 +101,13 @@ static void
 test_q8_0_store (void **state)
 {
   (void) state;
-  Case c = { 2, 4, 2, 32, 32, 64, 3, TRUE, SIFT_DTYPE_Q8_0, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 200, 50, POL_FULL };
-  Run r;
-  run_open (&r, &c, 7, NULL);
-  run_sequence (&r, &c);
+  TestCase c = { 2, 4, 2, 32, 32, 64, 3, TRUE, SIFT_DTYPE_Q8_0, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 200, 50, TEST_POL_FULL };
+  TestRun r;
+  test_run_open (&r, &c, 7, NULL, FALSE);
+  test_run_sequence (&r, &c);
   assert_true (r.check->max_err < 5e-2);
   assert_true (r.check->max_err > 1e-6); /* it really went through q8_0 */
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 /* Sequence A, reset, sequence B equals B on a fresh engine, bit for bit. */
@@ -282,10 +117,10 @@ test_reset_leaves_no_trace (void **state)
   (void) state;
   for (int pipe = 0; pipe < 2; pipe++)
     {
-      Case c = { 2, 4, 2, T_DIM, 16, 32, 3, pipe == 1, SIFT_DTYPE_F16, T_COMPUTE, (SiftPipeline) pipe, 150, 50, POL_FULL };
-      Run a;
-      run_open (&a, &c, 1, NULL);
-      run_sequence (&a, &c);
+      TestCase c = { 2, 4, 2, T_DIM, 16, 32, 3, pipe == 1, SIFT_DTYPE_F16, T_COMPUTE, (SiftPipeline) pipe, 150, 50, TEST_POL_FULL };
+      TestRun a;
+      test_run_open (&a, &c, 1, NULL, FALSE);
+      test_run_sequence (&a, &c);
       sift_runner_reset (a.runner);
       assert_int_equal (sift_store_blocks_in_use (a.store), 0);
       SiftCounters z;
@@ -295,248 +130,24 @@ test_reset_leaves_no_trace (void **state)
       /* The same engine, a new sequence of another seed. */
       test_checker_free (a.check);
       sift_model_free (a.src);
-      SiftModelShape shape = case_shape (&c);
+      SiftModelShape shape = test_case_shape (&c);
       a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
       sift_runner_free (a.runner);
       g_autoptr (GError) error = NULL;
       a.runner = sift_runner_new (a.engine, a.src, a.per_layer, a.per_layer, &error);
       g_assert_no_error (error);
-      a.check = test_checker_new (a.src, case_tokens (&c));
+      a.check = test_checker_new (a.src, test_case_tokens (&c));
       sift_runner_set_observer (a.runner, &test_checker_observer, a.check);
-      run_sequence (&a, &c);
+      test_run_sequence (&a, &c);
 
-      Run b;
-      run_open (&b, &c, 2, NULL);
-      run_sequence (&b, &c);
+      TestRun b;
+      test_run_open (&b, &c, 2, NULL, FALSE);
+      test_run_sequence (&b, &c);
       assert_int_equal (a.check->outputs->len, b.check->outputs->len);
       assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
-      assert_true (a.check->max_err < tolerance (c.compute));
-      run_close (&a, TRUE);
-      run_close (&b, TRUE);
-    }
-}
-
-/* ---- Resident KV (sift_engine_set_resident, offload.resident) ------------ */
-
-/* Selects the even blocks only: the attended set differs from dense. */
-static gboolean
-select_even (SiftPolicy *self, const SiftPolicyContext *ctx, const gint64 *available, gsize n, SiftSelection *sel,
-             GError **error)
-{
-  (void) self, (void) ctx, (void) error;
-  for (gsize i = 0; i < n; i++)
-    if (available[i] % 2 == 0)
-      sift_selection_add (sel, available[i]);
-  return TRUE;
-}
-
-static const SiftPolicyOps select_even_ops = {
-  SIFT_POLICY_OPS_HEADER,
-  .name = "test-select-even",
-  .version = "1",
-  .description = "selects the even blocks",
-  .flags = SIFT_POLICY_SUPPORTS_PREFILL | SIFT_POLICY_SUPPORTS_DECODE | SIFT_POLICY_REQUIRES_BLOCK_SELECTION,
-  .instance_size = sizeof (SiftPolicy),
-  .select_blocks = select_even,
-};
-
-static gboolean
-keep_even (gint64 block, gint32 q_head, gpointer data)
-{
-  (void) q_head, (void) data;
-  return block % 2 == 0;
-}
-
-/* Resident cases: prefill then 50+ decode steps, the shapes and dtypes of
- * the device (ring and cross-layer asked for: both read the blocks in place). */
-static const Case resident_cases[] = {
-  { 2, 4, 2, T_DIM, 16, 32, 2, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 203, 60, POL_NULL },
-  { 2, 8, 2, T_DIM, 32, 64, 3, TRUE, SIFT_DTYPE_F32, T_COMPUTE, SIFT_PIPELINE_CROSS_LAYER, 300, 55, POL_FULL },
-  { 1, 32, 8, 128, 64, 512, 4, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 1500, 52, POL_SELECT_ALL },
-};
-
-/* Resident full attention equals the dense reference within the compute
- * dtype's bound, and nothing is loaded from the store: prefill or decode. */
-static void
-test_resident_dense (void **state)
-{
-  (void) state;
-  for (gsize i = 0; i < G_N_ELEMENTS (resident_cases); i++)
-    {
-      const Case *c = &resident_cases[i];
-      resident_mode = TRUE;
-      Run r;
-      run_open (&r, c, 42, NULL);
-      resident_mode = FALSE;
-      assert_true (sift_engine_resident (r.engine));
-      run_sequence (&r, c);
-      gint64 chunks = (c->prompt + c->chunk - 1) / c->chunk;
-      assert_int_equal (r.check->calls, (chunks + c->steps) * c->layers);
-      if (r.check->max_err > tolerance (c->compute) || r.check->max_lse_err > tolerance (c->compute))
-        fail_msg ("resident case %" G_GSIZE_FORMAT ": max error %.3g, lse %.3g (tolerance %g)", i, r.check->max_err,
-                  r.check->max_lse_err, tolerance (c->compute));
-      SiftCounters pc, dc;
-      sift_engine_counters (r.engine, -1, SIFT_PHASE_PREFILL, &pc);
-      sift_engine_counters (r.engine, -1, SIFT_PHASE_DECODE, &dc);
-      assert_int_equal (pc.bytes_loaded, 0);
-      assert_int_equal (dc.bytes_loaded, 0);
-      assert_int_equal (dc.bytes_mapped, 0);
-      assert_int_equal (dc.tokens_attended, dc.tokens_available);
-      assert_true (pc.bytes_stored > 0); /* the store still gets every block */
-      run_close (&r, TRUE);
-    }
-}
-
-/* Resident and ring give the same outputs (one kernel call against one
- * per ring group: equal to rounding). */
-static void
-test_resident_equals_ring (void **state)
-{
-  (void) state;
-  for (gsize i = 0; i < G_N_ELEMENTS (resident_cases); i++)
-    {
-      const Case *c = &resident_cases[i];
-      Run a, b;
-      run_open (&a, c, 5, NULL);
-      run_sequence (&a, c);
-      resident_mode = TRUE;
-      run_open (&b, c, 5, NULL);
-      resident_mode = FALSE;
-      run_sequence (&b, c);
-      assert_int_equal (a.check->outputs->len, b.check->outputs->len);
-      const float *x = (const float *) (void *) a.check->outputs->data, *y = (const float *) (void *) b.check->outputs->data;
-      double worst = 0, big = 1e-3;
-      for (guint j = 0; j < a.check->outputs->len; j++)
-        {
-          worst = MAX (worst, fabs ((double) x[j] - y[j]));
-          big = MAX (big, fabs ((double) x[j]));
-        }
-      /* Both are within tolerance of one reference; against each other
-       * the difference is the kernels' rounding of another split. */
-      if (worst / big > tolerance (c->compute))
-        fail_msg ("resident case %" G_GSIZE_FORMAT ": resident and ring differ by %.3g of %.3g", i, worst, big);
-      SiftCounters ra, rb;
-      sift_engine_counters (a.engine, -1, SIFT_PHASE_DECODE, &ra);
-      sift_engine_counters (b.engine, -1, SIFT_PHASE_DECODE, &rb);
-      assert_true (ra.bytes_loaded > 0);
-      assert_int_equal (rb.bytes_loaded, 0);
-      assert_int_equal (ra.tokens_attended, rb.tokens_attended);
-      run_close (&a, TRUE);
-      run_close (&b, TRUE);
-    }
-}
-
-/* A policy that selects blocks restricts what resident attention reads:
- * the even blocks only, against a reference that keeps only those. */
-static void
-test_resident_selection (void **state)
-{
-  (void) state;
-  Case c = { 2, 8, 2, T_DIM, 16, 64, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 260, 55, POL_FULL };
-  SiftModelShape shape = case_shape (&c);
-  resident_mode = TRUE;
-  Run r;
-  run_open (&r, &c, 9, NULL);
-  resident_mode = FALSE;
-  g_autoptr (GError) error = NULL;
-  SiftPolicy *even = sift_policy_new (&select_even_ops, NULL, &shape, &error);
-  g_assert_no_error (error);
-  for (gint32 l = 0; l < c.layers; l++)
-    r.per_layer[l] = even;
-  sift_runner_free (r.runner);
-  r.runner = sift_runner_new (r.engine, r.src, r.per_layer, r.per_layer, &error);
-  g_assert_no_error (error);
-  sift_runner_set_observer (r.runner, &test_checker_observer, r.check);
-  r.check->keep = keep_even;
-  r.check->prompt = c.prompt;
-  run_sequence (&r, &c);
-  if (r.check->max_err > tolerance (c.compute))
-    fail_msg ("resident, even blocks: max error %.3g (tolerance %g)", r.check->max_err, tolerance (c.compute));
-  SiftCounters dc;
-  sift_engine_counters (r.engine, -1, SIFT_PHASE_DECODE, &dc);
-  assert_true (dc.tokens_attended < dc.tokens_available);
-  assert_true (dc.blocks_selected < dc.blocks_available);
-  assert_int_equal (dc.bytes_loaded, 0);
-  sift_policy_free (even);
-  run_close (&r, TRUE);
-}
-
-/* Sequence A, reset, sequence B on a resident engine equals B on a fresh
- * resident engine bit for bit; changing the mode once blocks are stored
- * is refused. */
-static void
-test_resident_reset (void **state)
-{
-  (void) state;
-  Case c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 150, 50, POL_FULL };
-  resident_mode = TRUE;
-  Run a, b;
-  run_open (&a, &c, 1, NULL);
-  run_sequence (&a, &c);
-  g_autoptr (GError) error = NULL;
-  assert_false (sift_engine_set_resident (a.engine, FALSE, &error));
-  g_assert_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE);
-  sift_runner_reset (a.runner);
-  assert_int_equal (sift_store_blocks_in_use (a.store), 0);
-  test_checker_free (a.check);
-  sift_model_free (a.src);
-  SiftModelShape shape = case_shape (&c);
-  a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
-  sift_runner_free (a.runner);
-  g_clear_error (&error);
-  a.runner = sift_runner_new (a.engine, a.src, a.per_layer, a.per_layer, &error);
-  g_assert_no_error (error);
-  a.check = test_checker_new (a.src, case_tokens (&c));
-  sift_runner_set_observer (a.runner, &test_checker_observer, a.check);
-  run_sequence (&a, &c);
-  run_open (&b, &c, 2, NULL);
-  resident_mode = FALSE;
-  run_sequence (&b, &c);
-  assert_int_equal (a.check->outputs->len, b.check->outputs->len);
-  assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
-  assert_true (a.check->max_err < tolerance (c.compute));
-  run_close (&a, TRUE);
-  run_close (&b, TRUE);
-}
-
-/* A bounded cache: eviction compacts blocks in the store, and the resident
- * copies follow (reloaded): resident outputs equal the ring's. */
-static void
-test_resident_eviction (void **state)
-{
-  (void) state;
-  Case c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 200, 60, POL_FULL };
-  for (int gran = 0; gran < 2; gran++)
-    {
-      SiftEvictConfig ev = { 120, gran == 0 ? SIFT_EVICT_TOKEN : SIFT_EVICT_BLOCK, 4, 24 };
-      Run a, b;
-      g_autoptr (GError) error = NULL;
-      run_open (&a, &c, 3, NULL);
-      assert_true (sift_engine_set_eviction (a.engine, &ev, &error));
-      run_sequence (&a, &c);
-      resident_mode = TRUE;
-      run_open (&b, &c, 3, NULL);
-      resident_mode = FALSE;
-      assert_true (sift_engine_set_eviction (b.engine, &ev, &error));
-      run_sequence (&b, &c);
-      SiftCounters ca, cb;
-      sift_engine_counters (b.engine, -1, SIFT_PHASE_DECODE, &cb);
-      sift_engine_counters (a.engine, -1, SIFT_PHASE_DECODE, &ca);
-      assert_true (cb.tokens_evicted > 0);
-      assert_int_equal (ca.tokens_evicted, cb.tokens_evicted);
-      assert_int_equal (ca.tokens_attended, cb.tokens_attended);
-      const float *x = (const float *) (void *) a.check->outputs->data, *y = (const float *) (void *) b.check->outputs->data;
-      assert_int_equal (a.check->outputs->len, b.check->outputs->len);
-      double worst = 0, big = 1e-3;
-      for (guint j = 0; j < a.check->outputs->len; j++)
-        {
-          worst = MAX (worst, fabs ((double) x[j] - y[j]));
-          big = MAX (big, fabs ((double) x[j]));
-        }
-      if (worst / big > tolerance (c.compute))
-        fail_msg ("eviction %d: resident and ring differ by %.3g of %.3g", gran, worst, big);
-      run_close (&a, TRUE);
-      run_close (&b, TRUE);
+      assert_true (a.check->max_err < test_tolerance (c.compute));
+      test_run_close (&a, TRUE);
+      test_run_close (&b, TRUE);
     }
 }
 
@@ -546,25 +157,25 @@ static void
 test_multi_sequence (void **state)
 {
   (void) state;
-  Case c = { 2, 4, 2, T_DIM, 16, 64, 2, TRUE, SIFT_DTYPE_F32, T_COMPUTE, SIFT_PIPELINE_RING, 250, 50, POL_FULL };
-  SiftModelShape shape = case_shape (&c);
+  TestCase c = { 2, 4, 2, T_DIM, 16, 64, 2, TRUE, SIFT_DTYPE_F32, T_COMPUTE, SIFT_PIPELINE_RING, 250, 50, TEST_POL_FULL };
+  SiftModelShape shape = test_case_shape (&c);
   g_autofree char *path = test_tmp_path ("shared");
   SiftStoreConfig sc = test_store_config (&shape, c.stored, path);
   g_autoptr (GError) error = NULL;
   SiftStore *store = sift_store_file_new (&sc, &error);
   g_assert_no_error (error);
-  Run a, b;
-  run_open (&a, &c, 11, store);
-  Case cb = c;
+  TestRun a, b;
+  test_run_open (&a, &c, 11, store, FALSE);
+  TestCase cb = c;
   cb.prompt = 190;
   cb.pipeline = SIFT_PIPELINE_CROSS_LAYER;
-  run_open (&b, &cb, 12, store);
+  test_run_open (&b, &cb, 12, store, FALSE);
   assert_true (sift_runner_prefill (a.runner, c.prompt, NULL, NULL, &error));
   assert_true (sift_runner_prefill (b.runner, cb.prompt, NULL, NULL, &error));
   for (gint32 i = 0; i < c.steps; i++)
     {
-      assert_true (sift_runner_decode (a.runner, rows_of_step (i), NULL, NULL, &error));
-      assert_true (sift_runner_decode (b.runner, rows_of_step (i), NULL, NULL, &error));
+      assert_true (sift_runner_decode (a.runner, test_rows_of_step (i), NULL, NULL, &error));
+      assert_true (sift_runner_decode (b.runner, test_rows_of_step (i), NULL, NULL, &error));
     }
   g_assert_no_error (error);
   /* Store ids of the two engines are disjoint. */
@@ -585,11 +196,11 @@ test_multi_sequence (void **state)
     }
   g_hash_table_unref (seen);
   assert_int_equal (sift_store_blocks_in_use (store), total);
-  assert_true (a.check->max_err < tolerance (c.compute));
-  assert_true (b.check->max_err < tolerance (c.compute));
-  run_close (&a, FALSE);
+  assert_true (a.check->max_err < test_tolerance (c.compute));
+  assert_true (b.check->max_err < test_tolerance (c.compute));
+  test_run_close (&a, FALSE);
   assert_int_equal (sift_store_blocks_in_use (store), of_b);
-  run_close (&b, FALSE);
+  test_run_close (&b, FALSE);
   assert_int_equal (sift_store_blocks_in_use (store), 0);
   sift_store_free (store);
 }
@@ -599,10 +210,10 @@ static void
 test_gather_rows (void **state)
 {
   (void) state;
-  Case c = { 2, 4, 2, 32, 16, 32, 2, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 100, 5, POL_FULL };
-  Run r;
-  run_open (&r, &c, 3, NULL);
-  run_sequence (&r, &c);
+  TestCase c = { 2, 4, 2, 32, 16, 32, 2, TRUE, SIFT_DTYPE_BF16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 100, 5, TEST_POL_FULL };
+  TestRun r;
+  test_run_open (&r, &c, 3, NULL, FALSE);
+  test_run_sequence (&r, &c);
   const gint64 pos[] = { 104, 0, 57, 99, 15, 16, 100, 31 };
   const gsize n = G_N_ELEMENTS (pos);
   g_autofree float *kb = g_new (float, n * 2 * 32), *vb = g_new (float, n * 2 * 32);
@@ -643,7 +254,7 @@ test_gather_rows (void **state)
   const gint64 bad = 105;
   assert_false (sift_engine_gather_rows (r.engine, 1, &bad, 1, &k, &v, &error));
   assert_int_equal (error->code, SIFT_ENGINE_ERROR_INVALID);
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 /* A policy-style K-only load: the slot's K equals the stored keys. */
@@ -651,10 +262,10 @@ static void
 test_k_only_load (void **state)
 {
   (void) state;
-  Case c = { 1, 2, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 40, 0, POL_NULL };
-  Run r;
-  run_open (&r, &c, 5, NULL);
-  run_sequence (&r, &c);
+  TestCase c = { 1, 2, 2, 32, 16, 32, 2, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 40, 0, TEST_POL_NULL };
+  TestRun r;
+  test_run_open (&r, &c, 5, NULL, FALSE);
+  test_run_sequence (&r, &c);
   g_autoptr (GError) error = NULL;
   SiftCounters before, after;
   sift_engine_counters (r.engine, 0, SIFT_PHASE_PREFILL, &before);
@@ -680,7 +291,7 @@ test_k_only_load (void **state)
   g_clear_error (&error);
   assert_false (sift_engine_load_block (r.engine, 0, 0, 2, SIFT_LOAD_KV, &error));
   g_clear_error (&error);
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 /* Every slot can take a load: none was left busy. */
@@ -703,10 +314,10 @@ static void
 test_stream (void **state)
 {
   (void) state;
-  Case c = { 1, 2, 2, 32, 16, 32, 3, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 120, 0, POL_NULL };
-  Run r;
-  run_open (&r, &c, 5, NULL);
-  run_sequence (&r, &c); /* 120 tokens: blocks 0..6 full, 7 partial */
+  TestCase c = { 1, 2, 2, 32, 16, 32, 3, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 120, 0, TEST_POL_NULL };
+  TestRun r;
+  test_run_open (&r, &c, 5, NULL, FALSE);
+  test_run_sequence (&r, &c); /* 120 tokens: blocks 0..6 full, 7 partial */
   g_autoptr (GError) error = NULL;
   const gint64 ids[] = { 6, 0, 3, 3, 5, 1, 2 };
   for (gsize max = 1; max <= 4; max++)
@@ -748,7 +359,7 @@ test_stream (void **state)
   g_clear_error (&error);
   assert_false (sift_engine_stream_end (s));
   assert_slots_free (r.engine, 3);
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 static void
@@ -817,11 +428,11 @@ static void
 test_own_compute_refused (void **state)
 {
   (void) state;
-  Case c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 64, 1, POL_FULL };
-  Run r;
-  run_open (&r, &c, 5, NULL);
+  TestCase c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 64, 1, TEST_POL_FULL };
+  TestRun r;
+  test_run_open (&r, &c, 5, NULL, FALSE);
   g_autoptr (GError) error = NULL;
-  SiftModelShape shape = case_shape (&c);
+  SiftModelShape shape = test_case_shape (&c);
   g_autoptr (SiftPolicy) own = sift_policy_new (&own_compute_ops, NULL, &shape, &error);
   SiftPolicy *dec[2] = { r.policy, own };
   SiftRunner *bad = sift_runner_new (r.engine, r.src, r.per_layer, dec, &error);
@@ -837,7 +448,7 @@ test_own_compute_refused (void **state)
       assert_non_null (strstr (error->message, "policy 'test-own-compute' (layer 1's decode)"));
       assert_non_null (strstr (error->message, "compute_chunked_decode"));
     }
-  run_close (&r, TRUE);
+  test_run_close (&r, TRUE);
 }
 
 /* Capacity of the block table. */
@@ -913,11 +524,6 @@ main (void)
     cmocka_unit_test (test_reset_leaves_no_trace),
     cmocka_unit_test (test_multi_sequence),
     cmocka_unit_test (test_own_compute_refused),
-    cmocka_unit_test (test_resident_dense),
-    cmocka_unit_test (test_resident_equals_ring),
-    cmocka_unit_test (test_resident_selection),
-    cmocka_unit_test (test_resident_reset),
-    cmocka_unit_test (test_resident_eviction),
   };
   if (g_getenv ("SIFT_TEST_FILTER") != NULL) /* a cmocka test-name filter (for the sanitizers) */
     cmocka_set_test_filter (g_getenv ("SIFT_TEST_FILTER"));
@@ -935,11 +541,6 @@ main (void)
     cmocka_unit_test (test_own_compute_refused),
     cmocka_unit_test (test_max_tokens),
     cmocka_unit_test (test_random_source),
-    cmocka_unit_test (test_resident_dense),
-    cmocka_unit_test (test_resident_equals_ring),
-    cmocka_unit_test (test_resident_selection),
-    cmocka_unit_test (test_resident_reset),
-    cmocka_unit_test (test_resident_eviction),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 #endif

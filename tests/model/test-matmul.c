@@ -207,7 +207,7 @@ check_matmul (gint64 n_in, gint64 n_tok)
   g_rand_free (r);
 }
 
-/* The x16 layout (Q8_0, Q4_K; 48 rows: three groups): every row reads back
+/* The x16 layout (Q8_0, Q4_K, Q6_K; 48 rows: three groups): every row reads back
  * as the row layout's, and every table's products on it (the scalar x16
  * kernels, the AVX-512 ones, the AMX panels) match the scalar dots on the
  * rows in order; q, k, v shared out in one loop match three products. */
@@ -223,7 +223,7 @@ check_x16 (gint64 n_in, gint64 n_tok)
   for (gint64 i = 0; i < n_in * n_out; i += 5)
     w[i] = fabsf (w[i]) + 0.02f; /* skewed sub-blocks: Q4_K's mins at work */
   randn (r, x, (gsize) (n_in * n_tok), 1.0);
-  const GgufTensorType x16_types[] = { GGUF_TENSOR_Q8_0, GGUF_TENSOR_Q4_K };
+  const GgufTensorType x16_types[] = { GGUF_TENSOR_Q8_0, GGUF_TENSOR_Q4_K, GGUF_TENSOR_Q6_K };
   for (gsize t = 0; t < G_N_ELEMENTS (x16_types); t++)
     {
       gsize rb;
