@@ -67,6 +67,10 @@ typedef struct {
   const guint8 *host_k, *host_v;
   gint32 layer;           /* handed back to the sink (the counters) */
   SiftPhase phase;
+  /* Loads: bit g set, kv head g is wanted (the heads a selection attends
+   * the block with); 0, every head. A backend may load more heads than
+   * asked; the rows of heads it skips are left as they were. */
+  guint64 kv_heads;
 } SiftTransfer;
 
 /* What a backend reports to its engine. `done` is called once per

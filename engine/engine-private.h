@@ -182,9 +182,10 @@ void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);
 /* The default ring's group calls: load_block, wait_slot and slot_done for
  * n slots in one backend call each (copies only). ring_wait stops at the first
  * failed load: *n_ready slots before it are ready, that one is free again
- * and the error is its load's. */
-gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gint32 *slots,
-                                gint32 n, GError **error);
+ * and the error is its load's. kv_heads (NULL: every head of every block):
+ * per block the kv heads to load (SiftTransfer.kv_heads). */
+gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const guint64 *kv_heads,
+                                const gint32 *slots, gint32 n, GError **error);
 gboolean sift_engine_ring_wait (SiftEngine *engine, const gint32 *slots, gint32 n, gint32 *n_valid,
                                 gint32 *n_ready, GError **error);
 void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
@@ -217,8 +218,10 @@ guint8 *sift_engine_resident_block (SiftEngine *engine, gint64 store_id);
 /* ---- Streams (stream.c) ----------------------------------------------------- */
 
 /* The default pipeline's stream: KV loads through the group calls above
- * (copies only: for an engine that does not map). */
-SiftStream *sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n);
+ * (copies only: for an engine that does not map); kv_heads (NULL: all) the
+ * kv heads to load of each block, as sift_engine_ring_load's. */
+SiftStream *sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids,
+                                           const guint64 *kv_heads, gsize n);
 
 /* ---- The cross-layer pipeline (cross-layer.c) ------------------------------ */
 

@@ -130,12 +130,12 @@ slot_take (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot)
  * (claimed for it by slot_take). Counted under the current call's phase,
  * not the block's. */
 static SiftTransfer
-slot_load (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what)
+slot_load (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slot, SiftLoadWhat what, guint64 kv_heads)
 {
   return (SiftTransfer) { .kind = SIFT_TRANSFER_LOAD, .store_id = g_array_index (e->store_ids[layer], gint64, block_id),
                           .what = what, .k = slot_data (e, slot, 0), .v = slot_data (e, slot, 1),
                           .cap = e->config.shape.block_size, .event = e->slots[slot].event, .layer = layer,
-                          .phase = e->phase };
+                          .phase = e->phase, .kv_heads = kv_heads };
 }
 
 /* Waits for slot s's load (the backend helps or spins meanwhile); a failed
@@ -215,7 +215,7 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
   slot_take (e, layer, block_id, slot);
   if (e->maps && map_block (e, layer, g_array_index (ids, gint64, block_id), slot, what))
     return TRUE;
-  SiftTransfer t = slot_load (e, layer, block_id, slot, what);
+  SiftTransfer t = slot_load (e, layer, block_id, slot, what, 0);
   e->backend->ops->submit (e->backend, &t, 1);
   return TRUE;
 }
@@ -242,8 +242,8 @@ sift_engine_wait_slot (SiftEngine *e, gint32 slot, GError **error)
  * Copies only: the ring runs when blocks are not read in place. */
 
 gboolean
-sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, const gint32 *slots, gint32 n,
-                       GError **error)
+sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, const guint64 *kv_heads,
+                       const gint32 *slots, gint32 n, GError **error)
 {
   GArray *ids = e->store_ids[layer];
   for (gint32 i = 0; i < n; i++)
@@ -260,7 +260,7 @@ sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, con
   for (gint32 i = 0; i < n; i++)
     {
       slot_take (e, layer, block_ids[i], slots[i]);
-      t[i] = slot_load (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV);
+      t[i] = slot_load (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV, kv_heads != NULL ? kv_heads[i] : 0);
     }
   e->backend->ops->submit (e->backend, t, (gsize) n);
   return TRUE;

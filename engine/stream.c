@@ -19,16 +19,19 @@ struct _SiftStream {
   SiftLoadWhat what;
   gboolean ring;         /* group calls (the default pipeline) */
   gint64 *ids;           /* [n] */
+  guint64 *kv_heads;     /* [n] the kv heads to load (ring); NULL: every head */
   gsize n;
   gsize queued, done;    /* loads started; blocks released (or failed) */
   gsize held;            /* blocks [done, done + held) are the caller's */
   gboolean failed;
   gint32 *slots, *nv;    /* [n_slots] scratch of the group calls */
   gint64 *batch;         /* [n_slots] */
+  guint64 *batch_heads;  /* [n_slots] */
 };
 
 static SiftStream *
-stream_new (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n, SiftLoadWhat what, gboolean ring)
+stream_new (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const guint64 *kv_heads, gsize n,
+            SiftLoadWhat what, gboolean ring)
 {
   SiftStream *s = g_new0 (SiftStream, 1);
   s->engine = engine;
@@ -40,9 +43,11 @@ stream_new (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n, 
   s->ids = g_new (gint64, MAX (n, 1));
   for (gsize i = 0; i < n; i++)
     s->ids[i] = block_ids != NULL ? block_ids[i] : (gint64) i;
+  s->kv_heads = kv_heads != NULL ? g_memdup2 (kv_heads, MAX (n, 1) * sizeof (guint64)) : NULL;
   s->slots = g_new (gint32, MAX (s->n_slots, 1));
   s->nv = g_new (gint32, MAX (s->n_slots, 1));
   s->batch = g_new (gint64, MAX (s->n_slots, 1));
+  s->batch_heads = g_new (guint64, MAX (s->n_slots, 1));
   return s;
 }
 
@@ -50,13 +55,14 @@ SiftStream *
 sift_engine_stream_begin (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n, SiftLoadWhat what)
 {
   g_return_val_if_fail (engine != NULL, NULL);
-  return stream_new (engine, layer, block_ids, n, what, FALSE);
+  return stream_new (engine, layer, block_ids, NULL, n, what, FALSE);
 }
 
 SiftStream *
-sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids, gsize n)
+sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const guint64 *kv_heads,
+                               gsize n)
 {
-  return stream_new (engine, layer, block_ids, n, SIFT_LOAD_KV, TRUE);
+  return stream_new (engine, layer, block_ids, kv_heads, n, SIFT_LOAD_KV, TRUE);
 }
 
 static gint32
@@ -94,9 +100,10 @@ load_upto (SiftStream *s, gsize to, GError **error)
       for (gsize i = s->queued; i < to; i++, k++)
         {
           s->batch[k] = s->ids[i];
+          s->batch_heads[k] = s->kv_heads != NULL ? s->kv_heads[i] : 0;
           s->slots[k] = slot_of (s, i);
         }
-      if (k > 0 && !sift_engine_ring_load (s->engine, s->layer, s->batch, s->slots, k, error))
+      if (k > 0 && !sift_engine_ring_load (s->engine, s->layer, s->batch, s->batch_heads, s->slots, k, error))
         return FALSE;
       s->queued = to;
       return TRUE;
@@ -199,6 +206,8 @@ sift_engine_stream_end (SiftStream *s)
   g_free (s->slots);
   g_free (s->nv);
   g_free (s->batch);
+  g_free (s->batch_heads);
+  g_free (s->kv_heads);
   g_free (s);
   return ok;
 }

@@ -103,6 +103,50 @@ pack_half (CpuBackend *b, const guint8 *src, gint64 cap, guint8 *stored)
 }
 
 
+/* A load of some kv heads only (j->kv_heads): each run of wanted heads is
+ * one read per half, straight into place in the same dtype, else through
+ * staging and converted; the other heads' rows are not touched. */
+static gboolean
+load_heads (CpuBackend *b, const SiftTransfer *j, gboolean want_k, gboolean want_v, guint8 *staging,
+            guint64 *bytes, GError **error)
+{
+  SiftStore *st = b->store;
+  const SiftModelShape *s = &b->shape;
+  const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (st);
+  const gsize n = (gsize) s->block_size * (gsize) s->head_dim;
+  const gsize head_dst = (gsize) j->cap * (gsize) s->head_dim * b->es;
+  const gboolean same = st->config.dtype == b->compute && j->cap == s->block_size;
+  *bytes = 0;
+  for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+    {
+      if (!((j->kv_heads >> h0) & 1))
+        {
+          h0++;
+          continue;
+        }
+      gint32 h1 = h0 + 1;
+      while (h1 < s->n_kv_heads && ((j->kv_heads >> h1) & 1))
+        h1++;
+      const gsize nh = (gsize) (h1 - h0);
+      for (int half = 0; half < 2; half++)
+        {
+          if (!(half == 0 ? want_k : want_v))
+            continue;
+          const gsize off = (gsize) half * st->k_bytes + (gsize) h0 * head_stored;
+          guint8 *dst = (half == 0 ? j->k : j->v) + (gsize) h0 * head_dst;
+          if (!sift_store_read (st, j->store_id, off, same ? dst : staging, nh * head_stored, error))
+            return FALSE;
+          *bytes += nh * head_stored;
+          if (same)
+            continue;
+          for (gsize h = 0; h < nh; h++)
+            sift_convert (staging + h * head_stored, st->config.dtype, dst + h * head_dst, b->compute, n);
+        }
+      h0 = h1;
+    }
+  return TRUE;
+}
+
 /* Performs one load; returns the bytes read from the store. */
 static gboolean
 do_load (CpuBackend *b, const SiftTransfer *j, guint8 *staging, guint64 *bytes, GError **error)
@@ -110,6 +154,9 @@ do_load (CpuBackend *b, const SiftTransfer *j, guint8 *staging, guint64 *bytes, 
   SiftStore *st = b->store;
   const gsize kb = st->k_bytes;
   const gboolean want_k = (j->what & SIFT_LOAD_K) != 0, want_v = (j->what & SIFT_LOAD_V) != 0;
+  const gint32 nkv = b->shape.n_kv_heads;
+  if (j->kv_heads != 0 && nkv <= 64 && j->kv_heads != (nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1))
+    return load_heads (b, j, want_k, want_v, staging, bytes, error);
   const gsize off = want_k ? 0 : kb;
   const gsize n = (want_k && want_v) ? 2 * kb : kb;
   *bytes = n;
@@ -278,12 +325,43 @@ worker_main (gpointer data)
   return NULL;
 }
 
+/* A load of some kv heads only, of at most INLINE_LOAD_BYTES stored: it
+ * takes about what handing it to the worker takes (a wake-up, a spin). */
+#define INLINE_LOAD_BYTES (32 * 1024)
+
+static gboolean
+small_partial_load (const CpuBackend *b, const SiftTransfer *t)
+{
+  const gint32 nkv = b->shape.n_kv_heads;
+  if (t->kind != SIFT_TRANSFER_LOAD || t->kv_heads == 0 || nkv > 64)
+    return FALSE;
+  const guint64 all = nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1;
+  const gsize halves = (t->what & SIFT_LOAD_K ? 1 : 0) + (t->what & SIFT_LOAD_V ? 1 : 0);
+  const gsize head = (gsize) b->shape.block_size * sift_store_row_bytes (b->store);
+  return t->kv_heads != all && (gsize) __builtin_popcountll (t->kv_heads & all) * head * halves <= INLINE_LOAD_BYTES;
+}
+
 void
 sift_cpu_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
 {
   CpuBackend *b = (CpuBackend *) backend;
   pthread_mutex_lock (&b->lock);
-  for (gsize i = 0; i < n; i++)
+  gsize i = 0;
+  /* Small partial loads (a per-head selection's pieces) run here while
+   * the worker has nothing queued or running, so none can overtake a
+   * store: no hand-off and no wake-up for a few microseconds of copying.
+   * The submitting thread is the one that waits, so help_staging is free. */
+  for (; i < n && g_queue_is_empty (&b->jobs) && b->running == 0 && small_partial_load (b, &t[i]); i++)
+    {
+      t[i].event->pending++;
+      run_job_locked (b, g_memdup2 (&t[i], sizeof t[i]), b->help_staging);
+    }
+  if (i == n)
+    {
+      pthread_mutex_unlock (&b->lock);
+      return;
+    }
+  for (; i < n; i++)
     {
       t[i].event->pending++;
       g_queue_push_tail (&b->jobs, g_memdup2 (&t[i], sizeof t[i]));

@@ -5,7 +5,8 @@ SIFT=$1
 WORK=$(mktemp -d)
 . "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
-tiny="--set harness.lengths=[256] --set harness.depths=[0.5] --set harness.decode_steps=2 --set kv.chunk_size=128"
+: >tiny.yaml # built-in defaults: the synthetic model, the full policy (the default config runs the shipped model)
+tiny="--config tiny.yaml --set harness.lengths=[256] --set harness.depths=[0.5] --set harness.decode_steps=2 --set kv.chunk_size=128"
 expect 2 "no policy named 'nosuch'" "$SIFT" policies info nosuch
 expect 2 "Usage: sift policies" "$SIFT" policies info
 expect 2 "Usage: sift policies" "$SIFT" policies bogus

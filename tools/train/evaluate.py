@@ -10,7 +10,11 @@ accuracy and the reference logits are those of the shipped file.
 eval.json: for each context length and needle kind, --n samples at depths
 spread evenly over [0, 1], greedy generation (bf16 autocast) until EOS,
 scored as RULER (string_match_all: the fraction of expected values in the
-output) and exactly.
+output) and exactly.  Multikey asks a key of the group drawn at random
+(--multikey-ask first: always the first, as sift-needle-14m v1 was
+measured).  --gguf FILE measures a GGUF (import_gguf.py) instead of a
+checkpoint, e.g. the shipped model against a new one; --kinds limits the
+needle kinds.
 
 ref.json: in float32 (TF32 off), for a few fixed prompts: the text, its
 token ids (BOS + the tokenizer's ids of the text), the argmax at every
@@ -100,15 +104,17 @@ def cut_eos(ids, eos):
     return ids[:ids.index(eos)] if eos in ids else ids
 
 
-def run_eval(model, ts, tok, lengths, n, seed, dev, log):
+def run_eval(model, ts, tok, lengths, n, seed, dev, log, multikey_ask="random", kinds=None):
     results = []
     for length in lengths:
         for kind, vtype in CELLS:
+            if kinds and kind not in kinds:
+                continue
             t0 = time.time()
             rng = np.random.default_rng([seed, length, hs.KINDS.index(kind), hs.VALUE_TYPES.index(vtype)])
             samples = []
             for i in range(n):
-                task = hs.make_task(rng, kind, vtype, ts.corpus)
+                task = hs.make_task(rng, kind, vtype, ts.corpus, multikey_ask=multikey_ask)
                 samples.append(hs.build(rng, ts, task, length, depth=(i + 0.5) / n, with_answer=False))
             canon = sum(hs.check_canonical(s, ts) for s in samples[:2])
             ids = torch.from_numpy(np.stack([s.ids for s in samples])).to(dev)
@@ -128,6 +134,7 @@ def run_eval(model, ts, tok, lengths, n, seed, dev, log):
             exact = float(np.mean([x[1] for x in scores]))
             by_depth = [round(x[0], 3) for x in scores]
             results.append({"length": length, "kind": kind, "value": vtype, "n": n,
+                            "multikey_ask": multikey_ask if kind == "multikey" else None,
                             "string_match_all": round(acc, 4), "all_found": round(allf, 4),
                             "exact": round(exact, 4), "by_depth": by_depth,
                             "canonical_tokenization": f"{canon}/2",
@@ -161,7 +168,9 @@ def reference(model, ts, tok, dev, seed):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ckpt", required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ckpt", help="checkpoint folder (train.py --out)")
+    src.add_argument("--gguf", help="a llama GGUF (export.py's), read by import_gguf.py")
     p.add_argument("--kjv", required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--eval-out")
@@ -169,16 +178,31 @@ def main():
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     p.add_argument("--n", type=int, default=20)
     p.add_argument("--seed", type=int, default=20260)
+    p.add_argument("--multikey-ask", default="random", choices=hs.MULTIKEY_ASK)
+    p.add_argument("--kinds", help="comma-separated needle kinds to measure (default: all)")
     p.add_argument("--mini", action="store_true", help="CPU test mode (toy tokenizer, MiniLlama)")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    meta, w, _ = train.load_checkpoint(a.ckpt)
     tok = train.load_tokenizer(a)
-    model = mdl.build(meta["config"], use_hf=not a.mini).to(dev)
-    shipped_weights(model, w)
+    kinds = a.kinds.split(",") if a.kinds else None
+    for k in kinds or []:
+        if k not in hs.KINDS:
+            p.error(f"--kinds: unknown needle kind {k!r}; expected some of {hs.KINDS}")
+    if a.gguf:
+        import import_gguf
+        cfg, state = import_gguf.import_llama(a.gguf)
+        meta = {"step": None, "config": cfg}
+        model = mdl.build(cfg, use_hf=not a.mini)
+        import_gguf.load_into(model, state)  # the file's values, as sift reads them
+        model = model.to(dev)
+    else:
+        meta, w, _ = train.load_checkpoint(a.ckpt)
+        model = mdl.build(meta["config"], use_hf=not a.mini).to(dev)
+        shipped_weights(model, w)
     model.eval()
     ts = hs.TokenSpace(hs.Corpus(hs.load_kjv(a.kjv)), tok)
-    res = {"step": meta["step"], "config": meta["config"],
+    res = {"step": meta["step"], "config": meta["config"], "source": a.gguf or a.ckpt,
+           "multikey_ask": a.multikey_ask,
            "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
 
     def log(s):
@@ -196,7 +220,7 @@ def main():
     if a.eval_out:
         t0 = time.time()
         lengths = [int(x) for x in a.lengths.split(",")]
-        res["cells"] = run_eval(model, ts, tok, lengths, a.n, a.seed, dev, log)
+        res["cells"] = run_eval(model, ts, tok, lengths, a.n, a.seed, dev, log, a.multikey_ask, kinds)
         res["eval_seconds"] = round(time.time() - t0, 1)
         with open(a.eval_out, "w") as f:
             json.dump(res, f, indent=1)

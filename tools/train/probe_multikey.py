@@ -11,8 +11,9 @@ the question) except that the asked key's needle stands at position p of
 the group, for every p; depths spread evenly over [0, 1].  --layout
 scatter plants the needles at random depths instead (position p: the p-th
 needle of the text).  evaluate.py and
-sift's harness always ask the first key of the group, so they cannot tell a
-model that binds keys to values from one that answers the first needle.
+sift's harness used to ask the first key of the group, so they could not
+tell a model that binds keys to values from one that answers the first
+needle; both now ask a key drawn at random.
 The lengths are counted with the word-level toy tokenizer (about --length
 BPE tokens too, give or take 10%).  Prints, for each asked position, the
 share of answers that are the asked value and how often each needle's
@@ -41,7 +42,8 @@ def prompts(kjv, n_keys, n, length, seed, layout="group"):
     out = []
     for i in range(n):
         for pos in range(n_keys):
-            t = hs.make_task(rng, "multikey", "number", corpus, n_keys)
+            # the probe places the asked needle itself: take the first, as when measured
+            t = hs.make_task(rng, "multikey", "number", corpus, n_keys, multikey_ask="first")
             asked = t.needles[0]
             rest = t.needles[1:]
             needles = rest[:pos] + [asked] + rest[pos:]

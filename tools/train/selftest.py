@@ -79,6 +79,31 @@ def test_haystack(corpus, tok, label):
     check(0.12 < np.mean(share) < 0.3, f"{label}: prose share {np.mean(share):.2f} near {hs.PROSE_SHARE}")
 
 
+def test_multikey_ask(corpus):
+    """Multikey asks a key drawn at random from the group (every place of a
+    4-key group over 400 draws, about a quarter each) and expects that
+    key's value; "first" always asks the first needle; anything else is
+    refused."""
+    rng = np.random.default_rng(13)
+    places, ok = [], True
+    for _ in range(400):
+        t = hs.make_task(rng, "multikey", "number", corpus)
+        keys = [k for k, _ in t.needles]
+        ok &= len(set(keys)) == len(keys) == hs.N_MULTI and dict(t.needles)[t.query_keys[0]] == t.answers[0]
+        places.append(keys.index(t.query_keys[0]))
+    share = np.bincount(places, minlength=hs.N_MULTI) / len(places)
+    check(ok, "multikey: the answer is the asked key's value")
+    check(all(0.18 < x < 0.32 for x in share), f"multikey: the asked key at every place of the group {share.round(2)}")
+    first = [hs.make_task(rng, "multikey", "word", corpus, 6, multikey_ask="first") for _ in range(50)]
+    check(all(t.query_keys == [t.needles[0][0]] and t.answers == [t.needles[0][1]] for t in first),
+          "multikey: multikey_ask='first' asks the first needle (sift-needle-14m v1's data)")
+    try:
+        hs.make_task(rng, "multikey", "word", corpus, multikey_ask="last")
+        check(False, "multikey: an unknown multikey_ask is refused")
+    except ValueError as e:
+        check("multikey_ask" in str(e), "multikey: an unknown multikey_ask is refused")
+
+
 def test_stage2_data(corpus, tok):
     """Stage 2's multikey samples: 2..12 keys, the asked key anywhere among
     them, similar keys never a prefix of each other, layouts as drawn."""
@@ -282,6 +307,47 @@ def test_train(tmp, kjv, corpus, use_hf):
         check(False, "train: resuming a stage-2 checkpoint on the base mix is refused")
     except ValueError as e:
         check("mix" in str(e), "train: resuming a stage-2 checkpoint on the base mix is refused")
+    try:
+        train.main(common + ["--out", str(tmp / "ck4"), "--resume", str(out), "--multikey-ask", "first"])
+        check(False, "train: resuming with the other --multikey-ask is refused")
+    except ValueError as e:
+        check("multikey" in str(e), "train: resuming with the other --multikey-ask is refused")
+    # --fit-budget: a budget the run cannot meet moves the end (and the decay)
+    # earlier.  On a clock that advances 1 s at each reading (a step reads it
+    # once, a timed step twice), 20 steps timed from step 10 take ~1 s each,
+    # so a 70 s budget (3.5 s of margin) ends the run near step 30 + 33 / 1.05,
+    # decaying from step 30
+    out5 = tmp / "ck5"
+    fitc = list(common)
+    fitc[fitc.index("--steps") + 1] = "100000"
+    fitc[fitc.index("--decay-steps") + 1] = "50"
+    fitc[fitc.index("--schedule") + 1] = "0:512,6:1024"
+    fitc[fitc.index("--workers") + 1] = "0"
+    real_time = train.time
+
+    class Clock:
+        t = 0.0
+
+        def time(self):
+            Clock.t += 1.0
+            return Clock.t
+
+    train.time = Clock()
+    try:
+        train.main(fitc + ["--out", str(out5), "--time-budget", "70", "--fit-budget", "--fit-steps", "20"])
+    finally:
+        train.time = real_time
+    m5 = json.loads((out5 / "meta.json").read_text())
+    rp = m5["replan"] or {}
+    check(rp.get("at") == 30 and 40 < rp.get("steps", 0) < 100
+          and rp.get("decay_steps") == min(50, rp["steps"] - 30)
+          and m5["step"] == rp["steps"] and rp["was"] == [100000, 50]
+          and m5["segments"][0]["args"]["steps"] == 100000,
+          f"train: --fit-budget ends a run that would overrun at a step it can reach, decayed ({rp})")
+    ns = argparse.Namespace(lr=1e-3, warmup=2, steps=rp.get("steps"), decay_steps=rp.get("decay_steps"))
+    check(rp and train.lr_at(ns, rp["steps"] - rp["decay_steps"] - 1) == 1e-3
+          and abs(train.lr_at(ns, rp["steps"]) - 1e-4) < 1e-12,
+          "train: the replanned run decays to a tenth of the learning rate by its new end")
     rng = np.random.default_rng(5)
     ts = hs.TokenSpace(corpus, ToyTok.load(tokp))
     ids, mask = hs.stage2_batch(rng, ts, 1024, 6)
@@ -308,6 +374,7 @@ def main():
         test_vocab(tmp)
         test_export(tmp, use_hf=False)
         test_import(tmp, use_hf=False)
+        test_multikey_ask(corpus)
         test_stage2_data(corpus, toy)
         if use_hf:
             test_export(tmp, use_hf=True)

@@ -117,7 +117,7 @@ class Batches(torch.utils.data.IterableDataset):
             length = step_length(self.a.seed, sched, step, mix=self.a.mix)
             batch = max(1, self.a.tokens_per_step // length)
             rng = step_rng(self.a.seed, step, MIX_SALT[self.a.mix] + 2)
-            ids, mask = hs.mix_batch(self.a.mix, rng, ts, length, batch)
+            ids, mask = hs.mix_batch(self.a.mix, rng, ts, length, batch, self.a.multikey_ask)
             yield step, torch.from_numpy(ids), torch.from_numpy(mask)
 
 
@@ -199,12 +199,22 @@ def main(argv=None):
     p.add_argument("--init-gguf", help="start at step 0 from this GGUF's weights (stage 2)")
     p.add_argument("--mix", default="base", choices=sorted(MIX_SALT),
                    help="data mix: base (stage 1) or multikey (stage 2; haystack.py)")
+    p.add_argument("--multikey-ask", default="random", choices=hs.MULTIKEY_ASK,
+                   help="which key of a multikey group stage 1 asks: random (default) or first "
+                        "(sift-needle-14m v1's data, kept to reproduce it)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--size", default="base", choices=sorted(mdl.CONFIGS))
     p.add_argument("--rope-theta", type=float, default=5e5)
     p.add_argument("--steps", type=int, default=12000, help="the schedule's last step")
     p.add_argument("--stop-step", type=int, help="stop before this step (default --steps)")
-    p.add_argument("--time-budget", type=float, default=0, help="stop after this many seconds (0: none)")
+    p.add_argument("--time-budget", type=float, default=0,
+                   help="stop after this many seconds from the start, with a checkpoint (0: none)")
+    p.add_argument("--fit-budget", action="store_true",
+                   help="with --time-budget: once the curriculum has reached its longest length, "
+                        "if the steps left would overrun the budget, move --steps (and so the "
+                        "decay) earlier so that the run still ends decayed")
+    p.add_argument("--fit-steps", type=int, default=200,
+                   help="--fit-budget times this many steps at the longest length")
     p.add_argument("--tokens-per-step", type=int, default=65536)
     p.add_argument("--schedule", default="0:512,600:1024,1500:2048,3000:4096,5000:8192,8000:16384")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -239,6 +249,7 @@ def main(argv=None):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     start, history, used, segments = 0, [], 0.0, []
+    replan = None
     init = None
     if a.init_gguf:
         import import_gguf
@@ -255,6 +266,13 @@ def main(argv=None):
             raise ValueError(f"{a.resume}: checkpoint config {meta['config']} differs from {cfg}")
         if meta.get("mix", "base") != a.mix:
             raise ValueError(f"{a.resume}: checkpoint trained on mix {meta.get('mix', 'base')!r}, not --mix {a.mix}")
+        # checkpoints from before the option asked the first key
+        if meta.get("multikey_ask", "first") != a.multikey_ask:
+            raise ValueError(f"{a.resume}: checkpoint's multikey questions asked the "
+                             f"{meta.get('multikey_ask', 'first')} key, not --multikey-ask {a.multikey_ask}")
+        replan = meta.get("replan")
+        if replan:  # the resumed run keeps the schedule its budget moved
+            a.steps, a.decay_steps = replan["steps"], replan["decay_steps"]
         missing = set(dict(model.named_parameters())) - set(w)
         if missing:
             raise ValueError(f"{a.resume}: checkpoint lacks {sorted(missing)[:3]}")
@@ -281,14 +299,23 @@ def main(argv=None):
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 
-    segment = {"from": start, "args": vars(a),
+    segment = {"from": start, "args": dict(vars(a)),
                "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
 
     def meta_now(step, seconds):
         seg = dict(segment, to=step)
-        return {"step": step, "config": cfg, "seed": a.seed, "size": a.size, "mix": a.mix, "init": init,
+        return {"step": step, "config": cfg, "seed": a.seed, "size": a.size, "mix": a.mix,
+                "multikey_ask": a.multikey_ask, "init": init, "replan": replan,
                 "segments": segments + [seg], "history": history, "train_seconds": seconds,
                 "params": n_params}
+
+    # --fit-budget: time --fit-steps steps once the curriculum is at its
+    # longest length (the run's steady pace)
+    fit = None
+    if a.fit_budget and a.time_budget and replan is None and stop == a.steps:
+        top = sched[-1][0]
+        p0 = max(start, top) + 10 - (max(start, top) % 10)
+        fit = {"p0": p0, "p1": p0 + a.fit_steps, "t0": None}
 
     model.train()
     t0 = time.time()
@@ -319,6 +346,28 @@ def main(argv=None):
             acc = []
             history.append([step + 1, ids.shape[1], round(vals[0], 4), round(vals[1], 4)])
         now = time.time()
+        if fit and step + 1 in (fit["p0"], fit["p1"]):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            now = time.time()
+            if step + 1 == fit["p0"]:
+                fit["t0"] = now
+            elif fit["t0"] is not None:
+                pace = (now - fit["t0"]) / (fit["p1"] - fit["p0"])
+                margin = min(10.0, 0.05 * a.time_budget)  # the last checkpoint
+                left = a.time_budget - (now - t_start) - margin
+                need = (stop - step - 1) * pace
+                print(f"fit-budget: {pace * 1e3:.1f} ms a step; {stop - step - 1} steps left need "
+                      f"{need:.0f} s, {left:.0f} s left", flush=True)
+                if need > left:
+                    new_end = step + 1 + max(0, int(left / pace))
+                    new_decay = min(a.decay_steps, new_end - step - 1)
+                    replan = {"at": step + 1, "sec_per_step": round(pace, 5), "steps": new_end,
+                              "decay_steps": new_decay, "was": [a.steps, a.decay_steps]}
+                    a.steps, a.decay_steps, stop = new_end, new_decay, new_end
+                    print(f"fit-budget: the run now ends at step {new_end}, decaying over the last "
+                          f"{new_decay} steps", flush=True)
+                fit = None
         if (step + 1) % a.log_every == 0 and history:
             h = history[-1]
             print(f"step {step + 1} len {ids.shape[1]} x{ids.shape[0]} lm {h[2]:.3f} ans {h[3]:.3f} "

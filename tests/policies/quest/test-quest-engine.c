@@ -4,7 +4,10 @@
  * exactly the stored blocks that head selected plus the unstored tokens;
  * heads that did not select a loaded block must not have attended it. Run
  * with Quest's bounds from its offload hooks and from the engine (blocks
- * the hooks never showed it), which must agree. */
+ * the hooks never showed it), which must agree. Blocks read in place
+ * count as the union of the selections; copied through the ring, a block
+ * loads only the kv heads whose query heads selected it, with the same
+ * outputs. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -70,9 +73,10 @@ quest_new (SiftRegistry *registry)
 }
 
 /* Prefills PROMPT tokens (dense; through Quest's hooks when hooks_see_prompt)
- * and runs one decode step with Quest in every layer. */
+ * and runs one decode step with Quest in every layer; copy: the ring copies
+ * every load instead of reading the store in place. */
 static void
-run (gboolean hooks_see_prompt, Capture *c, SiftCounters *decode_counters)
+run (gboolean hooks_see_prompt, gboolean copy, Capture *c, SiftCounters *decode_counters)
 {
   g_autoptr (SiftRegistry) registry = sift_registry_new (NULL);
   SiftStoreConfig sc = { .dtype = SIFT_DTYPE_F32, .n_kv_heads = NKV, .block_size = BS, .head_dim = D };
@@ -82,6 +86,8 @@ run (gboolean hooks_see_prompt, Capture *c, SiftCounters *decode_counters)
   SiftEngineConfig ec = { shape, SIFT_DTYPE_F32, 2, SIFT_PIPELINE_RING, 0, SIFT_DEVICE_CPU };
   g_autoptr (SiftEngine) engine = sift_engine_new (&ec, store, &error);
   assert_non_null (engine);
+  sift_engine_set_force_copy (engine, copy);
+  assert_true (sift_engine_maps (engine) == !copy);
   g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);
   g_autoptr (SiftPolicy) quest = quest_new (registry);
   SiftPolicy *per_layer[NL] = { quest, quest };
@@ -129,19 +135,18 @@ reference (const float *q, const float *k, const float *v, gint32 g, const guint
 }
 
 static void
-test_per_head_selection_saves_compute (void **state)
+per_head_selection (gboolean copy)
 {
-  (void) state;
   Capture c = { 0 };
   SiftCounters counters;
-  run (TRUE, &c, &counters);
+  run (TRUE, copy, &c, &counters);
   const gint64 n_tok = PROMPT + 1;
   g_autoptr (SiftModel) source = sift_model_random_new (&shape, 7);
   g_autofree float *q = g_new (float, (gsize) n_tok * NQ * D);
   g_autofree float *k = g_new (float, (gsize) n_tok * NKV * D);
   g_autofree float *v = g_new (float, (gsize) n_tok * NKV * D);
   gboolean groups_differ = FALSE;
-  guint64 attended = 0, union_blocks = 0;
+  guint64 attended = 0, union_blocks = 0, kv_head_blocks = 0;
   for (gint32 l = 0; l < NL; l++)
     {
       assert_true (sift_model_qkv_at (source, l, 0, n_tok, q, k, v, NULL));
@@ -150,8 +155,14 @@ test_per_head_selection_saves_compute (void **state)
         {
           groups_differ |= c.has[l][b][0] != c.has[l][b][NQ / NKV];
           gboolean any = FALSE;
-          for (gint32 h = 0; h < NQ; h++)
-            any |= c.has[l][b][h];
+          for (gint32 g = 0; g < NKV; g++)
+            {
+              gboolean group = FALSE;
+              for (gint32 h = g * (NQ / NKV); h < (g + 1) * (NQ / NKV); h++)
+                group |= c.has[l][b][h];
+              kv_head_blocks += group;
+              any |= group;
+            }
           union_blocks += any;
         }
       for (gint32 h = 0; h < NQ; h++)
@@ -175,10 +186,31 @@ test_per_head_selection_saves_compute (void **state)
     }
   /* Otherwise the test could not tell per-head from shared selection. */
   assert_true (groups_differ);
-  /* Compute: each head attended its own blocks only. Transfer: the union, once. */
+  /* Compute: each head attended its own blocks only. Transfer: read in
+   * place, the union of whole blocks once; copied, each block's kv heads
+   * that some query head of theirs selected. */
   assert_int_equal (counters.tokens_attended, attended);
-  assert_int_equal (counters.bytes_loaded, union_blocks * (guint64) (2 * NKV * BS * D * sizeof (float)));
+  if (copy)
+    assert_int_equal (counters.bytes_loaded, kv_head_blocks * (guint64) (2 * BS * D * sizeof (float)));
+  else
+    assert_int_equal (counters.bytes_loaded, union_blocks * (guint64) (2 * NKV * BS * D * sizeof (float)));
   assert_true (union_blocks <= (guint64) NL * TOP_K * NKV);
+  /* Otherwise a copy of every head would pass the count above. */
+  assert_true (kv_head_blocks < union_blocks * NKV);
+}
+
+static void
+test_per_head_selection_saves_compute (void **state)
+{
+  (void) state;
+  per_head_selection (FALSE);
+}
+
+static void
+test_copied_loads_only_selected_kv_heads (void **state)
+{
+  (void) state;
+  per_head_selection (TRUE);
 }
 
 /* Quest placed in decode only (another policy runs the prefill) still sees
@@ -191,8 +223,8 @@ test_bounds_without_hooks_match (void **state)
   (void) state;
   Capture a = { 0 }, b = { 0 };
   SiftCounters ca, cb;
-  run (TRUE, &a, &ca);
-  run (FALSE, &b, &cb);
+  run (TRUE, FALSE, &a, &ca);
+  run (FALSE, FALSE, &b, &cb);
   assert_memory_equal (a.has, b.has, sizeof a.has);
   assert_memory_equal (a.out, b.out, sizeof a.out);
   assert_true (cb.bytes_loaded == ca.bytes_loaded);
@@ -203,6 +235,7 @@ main (void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_per_head_selection_saves_compute),
+    cmocka_unit_test (test_copied_loads_only_selected_kv_heads),
     cmocka_unit_test (test_bounds_without_hooks_match),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
