@@ -283,14 +283,13 @@ block_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
   return all ? NULL : flags;
 }
 
-/* The kv heads whose query groups attend block b of sel (bit g: kv head
- * g), for a load of those heads only; 0 (every head) when all do or a
- * mask cannot hold them. */
+/* The kv heads whose query groups attend a block (heads: its query
+ * heads' flags, NULL: all) as bits, for a load of those heads only; 0
+ * (every head) when all do or a mask cannot hold them. */
 static guint64
-block_kv_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
+block_kv_heads (SiftEngine *e, const gboolean *heads)
 {
   const SiftModelShape *s = &e->config.shape;
-  const gboolean *heads = block_heads (e, sel, b, flags);
   if (heads == NULL || s->n_kv_heads > 64)
     return 0;
   const gint32 G = s->n_q_heads / s->n_kv_heads;
@@ -500,15 +499,20 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
              guint64 *attended, gint64 *compute_us, GError **error)
 {
-  g_autofree gboolean *flags = g_new (gboolean, e->config.shape.n_q_heads);
+  const gint32 nqh = e->config.shape.n_q_heads;
   g_autofree gint64 *ids = g_new (gint64, MAX (m, 1));
-  /* A block only some kv heads' query groups selected loads those heads. */
+  /* Each block's query heads (looked up once), and the kv heads to load:
+   * a block only some kv heads' query groups selected loads those heads. */
+  g_autofree gboolean *flags = selection != NULL ? g_new (gboolean, (gsize) MAX (m, 1) * (gsize) nqh) : NULL;
+  g_autofree const gboolean **heads = g_new0 (const gboolean *, MAX (m, 1));
   g_autofree guint64 *kv_heads = selection != NULL ? g_new (guint64, MAX (m, 1)) : NULL;
   for (gint64 i = 0; i < m; i++)
     {
       ids[i] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
-      if (kv_heads != NULL)
-        kv_heads[i] = block_kv_heads (e, selection, ids[i], flags);
+      if (selection == NULL)
+        continue;
+      heads[i] = block_heads (e, selection, ids[i], flags + (gsize) i * (gsize) nqh);
+      kv_heads[i] = block_kv_heads (e, heads[i]);
     }
   const gsize G = (gsize) sift_engine_ring_group (e, ctx->n_q);
   g_autofree SiftStreamBlock *blocks = g_new (SiftStreamBlock, G);
@@ -518,7 +522,7 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   while (ok && (n = sift_engine_stream_next (stream, blocks, G, error)) > 0)
     {
       for (gsize i = 0; i < n; i++)
-        batch_add (e, b, &blocks[i].k, &blocks[i].v, block_heads (e, selection, blocks[i].block_id, flags));
+        batch_add (e, b, &blocks[i].k, &blocks[i].v, heads[blocks[i].index]);
       gint64 t0 = g_get_monotonic_time ();
       const gboolean last = (gint64) blocks[n - 1].index == m - 1;
       ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);

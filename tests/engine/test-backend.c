@@ -136,7 +136,8 @@ test_store_then_load (void **state)
 
 /* Heads 1, 2 and 4 of 5 (a run and a single), K only or K and V, from
  * an f32 and an f16 store into an f32 destination of the block's tokens
- * per head or more (strided). */
+ * per head or more (strided); run by the submitting thread (small, nothing
+ * queued) or queued behind a store (the worker's, or a waiter's help). */
 static void
 test_load_some_heads (void **state)
 {
@@ -148,57 +149,70 @@ test_load_some_heads (void **state)
   for (gsize di = 0; di < G_N_ELEMENTS (dtypes); di++)
     for (gsize wi = 0; wi < G_N_ELEMENTS (whats); wi++)
       for (gint64 cap = BLOCK; cap <= BLOCK + 3; cap += 3)
-        {
-          g_autoptr (GError) error = NULL;
-          Heard h = { 0 };
-          SiftStoreConfig sc = { .dtype = dtypes[di], .n_kv_heads = NH, .block_size = BLOCK, .head_dim = DIM };
-          SiftStore *store = sift_store_host_new (&sc, &error);
-          g_assert_no_error (error);
-          SiftModelShape shape = { 1, NH, NH, DIM, BLOCK, BLOCK, 0 };
-          SiftBackendSetup setup = { shape, SIFT_DTYPE_F32, store, { heard, &h } };
-          SiftBackend *b = sift_backend_cpu_new (&setup);
-          const SiftBackendOps *o = b->ops;
-          /* Values exact in f16: the conversion must give them back bit for bit. */
-          const gsize n = 2 * (gsize) NH * BLOCK * DIM, row = sift_dtype_row_bytes (dtypes[di], DIM);
-          g_autofree float *vals = g_new (float, n);
-          g_autofree guint8 *stored = g_malloc (n / DIM * row);
-          for (gsize i = 0; i < n; i++)
-            vals[i] = (float) (i % 977) * 0.25f - 100.0f;
-          sift_convert ((const guint8 *) vals, SIFT_DTYPE_F32, stored, dtypes[di], n);
-          gint64 id;
-          assert_true (sift_store_alloc (store, &id, &error));
-          assert_true (sift_store_write (store, id, stored, &error));
-          const gsize half = (gsize) NH * cap * DIM;
-          g_autofree float *dst = g_new (float, 2 * half);
-          memset (dst, 0xA5, 2 * half * sizeof (float));
-          g_autofree float *before = g_memdup2 (dst, 2 * half * sizeof (float));
-          SiftEvent *ev = o->event_new (b);
-          SiftTransfer t = { .kind = SIFT_TRANSFER_LOAD, .store_id = id, .what = whats[wi], .k = (guint8 *) dst,
-                             .v = (guint8 *) (dst + half), .cap = cap, .event = ev, .kv_heads = mask };
-          o->submit (b, &t, 1);
-          assert_true (o->event_wait (b, &ev, 1, NULL, &error));
-          g_assert_no_error (error);
-          const int halves = whats[wi] == SIFT_LOAD_KV ? 2 : 1;
-          assert_int_equal (h.bytes_loaded, (guint64) halves * 3 * BLOCK * row);
-          for (int kv = 0; kv < 2; kv++)
-            for (gint32 hd = 0; hd < NH; hd++)
-              {
-                const float *got = dst + (gsize) kv * half + (gsize) hd * cap * DIM;
-                if (kv < halves && ((mask >> hd) & 1))
-                  assert_memory_equal (got, vals + ((gsize) kv * NH + (gsize) hd) * BLOCK * DIM,
-                                       (gsize) BLOCK * DIM * sizeof (float));
-                else
-                  assert_memory_equal (got, before + (got - dst), (gsize) BLOCK * DIM * sizeof (float));
-              }
-          /* The rows past the block in each head (cap > BLOCK) are untouched too. */
-          for (gint32 hd = 0; hd < 2 * NH; hd++)
-            assert_memory_equal (dst + (gsize) hd * cap * DIM + (gsize) BLOCK * DIM,
-                                 before + (gsize) hd * cap * DIM + (gsize) BLOCK * DIM,
-                                 (gsize) (cap - BLOCK) * DIM * sizeof (float));
-          o->event_free (b, ev);
-          o->free (b);
-          sift_store_free (store);
-        }
+        for (int queued = 0; queued < 2; queued++)
+          {
+            g_autoptr (GError) error = NULL;
+            Heard h = { 0 };
+            SiftStoreConfig sc = { .dtype = dtypes[di], .n_kv_heads = NH, .block_size = BLOCK, .head_dim = DIM };
+            SiftStore *store = sift_store_host_new (&sc, &error);
+            g_assert_no_error (error);
+            SiftModelShape shape = { 1, NH, NH, DIM, BLOCK, BLOCK, 0 };
+            SiftBackendSetup setup = { shape, SIFT_DTYPE_F32, store, { heard, &h } };
+            SiftBackend *b = sift_backend_cpu_new (&setup);
+            const SiftBackendOps *o = b->ops;
+            /* Values exact in f16: the conversion must give them back bit for bit. */
+            const gsize n = 2 * (gsize) NH * BLOCK * DIM, row = sift_dtype_row_bytes (dtypes[di], DIM);
+            g_autofree float *vals = g_new (float, n);
+            g_autofree guint8 *stored = g_malloc (n / DIM * row);
+            for (gsize i = 0; i < n; i++)
+              vals[i] = (float) (i % 977) * 0.25f - 100.0f;
+            sift_convert ((const guint8 *) vals, SIFT_DTYPE_F32, stored, dtypes[di], n);
+            gint64 id;
+            assert_true (sift_store_alloc (store, &id, &error));
+            assert_true (sift_store_write (store, id, stored, &error));
+            const gsize half = (gsize) NH * cap * DIM;
+            g_autofree float *dst = g_new (float, 2 * half);
+            memset (dst, 0xA5, 2 * half * sizeof (float));
+            g_autofree float *before = g_memdup2 (dst, 2 * half * sizeof (float));
+            SiftEvent *ev = o->event_new (b);
+            SiftTransfer t = { .kind = SIFT_TRANSFER_LOAD, .store_id = id, .what = whats[wi], .k = (guint8 *) dst,
+                               .v = (guint8 *) (dst + half), .cap = cap, .event = ev, .kv_heads = mask };
+            /* Queued: a store of another block goes first, in the same submission. */
+            g_autofree float *zeros = g_new0 (float, 2 * (gsize) NH * BLOCK * DIM);
+            gint64 other;
+            assert_true (sift_store_alloc (store, &other, &error));
+            SiftTransfer both[2] = {
+              { .kind = SIFT_TRANSFER_STORE, .store_id = other, .what = SIFT_LOAD_KV, .k = (guint8 *) zeros,
+                .v = (guint8 *) (zeros + (gsize) NH * BLOCK * DIM), .cap = BLOCK, .event = ev },
+              t,
+            };
+            o->submit (b, queued ? both : &t, queued ? 2 : 1);
+            if (!queued) /* ran inline: done when submit returns */
+              assert_int_equal (o->event_query (b, ev), SIFT_EVENT_DONE);
+            assert_true (o->event_wait (b, &ev, 1, NULL, &error));
+            g_assert_no_error (error);
+            assert_int_equal (h.n_stores, queued);
+            const int halves = whats[wi] == SIFT_LOAD_KV ? 2 : 1;
+            assert_int_equal (h.bytes_loaded, (guint64) halves * 3 * BLOCK * row);
+            for (int kv = 0; kv < 2; kv++)
+              for (gint32 hd = 0; hd < NH; hd++)
+                {
+                  const float *got = dst + (gsize) kv * half + (gsize) hd * cap * DIM;
+                  if (kv < halves && ((mask >> hd) & 1))
+                    assert_memory_equal (got, vals + ((gsize) kv * NH + (gsize) hd) * BLOCK * DIM,
+                                         (gsize) BLOCK * DIM * sizeof (float));
+                  else
+                    assert_memory_equal (got, before + (got - dst), (gsize) BLOCK * DIM * sizeof (float));
+                }
+            /* The rows past the block in each head (cap > BLOCK) are untouched too. */
+            for (gint32 hd = 0; hd < 2 * NH; hd++)
+              assert_memory_equal (dst + (gsize) hd * cap * DIM + (gsize) BLOCK * DIM,
+                                   before + (gsize) hd * cap * DIM + (gsize) BLOCK * DIM,
+                                   (gsize) (cap - BLOCK) * DIM * sizeof (float));
+            o->event_free (b, ev);
+            o->free (b);
+            sift_store_free (store);
+          }
 }
 
 /* A store whose writes fail on demand. */
