@@ -311,3 +311,27 @@ test_run_close (TestRun *r, gboolean own_store)
     }
   g_free (r->path);
 }
+
+void
+test_run_reset_matches_fresh (TestRun *a, const TestCase *c, gboolean resident)
+{
+  test_checker_free (a->check);
+  sift_model_free (a->src);
+  SiftModelShape shape = test_case_shape (c);
+  a->src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
+  sift_runner_free (a->runner);
+  g_autoptr (GError) error = NULL;
+  a->runner = sift_runner_new (a->engine, a->src, a->per_layer, a->per_layer, &error);
+  g_assert_no_error (error);
+  a->check = test_checker_new (a->src, test_case_tokens (c));
+  sift_runner_set_observer (a->runner, &test_checker_observer, a->check);
+  test_run_sequence (a, c);
+  TestRun b;
+  test_run_open (&b, c, 2, NULL, resident);
+  test_run_sequence (&b, c);
+  g_assert_cmpmem (a->check->outputs->data, a->check->outputs->len * sizeof (float), b.check->outputs->data,
+                   b.check->outputs->len * sizeof (float));
+  g_assert_cmpfloat (a->check->max_err, <, test_tolerance (c->compute));
+  test_run_close (a, TRUE);
+  test_run_close (&b, TRUE);
+}

@@ -90,6 +90,9 @@ typedef struct {
  * resident if asked (sift_engine_set_resident), the case's policy on every
  * layer, the checker observing; seed of the random source. */
 void test_run_open (TestRun *r, const TestCase *c, guint64 seed, SiftStore *shared, gboolean resident);
+/* After sift_runner_reset on a: a sequence of seed 2 on a's engine equals the
+ * same sequence on a fresh engine (resident or not), bit for bit; closes both. */
+void test_run_reset_matches_fresh (TestRun *a, const TestCase *c, gboolean resident);
 /* Prefill the prompt, then the case's decode steps. */
 void test_run_sequence (TestRun *r, const TestCase *c);
 /* Frees the run; with own_store, checks its store is empty and its file gone. */

@@ -128,26 +128,7 @@ test_reset_leaves_no_trace (void **state)
       assert_int_equal (z.bytes_stored, 0);
       assert_int_equal (z.bytes_loaded, 0);
       /* The same engine, a new sequence of another seed. */
-      test_checker_free (a.check);
-      sift_model_free (a.src);
-      SiftModelShape shape = test_case_shape (&c);
-      a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
-      sift_runner_free (a.runner);
-      g_autoptr (GError) error = NULL;
-      a.runner = sift_runner_new (a.engine, a.src, a.per_layer, a.per_layer, &error);
-      g_assert_no_error (error);
-      a.check = test_checker_new (a.src, test_case_tokens (&c));
-      sift_runner_set_observer (a.runner, &test_checker_observer, a.check);
-      test_run_sequence (&a, &c);
-
-      TestRun b;
-      test_run_open (&b, &c, 2, NULL, FALSE);
-      test_run_sequence (&b, &c);
-      assert_int_equal (a.check->outputs->len, b.check->outputs->len);
-      assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
-      assert_true (a.check->max_err < test_tolerance (c.compute));
-      test_run_close (&a, TRUE);
-      test_run_close (&b, TRUE);
+      test_run_reset_matches_fresh (&a, &c, FALSE);
     }
 }
 

@@ -168,7 +168,7 @@ test_resident_reset (void **state)
 {
   (void) state;
   TestCase c = { 2, 4, 2, T_DIM, 16, 32, 3, FALSE, SIFT_DTYPE_F16, T_COMPUTE, SIFT_PIPELINE_RING, 150, 50, TEST_POL_FULL };
-  TestRun a, b;
+  TestRun a;
   test_run_open (&a, &c, 1, NULL, TRUE);
   test_run_sequence (&a, &c);
   g_autoptr (GError) error = NULL;
@@ -176,24 +176,7 @@ test_resident_reset (void **state)
   g_assert_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE);
   sift_runner_reset (a.runner);
   assert_int_equal (sift_store_blocks_in_use (a.store), 0);
-  test_checker_free (a.check);
-  sift_model_free (a.src);
-  SiftModelShape shape = test_case_shape (&c);
-  a.src = test_source_new (&shape, 2, SIFT_DTYPE_F16);
-  sift_runner_free (a.runner);
-  g_clear_error (&error);
-  a.runner = sift_runner_new (a.engine, a.src, a.per_layer, a.per_layer, &error);
-  g_assert_no_error (error);
-  a.check = test_checker_new (a.src, test_case_tokens (&c));
-  sift_runner_set_observer (a.runner, &test_checker_observer, a.check);
-  test_run_sequence (&a, &c);
-  test_run_open (&b, &c, 2, NULL, TRUE);
-  test_run_sequence (&b, &c);
-  assert_int_equal (a.check->outputs->len, b.check->outputs->len);
-  assert_memory_equal (a.check->outputs->data, b.check->outputs->data, a.check->outputs->len * sizeof (float));
-  assert_true (a.check->max_err < test_tolerance (c.compute));
-  test_run_close (&a, TRUE);
-  test_run_close (&b, TRUE);
+  test_run_reset_matches_fresh (&a, &c, TRUE);
 }
 
 /* A bounded cache: eviction compacts blocks in the store, and the resident
