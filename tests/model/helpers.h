@@ -29,6 +29,19 @@ nmse (const float *y, const double *ref, gsize n)
   return num / MAX (den, 1e-300);
 }
 
+/* nmse against a float reference (another kernel's output). */
+static inline double
+nmse_f (const float *y, const float *ref, gsize n)
+{
+  double num = 0, den = 0;
+  for (gsize i = 0; i < n; i++)
+    {
+      num += (double) (y[i] - ref[i]) * (y[i] - ref[i]);
+      den += (double) ref[i] * ref[i];
+    }
+  return num / MAX (den, 1e-300);
+}
+
 /* The largest |a[i] - b[i]|. */
 static inline double
 max_diff (const float *a, const float *b, gsize n)

@@ -194,14 +194,9 @@ check_matmul (gint64 n_in, gint64 n_tok)
           if (k == NULL)
             continue;
           llama_matmul_with (k, &m, xs, y, n_tok);
-          double num = 0, den = 0;
-          for (gint64 i = 0; i < n_out * n_tok; i++)
-            {
-              num += (double) (y[i] - ys[i]) * (y[i] - ys[i]);
-              den += (double) ys[i] * ys[i];
-            }
-          if (num / den > 1e-11)
-            fail_msg ("%s %s vs scalar: NMSE %g", gguf_tensor_type_name (types[t]), k->name, num / den);
+          double ek = nmse_f (y, ys, (gsize) (n_out * n_tok));
+          if (ek > 1e-11)
+            fail_msg ("%s %s vs scalar: NMSE %g", gguf_tensor_type_name (types[t]), k->name, ek);
         }
     }
   g_rand_free (r);
@@ -257,15 +252,10 @@ check_x16 (gint64 n_in, gint64 n_tok)
           if (k == NULL)
             continue;
           llama_matmul_with (k, &mx, x, y, n_tok);
-          double num = 0, den = 0;
-          for (gint64 i = 0; i < n_out * n_tok; i++)
-            {
-              num += (double) (y[i] - ys[i]) * (y[i] - ys[i]);
-              den += (double) ys[i] * ys[i];
-            }
-          if (num / den > 1e-11)
+          double ek = nmse_f (y, ys, (gsize) (n_out * n_tok));
+          if (ek > 1e-11)
             fail_msg ("%s x16 %s vs scalar rows: NMSE %g (%" G_GINT64_FORMAT " tokens)",
-                      gguf_tensor_type_name (x16_types[t]), k->name, num / den, n_tok);
+                      gguf_tensor_type_name (x16_types[t]), k->name, ek, n_tok);
           /* Three matrices (the last one of 16 rows) in one loop. */
           LlamaMat small = mx;
           small.n_out = 16;
