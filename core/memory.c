@@ -42,3 +42,39 @@ sift_mem_free (void *p)
 {
   free (p);
 }
+
+static gsize
+map_size (gsize bytes)
+{
+  return (MAX (bytes, 1) + 4095) / 4096 * 4096;
+}
+
+void *
+sift_mem_map0 (gsize bytes)
+{
+  if (bytes > (gsize) PTRDIFF_MAX - 4096)
+    return NULL;
+  void *p = mmap (NULL, map_size (bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+#ifdef MADV_HUGEPAGE
+  if (bytes >= SIFT_HUGE_PAGE_BYTES)
+    (void) madvise (p, map_size (bytes), MADV_HUGEPAGE); /* a hint */
+#endif
+  return p;
+}
+
+void
+sift_mem_unmap (void *p, gsize bytes)
+{
+  if (p != NULL)
+    munmap (p, map_size (bytes));
+}
+
+void
+sift_mem_discard (void *p, gsize bytes)
+{
+  const guintptr lo = ((guintptr) p + 4095) / 4096 * 4096, hi = ((guintptr) p + bytes) / 4096 * 4096;
+  if (p != NULL && hi > lo)
+    (void) madvise ((void *) lo, hi - lo, MADV_DONTNEED); /* a hint: on failure the pages stay */
+}

@@ -4,7 +4,6 @@
  * blocks in RAM in the compute dtype is read in place. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <sift/memory.h>
 
@@ -13,33 +12,19 @@
 /* From here on a buffer is its own anonymous mapping. */
 #define MAPPED_BYTES ((gsize) 64 << 10)
 
-static gsize
-mapped_size (gsize size)
-{
-  return (size + 4095) / 4096 * 4096;
-}
-
 /* Zeroed, 4096-byte aligned (O_DIRECT's staging). From 64 KiB on an
- * anonymous mapping, which the kernel zeroes as each page is first
- * touched: a buffer sized for a whole chunk (a layer's prefill K and V,
+ * anonymous mapping (sift_mem_map0), which the kernel zeroes as each page
+ * is first touched: a buffer sized for a whole chunk (a prefill K and V,
  * 1 MiB each at 512 tokens) is resident only as far as steps fill it,
  * instead of all of it from the start; from 2 MiB on it asks for huge
- * pages (madvise MADV_HUGEPAGE; a hint). */
+ * pages (a hint). */
 static void *
 cpu_host_alloc (SiftBackend *backend, gsize size)
 {
   (void) backend;
   void *p = NULL;
   if (size >= MAPPED_BYTES)
-    {
-      p = mmap (NULL, mapped_size (size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED)
-        p = NULL;
-#ifdef MADV_HUGEPAGE
-      else if (size >= SIFT_HUGE_PAGE_BYTES)
-        (void) madvise (p, mapped_size (size), MADV_HUGEPAGE);
-#endif
-    }
+    p = sift_mem_map0 (size);
   else if (posix_memalign (&p, 4096, MAX (size, 1)) == 0)
     memset (p, 0, MAX (size, 1));
   else
@@ -56,7 +41,7 @@ cpu_host_free (SiftBackend *backend, void *p, gsize size)
   if (p == NULL)
     return;
   if (size >= MAPPED_BYTES)
-    munmap (p, mapped_size (size));
+    sift_mem_unmap (p, size);
   else
     free (p);
 }

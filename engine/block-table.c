@@ -301,11 +301,28 @@ sift_engine_put_prefill (SiftEngine *e, gint32 layer, gint64 pos0, gint64 n, con
                    e->decode_len[layer] > 0 ? " and decoding started" : "");
       return FALSE;
     }
+  /* The buffer pair is shared (engine-private.h): its previous layer's
+   * rows must be offloaded, and their stores done, before these overwrite them. */
+  gint32 *owner = &e->prefill_owner[layer % e->n_prefill_pairs];
+  if (*owner >= 0 && *owner != layer)
+    {
+      const gint32 o = *owner;
+      if (e->prefill_len[o] > 0 && e->stored_tokens[o] < e->prefill_pos[o] + e->prefill_len[o])
+        {
+          g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE,
+                       "engine: layer %d cannot prefill at %" G_GINT64_FORMAT ": layer %d's chunk at %" G_GINT64_FORMAT
+                       " shares its buffer and is not offloaded yet", layer, pos0, o, e->prefill_pos[o]);
+          return FALSE;
+        }
+      sift_engine_wait_stores (e, o);
+      e->prefill_len[o] = 0;
+    }
   sift_engine_wait_stores (e, layer);
   if (!sift_engine_store_ok (e, error))
     return FALSE;
   put_rows (e, k, n, e->prefill_k[layer], e->prefill_hk[layer], s->chunk_size, 0);
   put_rows (e, v, n, e->prefill_v[layer], e->prefill_hv[layer], s->chunk_size, 0);
+  *owner = layer;
   e->prefill_pos[layer] = pos0;
   e->prefill_len[layer] = (gint32) n;
   return TRUE;

@@ -83,9 +83,14 @@ struct _SiftEngine {
   gboolean host_compute;      /* compute memory is host memory (the CPU backend) */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
-  guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim] */
+  /* Prefill buffers: n_prefill_pairs pairs shared by the layers, layer l
+   * using pair l % n_prefill_pairs (a layer's chunk is offloaded before the
+   * next layer's arrives; put_prefill waits for the previous user's stores). */
+  guint8 **prefill_k, **prefill_v; /* [n_layers] -> [n_kv_heads][chunk_size][head_dim], aliases of the pairs */
+  gint32 n_prefill_pairs;
+  gint32 *prefill_owner;      /* [n_prefill_pairs] the layer whose rows the pair holds (-1: none) */
   gint64 *prefill_pos;        /* [n_layers] position of the buffer's token 0 */
-  gint32 *prefill_len;        /* [n_layers] tokens in the buffer */
+  gint32 *prefill_len;        /* [n_layers] tokens in the buffer (0 once another layer took it) */
   guint8 **decode_k, **decode_v;   /* [n_layers] -> [n_kv_heads][decode_cap][head_dim] */
   /* Host images of the prefill and decode buffers, same layout: what the
    * engine reads on the host (offload hooks, H2O accumulation, gathered

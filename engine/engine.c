@@ -15,6 +15,12 @@
 
 #include "engine-private.h"
 
+/* Prefill buffer pairs shared by the layers (engine-private.h): two, so
+ * that layer l's stores overlap layer l+1's projections, and a 16-layer
+ * model holds 2 chunks of K and V instead of 16 (docs/engine.md,
+ * "Per-layer buffers"). */
+#define PREFILL_PAIRS 2
+
 static gboolean
 check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
 {
@@ -45,7 +51,8 @@ check_config (const SiftEngineConfig *c, const SiftStore *store, GError **error)
    * large for the machine is an error here, not an abort or an OOM kill. */
   const double es = (double) sift_dtype_size (c->compute_dtype);
   const double rows = (double) c->n_slots * s->block_size
-                      + (double) s->n_layers * (s->chunk_size + s->block_size + SIFT_ATTN_DECODE_MAX_ROWS);
+                      + (double) MIN (s->n_layers, PREFILL_PAIRS) * s->chunk_size
+                      + (double) s->n_layers * (s->block_size + SIFT_ATTN_DECODE_MAX_ROWS);
   const double bytes = 2.0 * s->n_kv_heads * s->head_dim * es * rows
                        + (double) s->n_q_heads * MAX (s->chunk_size, SIFT_ATTN_DECODE_MAX_ROWS) * (s->head_dim + 1) * 4.0;
   const long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
@@ -163,10 +170,13 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->prefill_v = g_new0 (guint8 *, L);
   e->decode_k = g_new0 (guint8 *, L);
   e->decode_v = g_new0 (guint8 *, L);
+  e->n_prefill_pairs = MIN (L, PREFILL_PAIRS);
+  e->prefill_owner = g_new (gint32, e->n_prefill_pairs);
   for (gint32 l = 0; l < L; l++)
     {
-      e->prefill_k[l] = buffer_new (e, pf_bytes, &local);
-      e->prefill_v[l] = buffer_new (e, pf_bytes, &local);
+      const gboolean own = l < e->n_prefill_pairs;
+      e->prefill_k[l] = own ? buffer_new (e, pf_bytes, &local) : e->prefill_k[l % e->n_prefill_pairs];
+      e->prefill_v[l] = own ? buffer_new (e, pf_bytes, &local) : e->prefill_v[l % e->n_prefill_pairs];
       e->decode_k[l] = buffer_new (e, dc_bytes, &local);
       e->decode_v[l] = buffer_new (e, dc_bytes, &local);
     }
@@ -176,11 +186,14 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
   e->decode_hv = g_new0 (guint8 *, L);
   for (gint32 l = 0; l < L && local == NULL; l++)
     {
-      e->prefill_hk[l] = image_new (e, e->prefill_k[l], pf_bytes);
-      e->prefill_hv[l] = image_new (e, e->prefill_v[l], pf_bytes);
+      const gboolean own = l < e->n_prefill_pairs;
+      e->prefill_hk[l] = own ? image_new (e, e->prefill_k[l], pf_bytes) : e->prefill_hk[l % e->n_prefill_pairs];
+      e->prefill_hv[l] = own ? image_new (e, e->prefill_v[l], pf_bytes) : e->prefill_hv[l % e->n_prefill_pairs];
       e->decode_hk[l] = image_new (e, e->decode_k[l], dc_bytes);
       e->decode_hv[l] = image_new (e, e->decode_v[l], dc_bytes);
     }
+  for (gint32 i = 0; i < e->n_prefill_pairs; i++)
+    e->prefill_owner[i] = -1;
   e->prefill_pos = g_new0 (gint64, L);
   e->prefill_len = g_new0 (gint32, L);
   e->decode_start = g_new0 (gint32, L);
@@ -224,6 +237,7 @@ sift_engine_free (SiftEngine *e)
   sift_engine_blocks_free (e);
   g_free (e->prefill_k);
   g_free (e->prefill_v);
+  g_free (e->prefill_owner);
   g_free (e->decode_k);
   g_free (e->decode_v);
   for (guint i = 0; i < e->images->len; i++)
@@ -262,16 +276,23 @@ sift_engine_reset (SiftEngine *e)
   const gint32 L = s->n_layers;
   const gsize pf_bytes = (gsize) s->n_kv_heads * (gsize) s->chunk_size * (gsize) s->head_dim * e->es;
   const gsize dc_bytes = (gsize) s->n_kv_heads * (gsize) e->decode_cap * (gsize) s->head_dim * e->es;
+  for (gint32 i = 0; i < e->n_prefill_pairs; i++)
+    {
+      e->backend->ops->buffer_clear (e->backend, e->prefill_k[i], pf_bytes);
+      e->backend->ops->buffer_clear (e->backend, e->prefill_v[i], pf_bytes);
+      if (!e->host_compute)
+        {
+          memset (e->prefill_hk[i], 0, pf_bytes);
+          memset (e->prefill_hv[i], 0, pf_bytes);
+        }
+      e->prefill_owner[i] = -1;
+    }
   for (gint32 l = 0; l < L; l++)
     {
-      e->backend->ops->buffer_clear (e->backend, e->prefill_k[l], pf_bytes);
-      e->backend->ops->buffer_clear (e->backend, e->prefill_v[l], pf_bytes);
       e->backend->ops->buffer_clear (e->backend, e->decode_k[l], dc_bytes);
       e->backend->ops->buffer_clear (e->backend, e->decode_v[l], dc_bytes);
       if (!e->host_compute)
         {
-          memset (e->prefill_hk[l], 0, pf_bytes);
-          memset (e->prefill_hv[l], 0, pf_bytes);
           memset (e->decode_hk[l], 0, dc_bytes);
           memset (e->decode_hv[l], 0, dc_bytes);
         }

@@ -11,6 +11,7 @@
 
 #include <sift/attn.h>
 #include <sift/error.h>
+#include <sift/memory.h>
 #include <sift/runner.h>
 
 #include "engine-private.h"
@@ -31,6 +32,7 @@ struct _SiftRunner {
   float *out;                 /* [n_q_heads][max_q][head_dim] */
   float *out_tm;              /* the same, token-major [max_q][n_q_heads][head_dim], for the model */
   float *lse;                 /* [n_q_heads][max_q] */
+  gint64 scratch_rows;        /* rows the last step used of q ... lse (sift_mem_map0'd) */
   SiftSelection **sel;        /* [n_layers] */
   /* Cross-layer decode: what is prefetched for a layer before its query
    * exists (the blocks it chose at the previous step). */
@@ -83,6 +85,36 @@ check_policy (SiftEngine *e, SiftPolicy *p, SiftPhase phase, gint32 layer, GErro
   return TRUE;
 }
 
+/* The per-step scratch, rows of `per` floats, max_q rows each. */
+#define SCRATCH_BUFS 6
+
+static void
+scratch_layout (SiftRunner *r, const SiftModelShape *s, float **bufs[SCRATCH_BUFS], gint64 per[SCRATCH_BUFS])
+{
+  const gint64 q = (gint64) s->n_q_heads * s->head_dim, kv = (gint64) s->n_kv_heads * s->head_dim;
+  float **b[SCRATCH_BUFS] = { &r->q, &r->k, &r->v, &r->out, &r->out_tm, &r->lse };
+  const gint64 p[SCRATCH_BUFS] = { q, kv, kv, q, q, s->n_q_heads };
+  memcpy (bufs, b, sizeof b);
+  memcpy (per, p, sizeof p);
+}
+
+/* Before a step of n rows: the rows past n that a larger step touched go
+ * back to the kernel (every step writes its rows before reading them), so
+ * decode does not keep a prefill chunk's scratch resident. */
+static void
+fit_scratch (SiftRunner *r, gint64 n)
+{
+  if (n < r->scratch_rows)
+    {
+      float **bufs[SCRATCH_BUFS];
+      gint64 per[SCRATCH_BUFS];
+      scratch_layout (r, &r->engine->config.shape, bufs, per);
+      for (int i = 0; i < SCRATCH_BUFS; i++)
+        sift_mem_discard (*bufs[i] + n * per[i], sizeof (float) * (gsize) ((r->scratch_rows - n) * per[i]));
+    }
+  r->scratch_rows = n;
+}
+
 SiftRunner *
 sift_runner_new (SiftEngine *engine, SiftModel *model, SiftPolicy *const *prefill,
                  SiftPolicy *const *decode, GError **error)
@@ -113,13 +145,12 @@ sift_runner_new (SiftEngine *engine, SiftModel *model, SiftPolicy *const *prefil
       r->prefill[l] = prefill ? prefill[l] : NULL;
       r->decode[l] = decode ? decode[l] : NULL;
     }
-  const gint64 max_q = engine->max_q;
-  r->q = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
-  r->k = g_new0 (float, (gsize) (max_q * s->n_kv_heads * s->head_dim));
-  r->v = g_new0 (float, (gsize) (max_q * s->n_kv_heads * s->head_dim));
-  r->out = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
-  r->out_tm = g_new0 (float, (gsize) (max_q * s->n_q_heads * s->head_dim));
-  r->lse = g_new0 (float, (gsize) (max_q * s->n_q_heads));
+  float **bufs[SCRATCH_BUFS];
+  gint64 per[SCRATCH_BUFS];
+  scratch_layout (r, s, bufs, per);
+  for (int i = 0; i < SCRATCH_BUFS; i++)
+    if ((*bufs[i] = sift_mem_map0 (sizeof (float) * (gsize) (engine->max_q * per[i]))) == NULL)
+      g_error ("runner: out of memory (%" G_GINT64_FORMAT " floats)", engine->max_q * per[i]);
   r->sel = g_new0 (SiftSelection *, (guint) L);
   r->guess = g_new0 (SiftSelection *, (guint) L);
   r->have_prev = g_new0 (gboolean, (guint) L);
@@ -154,12 +185,11 @@ sift_runner_free (SiftRunner *r)
   g_free (r->have_prev);
   g_free (r->prefill);
   g_free (r->decode);
-  g_free (r->q);
-  g_free (r->k);
-  g_free (r->v);
-  g_free (r->out);
-  g_free (r->out_tm);
-  g_free (r->lse);
+  float **bufs[SCRATCH_BUFS];
+  gint64 per[SCRATCH_BUFS];
+  scratch_layout (r, &r->engine->config.shape, bufs, per);
+  for (int i = 0; i < SCRATCH_BUFS; i++)
+    sift_mem_unmap (*bufs[i], sizeof (float) * (gsize) (r->engine->max_q * per[i]));
   g_free (r->available);
   g_free (r);
 }
@@ -359,6 +389,7 @@ run_step (SiftRunner *r, SiftPhase phase, gint64 pos0, gint64 n, const gint32 *t
           GError **error)
 {
   const gint32 L = r->engine->config.shape.n_layers;
+  fit_scratch (r, n);
   if (!sift_model_begin (r->model, pos0, n, tokens, error))
     return FALSE;
   gboolean ok = TRUE;

@@ -14,9 +14,11 @@
 typedef struct {
   SiftStore parent;
   GPtrArray *blocks;  /* void * [reserved], block_bytes each, inside chunks; guarded by parent.lock */
-  GPtrArray *chunks;  /* runs of blocks, owned: sift_mem_alloc'd, or from memory_alloc */
+  GPtrArray *chunks;  /* runs of blocks, owned: sift_mem_map0'd, or from memory_alloc */
   GArray *chunk_sizes; /* gsize [chunks] */
-  /* Where chunks come from once set (a GPU backend's pinned memory); NULL: sift_mem_alloc0. */
+  /* Where chunks come from once set (a GPU backend's pinned memory); NULL:
+   * sift_mem_map0, so that a chunk reserved ahead is resident only as far
+   * as blocks are written (docs/benchmarks.md, "Peak resident memory"). */
   void *(*memory_alloc) (gsize size);
   void (*memory_free) (void *p, gsize size);
 } HostStore;
@@ -68,7 +70,7 @@ host_reserve (SiftStore *store, gint64 n_blocks, GError **error)
   const gsize stride = (store->block_bytes + 63) / 64 * 64; /* each block 64-byte aligned */
   guint8 *chunk = NULL;
   if (n_new <= G_MAXSIZE / stride)
-    chunk = self->memory_alloc != NULL ? self->memory_alloc (n_new * stride) : sift_mem_alloc0 (n_new * stride);
+    chunk = self->memory_alloc != NULL ? self->memory_alloc (n_new * stride) : sift_mem_map0 (n_new * stride);
   if (chunk == NULL)
     {
       g_set_error (error, SIFT_STORE_ERROR, SIFT_STORE_ERROR_FULL,
@@ -94,7 +96,7 @@ host_finalize (SiftStore *store)
       if (self->memory_alloc != NULL)
         self->memory_free (chunk, g_array_index (self->chunk_sizes, gsize, i));
       else
-        sift_mem_free (chunk);
+        sift_mem_unmap (chunk, g_array_index (self->chunk_sizes, gsize, i));
     }
   g_ptr_array_unref (self->blocks);
   g_ptr_array_unref (self->chunks);

@@ -26,4 +26,22 @@ SIFT_API void *sift_mem_alloc0 (gsize bytes);
 /* Frees what sift_mem_alloc returned; NULL is ignored. */
 SIFT_API void sift_mem_free (void *p);
 
+/* `bytes` of zeroes that cost nothing until touched: the buffer is its own
+ * anonymous mapping, whose pages the kernel zeroes as each is first
+ * touched, so memory reserved ahead of use (a store grown geometrically,
+ * a buffer sized for a whole chunk) is resident only as far as it is
+ * used. Page aligned; from SIFT_HUGE_PAGE_BYTES on it asks for huge pages
+ * as sift_mem_alloc does. NULL when out of memory. Free with
+ * sift_mem_unmap and the same size. */
+SIFT_API void *sift_mem_map0 (gsize bytes);
+
+/* Frees what sift_mem_map0 returned (`bytes` as given to it); NULL is ignored. */
+SIFT_API void sift_mem_unmap (void *p, gsize bytes);
+
+/* The pages of a sift_mem_map0 buffer wholly inside [p, p + bytes) leave
+ * the resident set and read as zeroes again (madvise MADV_DONTNEED): for
+ * scratch sized for the largest step once smaller steps follow (a
+ * 512-token prefill chunk, then 1-token decode steps). */
+SIFT_API void sift_mem_discard (void *p, gsize bytes);
+
 G_END_DECLS

@@ -90,5 +90,7 @@ llama_tokenizer_from_gguf (const GgufFile *f, GError **error)
       || !opt_flag (f, "tokenizer.ggml.add_eos_token", &spec.add_eos, error)
       || !opt_flag (f, "tokenizer.ggml.add_space_prefix", &spec.add_space_prefix, error))
     return NULL;
-  return sift_tokenizer_new (&spec, error);
+  SiftTokenizer *tok = sift_tokenizer_new (&spec, error);
+  gguf_drop_metadata_pages (f); /* the scores and types read above */
+  return tok;
 }

@@ -516,6 +516,7 @@ gguf_open (const char *path, GError **error)
   f->base = f->size > 0 ? (const guint8 *) g_mapped_file_get_contents (mapped) : empty;
   if (!parse (f, error))
     return NULL;
+  gguf_drop_metadata_pages (f);
   return g_steal_pointer (&f);
 }
 
@@ -530,6 +531,12 @@ gguf_drop_pages (const GgufFile *f, const void *p, gsize n)
   guintptr lo = ((guintptr) b + page - 1) / page * page, hi = ((guintptr) b + n) / page * page;
   if (hi > lo)
     (void) madvise ((void *) lo, hi - lo, MADV_DONTNEED); /* a hint: on failure the pages stay */
+}
+
+void
+gguf_drop_metadata_pages (const GgufFile *f)
+{
+  gguf_drop_pages (f, f->base, f->data_offset);
 }
 
 void

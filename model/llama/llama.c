@@ -28,10 +28,11 @@ struct _LlamaModel {
   gint64 pos0, n;
   gint32 next_layer;  /* the layer whose qkv() comes next */
   gboolean want_attended;
-  gint64 cap;         /* rows the buffers hold */
+  gint64 cap;         /* rows the buffers hold (sift_mem_map0'd) */
+  gint64 used;        /* rows the last step used */
   float *x;           /* [cap][n_embd] residual stream */
   float *xn;          /* [cap][n_embd] normed */
-  float *gate, *up;   /* [cap][n_ff] */
+  float *gate, *up;   /* [MIN (cap, MLP_SLICE)][MAX (n_ff, n_embd)], [MIN (cap, MLP_SLICE)][n_ff] */
 
   /* The forward pass on the GPU (llama_model_use_gpu), or NULL. */
   LlamaGpu *gpu;
@@ -412,6 +413,50 @@ repack (LlamaModel *m)
   g_ptr_array_unref (mats);
 }
 
+/* Tokens per pass of the MLP: gate and up of 128 tokens take 8 MiB at
+ * n_ff 8192 (32 MiB for a 512-token chunk), for ~5% more prefill CPU on
+ * Llama-3.2-1B's shape (the weights are read once per pass;
+ * docs/benchmarks.md, "Peak resident memory"). */
+#define MLP_SLICE 128
+
+/* The step buffers for `cap` rows, each its own mapping (the old ones
+ * unmapped; 0: none). */
+static void
+step_buffers (LlamaModel *m, gint64 cap)
+{
+  const LlamaConfig *c = &m->cfg;
+  const gint64 slice = MIN (m->cap, MLP_SLICE), new_slice = MIN (cap, MLP_SLICE);
+  float **bufs[] = { &m->x, &m->xn, &m->gate, &m->up };
+  const gint64 old_n[] = { m->cap * c->n_embd, m->cap * c->n_embd, slice * MAX (c->n_ff, c->n_embd), slice * c->n_ff };
+  const gint64 new_n[] = { cap * c->n_embd, cap * c->n_embd, new_slice * MAX (c->n_ff, c->n_embd), new_slice * c->n_ff };
+  for (gsize i = 0; i < G_N_ELEMENTS (bufs); i++)
+    {
+      sift_mem_unmap (*bufs[i], sizeof (float) * (gsize) old_n[i]);
+      *bufs[i] = NULL;
+      if (cap > 0 && (*bufs[i] = sift_mem_map0 (sizeof (float) * (gsize) new_n[i])) == NULL)
+        g_error ("%s: out of memory (%" G_GINT64_FORMAT " floats)", gguf_path (m->f), new_n[i]);
+    }
+  m->cap = m->used = cap;
+}
+
+/* Before a step of n rows (n <= cap): the rows past n that a larger step
+ * touched go back to the kernel (each step writes its rows before reading
+ * them), so decode does not keep a prefill chunk's activations resident. */
+static void
+fit_step (LlamaModel *m, gint64 n)
+{
+  const LlamaConfig *c = &m->cfg;
+  if (n < m->used)
+    {
+      sift_mem_discard (m->x + n * c->n_embd, sizeof (float) * (gsize) ((m->used - n) * c->n_embd));
+      sift_mem_discard (m->xn + n * c->n_embd, sizeof (float) * (gsize) ((m->used - n) * c->n_embd));
+      const gint64 s0 = MIN (n, MLP_SLICE), s1 = MIN (m->used, MLP_SLICE);
+      sift_mem_discard (m->gate + s0 * MAX (c->n_ff, c->n_embd), sizeof (float) * (gsize) ((s1 - s0) * MAX (c->n_ff, c->n_embd)));
+      sift_mem_discard (m->up + s0 * c->n_ff, sizeof (float) * (gsize) ((s1 - s0) * c->n_ff));
+    }
+  m->used = n;
+}
+
 static LlamaModel *
 model_open (const char *path, gboolean for_compute, GError **error)
 {
@@ -456,10 +501,7 @@ llama_model_free (LlamaModel *m)
   g_free (m->layers);
   g_free (m->output_norm);
   g_free (m->rope_freqs);
-  g_free (m->x);
-  g_free (m->xn);
-  g_free (m->gate);
-  g_free (m->up);
+  step_buffers (m, 0);
   sift_mem_free (m->x16);
   g_free (m->qkv);
   llama_gpu_free (m->gpu);
@@ -473,7 +515,7 @@ llama_model_use_gpu (LlamaModel *m, GError **error)
   if (m->gpu != NULL)
     return TRUE;
   m->in_step = FALSE;
-  m->cap = 0; /* the next step allocates the host side of the GPU's buffers too */
+  step_buffers (m, 0); /* the next step allocates the host side of the GPU's buffers too */
   m->gpu = llama_gpu_new (&m->cfg, m->layers, &m->output, m->output_norm, error);
   if (m->gpu == NULL)
     {
@@ -495,11 +537,6 @@ guint64 llama_model_weight_bytes (const LlamaModel *m) { return m->weight_bytes;
 
 /* ---- the forward pass ---- */
 
-/* Tokens per pass of the MLP: gate and up of 128 tokens take 8 MiB at
- * n_ff 8192 (32 MiB for a 512-token chunk), for ~5% more prefill CPU on
- * Llama-3.2-1B's shape (the weights are read once per pass;
- * docs/benchmarks.md, "Peak resident memory"). */
-#define MLP_SLICE 128
 
 static gboolean
 out_of_order (const LlamaModel *m, const char *call, gint32 layer, GError **error)
@@ -534,14 +571,11 @@ llama_model_begin (LlamaModel *m, gint64 pos0, gint64 n, const gint32 *tokens, G
       }
   if (n > m->cap)
     {
-      m->cap = n;
-      m->x = g_renew (float, m->x, n * c->n_embd);
-      m->xn = g_renew (float, m->xn, n * c->n_embd);
-      m->gate = g_renew (float, m->gate, MIN (n, MLP_SLICE) * MAX (c->n_ff, c->n_embd));
-      m->up = g_renew (float, m->up, MIN (n, MLP_SLICE) * c->n_ff);
+      step_buffers (m, n);
       if (m->gpu != NULL)
         m->qkv = g_renew (float, m->qkv, n * ((gint64) c->n_heads + 2 * (gint64) c->n_kv_heads) * c->head_dim);
     }
+  fit_step (m, n);
   for (gint64 t = 0; t < n; t++)
     llama_mat_row (&m->embd, tokens[t], m->x + t * c->n_embd);
   if (m->gpu != NULL && !llama_gpu_begin (m->gpu, m->x, n, error))

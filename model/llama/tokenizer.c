@@ -285,7 +285,9 @@ build_pieces (SiftTokenizer *self)
         default: /* undefined and unused tokens stand for nothing, as in llama.cpp */
           break;
         }
-      self->piece[i] = g_string_chunk_insert_len (self->strings, buf->str, (gssize) buf->len);
+      /* A piece that is its text (control tokens, most ASCII) shares it. */
+      self->piece[i] = buf->len == n && memcmp (buf->str, t, n) == 0
+                           ? t : g_string_chunk_insert_len (self->strings, buf->str, (gssize) buf->len);
       self->piece_len[i] = (guint32) buf->len;
     }
 }

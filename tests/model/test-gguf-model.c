@@ -20,12 +20,14 @@
 
 static char *tmpdir;
 
+/* n_layers 5: more layers than the engine's prefill buffer pairs, so
+ * layers 2-4 write their chunks where layers 0 and 1 wrote theirs. */
 static void
-test_through_engine (void **state)
+through_engine (gint32 n_layers)
 {
-  (void) state;
   GgufRandomModel spec;
   gguf_random_model_init (&spec, "qwen2", GGUF_TENSOR_Q8_0, 5);
+  spec.n_layers = n_layers;
   g_autofree char *path = g_build_filename (tmpdir, "m.gguf", NULL);
   assert_true (gguf_random_model_write (&spec, path, NULL));
   const gint64 n_prompt = 21, n_decode = 5;
@@ -78,6 +80,20 @@ test_through_engine (void **state)
     }
 }
 
+static void
+test_through_engine (void **state)
+{
+  (void) state;
+  through_engine (2);
+}
+
+static void
+test_through_engine_shared_prefill (void **state)
+{
+  (void) state;
+  through_engine (5);
+}
+
 int
 main (void)
 {
@@ -85,6 +101,7 @@ main (void)
   tmpdir = g_dir_make_tmp ("sift-gguf-model-XXXXXX", NULL);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_through_engine),
+    cmocka_unit_test (test_through_engine_shared_prefill),
   };
   int status = cmocka_run_group_tests (tests, NULL, NULL);
   g_autofree char *m = g_build_filename (tmpdir, "m.gguf", NULL), *kv = g_build_filename (tmpdir, "kv.store", NULL);
