@@ -7,6 +7,7 @@
 
 #include <sift/attn.h>
 #include <sift/error.h>
+#include <sift/simd.h>
 
 #include "engine-private.h"
 
@@ -124,7 +125,11 @@ sift_engine_accumulated_attention (SiftEngine *e, gint32 layer, gint64 position)
 
 /* Adds, for kv head g's keys k (f32 [n][d]) at positions pos, the softmax
  * probability p = exp(scale q.k - lse) of every query row of the group
- * that may see them (causal) to acc[i * kvh + g]. */
+ * that may see them (causal) to acc[i * kvh + g]. The scores come a tile
+ * of ACC_TILE query rows at a time from sift_score_tile (the dispatched
+ * SIMD dot products; same sums as a plain loop up to rounding). */
+enum { ACC_TILE = 16 };
+
 static void
 accumulate_rows (SiftEngine *e, const SiftPolicyContext *ctx, const float *lse, gint32 g, const float *k,
                  const gint64 *pos, gsize n, float *acc)
@@ -132,23 +137,26 @@ accumulate_rows (SiftEngine *e, const SiftPolicyContext *ctx, const float *lse, 
   const SiftModelShape *s = &e->config.shape;
   const gint32 d = s->head_dim, group = s->n_q_heads / s->n_kv_heads, kvh = s->n_kv_heads;
   const float scale = sift_attn_scale (s->scale, d);
+  if (n == 0)
+    return;
+  g_autofree float *dots = g_new (float, (gsize) ACC_TILE * n);
   for (gint32 hq = g * group; hq < (g + 1) * group; hq++)
-    for (gint32 i = 0; i < ctx->n_q; i++)
+    for (gint32 i0 = 0; i0 < ctx->n_q; i0 += ACC_TILE)
       {
-        const float l = lse[(gsize) hq * ctx->n_q + i];
-        if (!isfinite (l))
-          continue; /* the row attended nothing */
-        const float *q = sift_view_row (&ctx->q, hq, i);
-        const gint64 qp = ctx->q_pos + i;
-        for (gsize j = 0; j < n; j++)
+        const gint32 rows = MIN (ACC_TILE, ctx->n_q - i0);
+        sift_score_tile (sift_view_row (&ctx->q, hq, i0), (gsize) ctx->q.token_stride, rows, k, (gsize) d,
+                         (gint64) n, (gsize) d, dots);
+        for (gint32 r = 0; r < rows; r++)
           {
-            if (pos[j] < 0 || pos[j] > qp)
-              continue;
-            const float *kr = k + j * (gsize) d;
-            float dot = 0;
-            for (gint32 x = 0; x < d; x++)
-              dot += q[x] * kr[x];
-            acc[j * (gsize) kvh + g] += expf (scale * dot - l);
+            const gint32 i = i0 + r;
+            const float l = lse[(gsize) hq * ctx->n_q + i];
+            if (!isfinite (l))
+              continue; /* the row attended nothing */
+            const gint64 qp = ctx->q_pos + i;
+            const float *dot = dots + (gsize) r * n;
+            for (gsize j = 0; j < n; j++)
+              if (pos[j] >= 0 && pos[j] <= qp)
+                acc[j * (gsize) kvh + g] += expf (scale * dot[j] - l);
           }
       }
 }
