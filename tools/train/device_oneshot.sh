@@ -11,13 +11,8 @@
 # under $OUT: log.txt, meta.json, eval.json, ref.json, eval-old.json and the
 # GGUF split in pieces of 15 MiB (gguf.part-aa, -ab: the device tool returns
 # files of at most 16 MiB; `cat gguf.part-* > model.gguf` joins them).
-set -o pipefail
 limit=${1:?seconds}
-: "${OUT:?}"
-export PYTHONUNBUFFERED=1
-T=${T:-$(dirname "$0")}
-KJV=${KJV:-kjv.txt.gz}
-TOK=${TOK:-models/tokenizer.json}
+. "$(dirname "$0")/device_env.sh"
 OLD=${OLD:-models/sift-needle-14m-f16.gguf}
 STEPS=${STEPS:-7000}
 DECAY=${DECAY:-2000}
@@ -26,9 +21,6 @@ EVAL_N=${EVAL_N:-20}
 RESERVE=${RESERVE:-90}
 LENGTHS=1024,2048,4096,8192,16384
 W=$(mktemp -d)
-log=$OUT/log.txt
-nvidia-smi -L | tee -a "$log"
-python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$log"
 budget=$((limit - SECONDS - RESERVE))
 echo "training budget ${budget}s" | tee -a "$log"
 python3 "$T/train.py" --kjv "$KJV" --tokenizer "$TOK" --out "$W/ckpt" --seed 1 \

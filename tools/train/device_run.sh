@@ -17,17 +17,12 @@
 # name the inputs; STEPS, TRAIN_ARGS, EVAL_ARGS, EVAL_SECONDS, WORKERS tune
 # the run.
 # Everything (log, checkpoint, tokenizer, results) goes to $OUT.
-set -o pipefail
 mode=${1:?first|more|last|stage2|stage2-more}
 limit=${2:?seconds}
-: "${OUT:?}"
-export PYTHONUNBUFFERED=1
-T=${T:-$(dirname "$0")}
-KJV=${KJV:-kjv.txt.gz}
+TOK0=${TOK:-}
+LOG=train.log . "$(dirname "$0")/device_env.sh"
+TOK=$TOK0
 EVAL_SECONDS=${EVAL_SECONDS:-150}
-log=$OUT/train.log
-nvidia-smi -L | tee -a "$log"
-python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$log"
 out=$OUT
 case $mode in
   first)

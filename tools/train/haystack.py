@@ -400,21 +400,37 @@ def _batch(rng, ts, length, batch, kind_p, vtype_p, task_fn, depth_fn):
     return ids, mask
 
 
-# ---------------------------------------------------------------- stage 2 mix
+# ---------------------------------------------------------------- fine-tune mixes
 #
-# Stage 2 fine-tunes the stage-1 model on key/value binding: mostly multikey
-# with 1 to 11 distractors, a third of the time with keys that share their
-# first letters with the asked key, the asked key anywhere among them; and
-# the needles of a sample side by side at one depth half the time (as the
-# evaluations plant them), else scattered or in a few clusters.  Single,
-# multivalue and multiquery samples and the haystack's LM loss stay in the
-# mix so that nothing else is forgotten.
+# The fine-tunes (stage 2, stage 3) start from a trained model and drill
+# key/value binding: mostly multikey, a share of the time with keys that
+# share their first letters with the asked key, the asked key anywhere
+# among them; and the needles of a sample side by side at one depth part of
+# the time (as the evaluations and sift's harness plant them), else
+# scattered or in a few clusters.  Single, multivalue and multiquery samples
+# and the haystack's LM loss stay in the mix so that nothing else is
+# forgotten.
+#
+# stage 2 (mix "multikey"): tried from v1, not shipped (models/README.md).
+# stage 3 (mix "stage3"): from v2; multikey with 2..10 keys, a larger share
+# of multivalue and multiquery than stage 2 kept (they were v2's weaker
+# kinds besides multikey), similar keys a quarter of the time.
 
-STAGE2_KIND_P = {"single": 0.15, "multikey": 0.55, "multivalue": 0.1, "multiquery": 0.2}
-STAGE2_LAYOUT_P = {"group": 0.5, "scatter": 0.3, "clusters": 0.2}
-STAGE2_KEYS = (2, 12)        # multikey: 2..12 keys, the asked one among them
-STAGE2_SIMILAR = 1 / 3       # share of multikey samples with similar keys
-MIXES = ("base", "multikey")
+
+@dataclass(frozen=True)
+class FineTuneMix:
+    kind_p: dict      # needle kind -> probability
+    keys: tuple       # multikey: keys from keys[0] to keys[1], the asked one among them
+    similar: float    # share of multikey samples with similar keys
+    layout_p: dict    # needle layout -> probability (layout_depths)
+
+
+STAGE2 = FineTuneMix({"single": 0.15, "multikey": 0.55, "multivalue": 0.1, "multiquery": 0.2},
+                     (2, 12), 1 / 3, {"group": 0.5, "scatter": 0.3, "clusters": 0.2})
+STAGE3 = FineTuneMix({"single": 0.15, "multikey": 0.45, "multivalue": 0.2, "multiquery": 0.2},
+                     (2, 10), 1 / 4, {"group": 0.5, "scatter": 0.3, "clusters": 0.2})
+FINE_TUNES = {"multikey": STAGE2, "stage3": STAGE3}
+MIXES = ("base",) + tuple(FINE_TUNES)
 
 
 def _prefix_index(corpus, n):
@@ -450,14 +466,14 @@ def similar_keys(rng, corpus, n):
     return keys
 
 
-def make_task_stage2(rng, kind, vtype, corpus):
-    """A task of stage 2's mix: multikey with 2..12 keys (similar ones a
-    third of the time), planted in a random order so that the asked key may
-    come anywhere; the other kinds as make_task."""
+def make_task_fine(rng, kind, vtype, corpus, mix=STAGE2):
+    """A task of a fine-tune mix: multikey with mix.keys keys (similar ones
+    mix.similar of the time), planted in a random order so that the asked
+    key may come anywhere; the other kinds as make_task."""
     if kind != "multikey":
         return make_task(rng, kind, vtype, corpus)
-    nk = int(rng.integers(STAGE2_KEYS[0], STAGE2_KEYS[1] + 1))
-    if rng.random() < STAGE2_SIMILAR:
+    nk = int(rng.integers(mix.keys[0], mix.keys[1] + 1))
+    if rng.random() < mix.similar:
         keys = similar_keys(rng, corpus, nk)
     else:
         keys = []
@@ -475,11 +491,17 @@ def make_task_stage2(rng, kind, vtype, corpus):
     return Task(kind, vtype, needles, [keys[0]], [vals[0]])
 
 
-def layout_depths(rng, n):
+def make_task_stage2(rng, kind, vtype, corpus):
+    """A task of stage 2's mix (make_task_fine with STAGE2)."""
+    return make_task_fine(rng, kind, vtype, corpus, STAGE2)
+
+
+def layout_depths(rng, n, layout_p=None):
     """One depth per needle: all at one depth ('group'), each its own
-    ('scatter'), or 2-3 clusters."""
-    names = list(STAGE2_LAYOUT_P)
-    p = np.array([STAGE2_LAYOUT_P[k] for k in names])
+    ('scatter'), or 2-3 clusters, drawn by layout_p (stage 2's by default)."""
+    layout_p = layout_p or STAGE2.layout_p
+    names = list(layout_p)
+    p = np.array([layout_p[k] for k in names])
     lay = names[int(rng.choice(len(names), p=p))]
     if n == 1 or lay == "scatter":
         return [float(x) for x in rng.random(n)]
@@ -489,17 +511,23 @@ def layout_depths(rng, n):
     return [float(centres[int(rng.integers(len(centres)))]) for _ in range(n)]
 
 
+def fine_batch(rng, ts, length, batch, mix):
+    """train_batch for a fine-tune mix (FineTuneMix, above)."""
+    return _batch(rng, ts, length, batch, mix.kind_p, TRAIN_VTYPE_P,
+                  lambda r, k, v: make_task_fine(r, k, v, ts.corpus, mix),
+                  lambda r, n: layout_depths(r, n, mix.layout_p))
+
+
 def stage2_batch(rng, ts, length, batch):
-    """train_batch for stage 2's mix (above)."""
-    return _batch(rng, ts, length, batch, STAGE2_KIND_P, TRAIN_VTYPE_P,
-                  lambda r, k, v: make_task_stage2(r, k, v, ts.corpus), layout_depths)
+    """train_batch for stage 2's mix."""
+    return fine_batch(rng, ts, length, batch, STAGE2)
 
 
 def mix_batch(mix, rng, ts, length, batch, multikey_ask="random"):
     if mix == "base":
         return train_batch(rng, ts, length, batch, multikey_ask)
-    if mix == "multikey":
-        return stage2_batch(rng, ts, length, batch)
+    if mix in FINE_TUNES:
+        return fine_batch(rng, ts, length, batch, FINE_TUNES[mix])
     raise ValueError(f"unknown data mix {mix!r}; expected one of {MIXES}")
 
 

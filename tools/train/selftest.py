@@ -104,34 +104,70 @@ def test_multikey_ask(corpus):
         check("multikey_ask" in str(e), "multikey: an unknown multikey_ask is refused")
 
 
-def test_stage2_data(corpus, tok):
-    """Stage 2's multikey samples: 2..12 keys, the asked key anywhere among
-    them, similar keys never a prefix of each other, layouts as drawn."""
+def test_fine_data(corpus, tok, name="multikey", label="stage 2"):
+    """A fine-tune mix's multikey samples (stage 2: 2..12 keys; stage 3:
+    2..10): the asked key anywhere among them, similar keys never a prefix
+    of each other, layouts and kinds as drawn."""
+    mix = hs.FINE_TUNES[name]
+    lo, hi = mix.keys
     ts = hs.TokenSpace(corpus, tok)
     rng = np.random.default_rng(11)
     pos, counts, ok = [], [], True
     for _ in range(300):
-        t = hs.make_task_stage2(rng, "multikey", "number", corpus)
+        t = hs.make_task_fine(rng, "multikey", "number", corpus, mix)
         keys = [k for k, _ in t.needles]
         ok &= len(set(keys)) == len(keys) and dict(t.needles)[t.query_keys[0]] == t.answers[0]
         pos.append(keys.index(t.query_keys[0]) / max(1, len(keys) - 1))
         counts.append(len(keys))
-    check(ok, "stage 2: multikey keys distinct, the answer is the asked key's value")
-    check(min(counts) == 2 and max(counts) == 12, f"stage 2: 2..12 keys ({min(counts)}..{max(counts)})")
+    check(ok, f"{label}: multikey keys distinct, the answer is the asked key's value")
+    check(min(counts) == lo and max(counts) == hi, f"{label}: {lo}..{hi} keys ({min(counts)}..{max(counts)})")
     check(0.4 < np.mean(pos) < 0.6 and min(pos) == 0 and max(pos) == 1,
-          f"stage 2: the asked key anywhere among the needles (mean relative position {np.mean(pos):.2f})")
+          f"{label}: the asked key anywhere among the needles (mean relative position {np.mean(pos):.2f})")
     sim = [hs.similar_keys(rng, corpus, 6) for _ in range(50)]
     check(all(len(set(k)) == 6 and not any(a != b and b.startswith(a) for a in k for b in k) for k in sim),
-          "stage 2: similar keys distinct, none a prefix of another")
-    check(np.mean([len({k[:3] for k in ks}) < 6 for ks in sim]) > 0.8, "stage 2: similar keys share prefixes")
-    lay = [hs.layout_depths(rng, 5) for _ in range(400)]
+          f"{label}: similar keys distinct, none a prefix of another")
+    check(np.mean([len({k[:3] for k in ks}) < 6 for ks in sim]) > 0.8, f"{label}: similar keys share prefixes")
+    lay = [hs.layout_depths(rng, 5, mix.layout_p) for _ in range(400)]
     grouped = np.mean([len(set(d)) == 1 for d in lay])
-    check(0.4 < grouped < 0.6, f"stage 2: half the samples keep their needles side by side ({grouped:.2f})")
-    t = hs.make_task_stage2(rng, "multikey", "word", corpus)
+    want = mix.layout_p["group"]
+    check(abs(grouped - want) < 0.1, f"{label}: {want:.0%} of the samples keep their needles side by side ({grouped:.2f})")
+    t = hs.make_task_fine(rng, "multikey", "word", corpus, mix)
     s = hs.build(rng, ts, t, 1500, needle_depths=[0.5] * len(t.needles), with_answer=False)
     spans = [len(tok.encode(hs.needle_text(k, v, "word"))) for k, v in t.needles]
     check(all(s.depths[i] + spans[i] == s.depths[i + 1] for i in range(len(spans) - 1))
-          and hs.check_canonical(s, ts), "stage 2: needles at one depth stand side by side, in planting order")
+          and hs.check_canonical(s, ts), f"{label}: needles at one depth stand side by side, in planting order")
+    # the kinds of a batch in the mix's proportions, read back from the text:
+    # the question tells multivalue and multiquery, the needles' count
+    # single from multikey
+    ids, mask = hs.mix_batch(name, np.random.default_rng(12), ts, 1024, 400)
+    check(ids.shape == (400, 1024) and (mask.sum(1) > 0).all(), f"{label}: batch shape and answer masks")
+    seen = {k: 0 for k in hs.KINDS}
+    for row in ids:
+        text = tok.decode([int(i) for i in row])
+        q = text.split("Question:")[-1]
+        if "What are all" in q:
+            seen["multivalue"] += 1
+        elif "What are" in q:
+            seen["multiquery"] += 1
+        else:
+            seen["single" if text.count(" One of the special magic ") == 1 else "multikey"] += 1
+    share = {k: seen[k] / len(ids) for k in hs.KINDS}
+    check(all(abs(share[k] - mix.kind_p[k]) < 0.07 for k in hs.KINDS),
+          f"{label}: kinds as the mix draws them ({share} for {mix.kind_p})")
+
+
+def test_step_lengths():
+    """--min-len and --top-share: the share of steps at the maximum length,
+    the others spread evenly over the powers of two from --min-len."""
+    sched = train.parse_schedule("0:16384")
+    for min_len, top, want in ((1024, 0.2, (1024, 2048, 4096, 8192, 16384)),
+                               (512, 0.5, (512, 1024, 2048, 4096, 8192, 16384))):
+        lens = [train.step_length(1, sched, st, min_len, "stage3", top) for st in range(3000)]
+        share = {n: lens.count(n) / len(lens) for n in want}
+        other = (1 - top) / (len(want) - 1)
+        check(set(lens) == set(want) and abs(share[16384] - top) < 0.03
+              and all(abs(share[n] - other) < 0.03 for n in want[:-1]),
+              f"train: --min-len {min_len} --top-share {top}: lengths {share}")
 
 
 def test_score():
@@ -375,7 +411,9 @@ def main():
         test_export(tmp, use_hf=False)
         test_import(tmp, use_hf=False)
         test_multikey_ask(corpus)
-        test_stage2_data(corpus, toy)
+        test_fine_data(corpus, toy, "multikey", "stage 2")
+        test_fine_data(corpus, toy, "stage3", "stage 3")
+        test_step_lengths()
         if use_hf:
             test_export(tmp, use_hf=True)
             test_import(tmp, use_hf=True)

@@ -17,7 +17,10 @@ the same data as an unbroken one.
 Stage 2 (--init-gguf FILE --mix multikey) starts from the weights of a
 GGUF (the exported stage-1 model, read by import_gguf.py) at step 0 with a
 fresh optimizer, on haystack.py's stage-2 mix (multikey binding); its data
-comes from other random streams than stage 1's at the same steps.
+comes from other random streams than stage 1's at the same steps.  Stage 3
+(--init-gguf v2.gguf --mix stage3) does the same from v2 on stage 3's mix,
+usually with --min-len 1024 --top-share 0.2 (every length 1K-16K as
+likely).
 
 The checkpoint (written to --out every --ckpt-every seconds and at the
 end) holds the weights in bfloat16, Adam's second moment in bfloat16, and
@@ -68,13 +71,15 @@ def step_rng(seed, step, salt=0):
     return np.random.default_rng([seed, step, salt])
 
 
-MIX_SALT = {"base": 0, "multikey": 10}  # stage 2's data from other streams
+MIX_SALT = {"base": 0, "multikey": 10, "stage3": 20}  # each fine-tune's data from its own streams
 
 
-def step_length(seed, schedule, step, min_len=512, mix="base"):
+def step_length(seed, schedule, step, min_len=512, mix="base", top_share=0.5):
+    """The curriculum's current maximum with probability top_share, else a
+    power of two from min_len below it, each as likely."""
     rng = step_rng(seed, step, MIX_SALT[mix] + 1)
     top = max_len_at(schedule, step)
-    if top <= min_len or rng.random() < 0.5:
+    if top <= min_len or rng.random() < top_share:
         return top
     choices = []
     n = min_len
@@ -114,7 +119,7 @@ class Batches(torch.utils.data.IterableDataset):
         ts = self._space()
         sched = parse_schedule(self.a.schedule)
         for step in range(self.start + w, self.end, nw):
-            length = step_length(self.a.seed, sched, step, mix=self.a.mix)
+            length = step_length(self.a.seed, sched, step, self.a.min_len, self.a.mix, self.a.top_share)
             batch = max(1, self.a.tokens_per_step // length)
             rng = step_rng(self.a.seed, step, MIX_SALT[self.a.mix] + 2)
             ids, mask = hs.mix_batch(self.a.mix, rng, ts, length, batch, self.a.multikey_ask)
@@ -198,7 +203,7 @@ def main(argv=None):
     p.add_argument("--resume", help="checkpoint folder to resume from")
     p.add_argument("--init-gguf", help="start at step 0 from this GGUF's weights (stage 2)")
     p.add_argument("--mix", default="base", choices=sorted(MIX_SALT),
-                   help="data mix: base (stage 1) or multikey (stage 2; haystack.py)")
+                   help="data mix: base (stage 1), multikey (stage 2) or stage3 (haystack.py)")
     p.add_argument("--multikey-ask", default="random", choices=hs.MULTIKEY_ASK,
                    help="which key of a multikey group stage 1 asks: random (default) or first "
                         "(sift-needle-14m v1's data, kept to reproduce it)")
@@ -217,6 +222,11 @@ def main(argv=None):
                    help="--fit-budget times this many steps at the longest length")
     p.add_argument("--tokens-per-step", type=int, default=65536)
     p.add_argument("--schedule", default="0:512,600:1024,1500:2048,3000:4096,5000:8192,8000:16384")
+    p.add_argument("--min-len", type=int, default=512,
+                   help="the shortest length a step draws below the curriculum's maximum")
+    p.add_argument("--top-share", type=float, default=0.5,
+                   help="the share of steps at the curriculum's maximum length (the others draw a "
+                        "power of two from --min-len below it, each as likely)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=300)
     p.add_argument("--decay-steps", type=int, default=2000)
