@@ -43,25 +43,38 @@ sift_mem_free (void *p)
   free (p);
 }
 
+/* Whole 4 KiB pages; from SIFT_HUGE_PAGE_BYTES on, whole huge pages. */
 static gsize
 map_size (gsize bytes)
 {
-  return (MAX (bytes, 1) + 4095) / 4096 * 4096;
+  const gsize unit = bytes >= SIFT_HUGE_PAGE_BYTES ? SIFT_HUGE_PAGE_BYTES : 4096;
+  return (MAX (bytes, 1) + unit - 1) / unit * unit;
 }
 
 void *
 sift_mem_map0 (gsize bytes)
 {
-  if (bytes > (gsize) PTRDIFF_MAX - 4096)
+  if (bytes > (gsize) PTRDIFF_MAX - 2 * SIFT_HUGE_PAGE_BYTES)
     return NULL;
-  void *p = mmap (NULL, map_size (bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const gsize n = map_size (bytes);
+  const gboolean huge = bytes >= SIFT_HUGE_PAGE_BYTES;
+  /* Huge pages need 2 MiB aligned ranges: map one huge page more and
+   * unmap the ends around an aligned start. */
+  const gsize span = huge ? n + SIFT_HUGE_PAGE_BYTES : n;
+  guint8 *p = mmap (NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return NULL;
+  if (!huge)
+    return p;
+  guint8 *a = (guint8 *) (((guintptr) p + SIFT_HUGE_PAGE_BYTES - 1) / SIFT_HUGE_PAGE_BYTES * SIFT_HUGE_PAGE_BYTES);
+  if (a > p)
+    munmap (p, (gsize) (a - p));
+  if (a + n < p + span)
+    munmap (a + n, (gsize) (p + span - (a + n)));
 #ifdef MADV_HUGEPAGE
-  if (bytes >= SIFT_HUGE_PAGE_BYTES)
-    (void) madvise (p, map_size (bytes), MADV_HUGEPAGE); /* a hint */
+  (void) madvise (a, n, MADV_HUGEPAGE); /* a hint */
 #endif
-  return p;
+  return a;
 }
 
 void

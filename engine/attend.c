@@ -24,6 +24,7 @@ struct _SiftBatch {
   gint64 tokens;      /* keys in the blocks */
   /* Scratch of one call's head sub-views. */
   GArray *ks, *vs;    /* SiftView */
+  GArray *masks;      /* guint64: one call's blocks' kv heads (batch_call_heads) */
 };
 
 static SiftBatch *
@@ -37,6 +38,7 @@ batch_get (SiftEngine *e)
       b->heads = g_array_new (FALSE, FALSE, sizeof (gboolean));
       b->ks = g_array_new (FALSE, FALSE, sizeof (SiftView));
       b->vs = g_array_new (FALSE, FALSE, sizeof (SiftView));
+      b->masks = g_array_new (FALSE, FALSE, sizeof (guint64));
       b->uniform = TRUE;
       e->batch = b;
     }
@@ -64,6 +66,7 @@ sift_engine_attend_free (SiftEngine *e)
   g_array_unref (b->heads);
   g_array_unref (b->ks);
   g_array_unref (b->vs);
+  g_array_unref (b->masks);
   g_free (b);
   e->batch = NULL;
 }
@@ -184,10 +187,89 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const Sif
          && be->ops->merge (be, &os, ls, &ps, pl, error);
 }
 
+/* Whether every kv head's query group attends the same blocks of the
+ * batch (a per-kv-head selection, or a uniform one). */
+static gboolean
+groups_whole (SiftEngine *e, const SiftBatch *b)
+{
+  const SiftModelShape *s = &e->config.shape;
+  const gint32 G = s->n_q_heads / s->n_kv_heads;
+  for (gint32 g = 0; g < s->n_kv_heads; g++)
+    for (gint32 h = g * G + 1; h < (g + 1) * G; h++)
+      if (!same_blocks (b, s->n_q_heads, g * G, h))
+        return FALSE;
+  return TRUE;
+}
+
+/* One call over the whole batch (and the local tokens) where kv heads'
+ * groups attend different blocks, on a backend that masks blocks per kv
+ * head (attend_heads): each block goes with the kv heads attending it,
+ * every head is written, later calls merged by LSE. */
+static gboolean
+batch_call_heads (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const SiftView *lk, const SiftView *lv,
+                  SiftView *out, float *lse, gboolean *written, guint64 *attended, GError **error)
+{
+  const SiftModelShape *s = &e->config.shape;
+  const gint32 all = s->n_q_heads, G = all / s->n_kv_heads;
+  const gint64 nq = ctx->n_q;
+  const gboolean local = lk != NULL && lk->n_tokens > 0;
+  GArray *ka = b->ks, *va = b->vs;
+  g_array_set_size (ka, 0);
+  g_array_set_size (va, 0);
+  g_array_set_size (b->masks, 0);
+  gint64 stored = 0;
+  guint64 keys = 0; /* keys x query heads, stored blocks */
+  for (guint i = 0; i < b->k->len; i++)
+    {
+      guint64 m = 0;
+      for (gint32 g = 0; g < s->n_kv_heads; g++)
+        if (attends (b, all, i, g * G))
+          m |= G_GUINT64_CONSTANT (1) << g;
+      if (m == 0)
+        continue;
+      const SiftView *k = &g_array_index (b->k, SiftView, i);
+      g_array_append_vals (ka, k, 1);
+      g_array_append_vals (va, &g_array_index (b->v, SiftView, i), 1);
+      g_array_append_val (b->masks, m);
+      stored += k->n_tokens;
+      keys += (guint64) k->n_tokens * (guint64) __builtin_popcountll (m) * (guint64) G;
+    }
+  if (local)
+    {
+      const guint64 m = s->n_kv_heads == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << s->n_kv_heads) - 1;
+      g_array_append_vals (ka, lk, 1);
+      g_array_append_vals (va, lv, 1);
+      g_array_append_val (b->masks, m);
+    }
+  if (ka->len == 0)
+    return TRUE;
+  const gint64 past = ctx->q_pos - ctx->kv_len;
+  SiftAttnOpts opts = { .scale = s->scale, .causal = local, .q_offset = stored + past };
+  *attended += keys * (guint64) nq;
+  for (gint64 i = 0; i < nq && local; i++)
+    *attended += (guint64) CLAMP (past + i + 1, 0, lk->n_tokens) * (guint64) all;
+
+  SiftBackend *be = e->backend;
+  const SiftView *kb = (const SiftView *) (const void *) ka->data, *vb = (const SiftView *) (const void *) va->data;
+  const guint64 *mb = (const guint64 *) (const void *) b->masks->data;
+  if (!written[0])
+    {
+      for (gint32 h = 0; h < all; h++)
+        written[h] = TRUE;
+      return be->ops->attend_heads (be, &ctx->q, kb, vb, mb, ka->len, &opts, out, lse, error);
+    }
+  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, s->head_dim);
+  part.space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
+  return be->ops->attend_heads (be, &ctx->q, kb, vb, mb, ka->len, &opts, &part, e->part_lse, error)
+         && be->ops->merge (be, out, lse, &part, e->part_lse, error);
+}
+
 /* Attends a batch (and the local tokens when lk != NULL) into out / lse:
- * one kernel call when every head attends every block; otherwise one per
- * run of kv heads whose query groups attend the same blocks, and one per
- * query head of a group that differs. The calls depend on the selection
+ * one kernel call when every head attends every block, or when each kv
+ * head's query group attends the same blocks and the backend masks blocks
+ * per kv head (attend_heads); otherwise one per run of kv heads whose
+ * query groups attend the same blocks, and one per query head of a group
+ * that differs. The calls depend on the selection
  * only, never on load timing. Empties the batch. */
 static gboolean
 batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const SiftView *lk, const SiftView *lv,
@@ -203,6 +285,8 @@ batch_attend (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const S
     same_written = same_written && written[h] == written[0];
   if (b->uniform && same_written)
     ok = batch_call (e, ctx, b, lk, lv, 0, s->n_q_heads, 0, s->n_kv_heads, out, lse, written, attended, error);
+  else if (same_written && e->backend->ops->attend_heads != NULL && s->n_kv_heads <= 64 && groups_whole (e, b))
+    ok = batch_call_heads (e, ctx, b, lk, lv, out, lse, written, attended, error);
   else
     for (gint32 g = 0; g < s->n_kv_heads && ok;)
       {

@@ -19,7 +19,7 @@
 /* Bumped when a method changes meaning; methods added later are appended
  * and said "since N", and the engine checks version and struct_size before
  * calling them. */
-#define SIFT_BACKEND_VERSION 3
+#define SIFT_BACKEND_VERSION 4
 
 /* Where a piece of compute-side memory lives: SiftMemorySpace of
  * <sift/view.h> (SIFT_MEMORY_HOST, SIFT_MEMORY_DEVICE), the space of the
@@ -176,6 +176,19 @@ typedef struct {
    * buffer_move. */
   void (*buffer_move_rows) (SiftBackend *b, guint8 *dst, gsize dst_pitch, const guint8 *src, gsize src_pitch,
                             gsize width, gsize rows);
+
+  /* Since 4, optional (NULL: the engine makes one attend call per run of
+   * kv heads whose query groups attend the same blocks). attend over n
+   * blocks of which block i is attended only by the query groups of the kv
+   * heads set in kv_heads[i] (bit g: query heads [g G, (g + 1) G)): for
+   * each kv head, the same as attend over the blocks it attends with
+   * opts->q_offset less the tokens of the blocks it skips. Every head's
+   * output and LSE are written (o = 0, lse = -inf for a head that attends
+   * no key). At most 64 kv heads. One kernel launch where a GPU can mask
+   * blocks per head, instead of a launch (and a merge) per kv head. */
+  gboolean (*attend_heads) (SiftBackend *b, const SiftView *q, const SiftView *k, const SiftView *v,
+                            const guint64 *kv_heads, gsize n, const SiftAttnOpts *opts, SiftView *out, float *lse,
+                            GError **error);
 } SiftBackendOps;
 
 /* Every backend's instance starts with this. */

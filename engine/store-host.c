@@ -142,6 +142,17 @@ sift_store_map (SiftStore *store, gint64 id)
 }
 
 gboolean
+sift_store_peek (SiftStore *store, gint64 id, gsize offset, gsize n, const guint8 **out, GError **error)
+{
+  *out = NULL;
+  if (!sift_store_check_range (store, id, offset, n, error))
+    return FALSE;
+  const guint8 *p = sift_store_map (store, id);
+  *out = p != NULL ? p + offset : NULL;
+  return TRUE;
+}
+
+gboolean
 sift_store_map_many (SiftStore *store, const gint64 *ids, gsize n, const guint8 **out)
 {
   if (store->klass != &host_class)

@@ -27,6 +27,14 @@ SiftStore *sift_store_construct (gsize instance_size, const SiftStoreClass *klas
 gboolean sift_store_write (SiftStore *store, gint64 id, const void *src, GError **error);
 gboolean sift_store_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n,
                           GError **error);
+/* The checks of sift_store_read (the id was allocated, the range inside a block). */
+gboolean sift_store_check_range (SiftStore *store, gint64 id, gsize offset, gsize n, GError **error);
+/* The same range of the block in place (*out), when the store keeps it
+ * addressable in memory (the host store: a load converts from there, no
+ * copy into staging first); *out NULL when it does not (then read). FALSE
+ * with the read's error for a bad id or range. */
+gboolean sift_store_peek (SiftStore *store, gint64 id, gsize offset, gsize n, const guint8 **out,
+                          GError **error);
 /* Bytes of one stored row of head_dim elements. */
 gsize sift_store_row_bytes (const SiftStore *store);
 /* The block's bytes in place (K at 0, V at k_bytes) when the store keeps

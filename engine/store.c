@@ -178,7 +178,7 @@ sift_store_write (SiftStore *store, gint64 id, const void *src, GError **error)
 }
 
 gboolean
-sift_store_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n, GError **error)
+sift_store_check_range (SiftStore *store, gint64 id, gsize offset, gsize n, GError **error)
 {
   if (!check_id (store, id, error))
     return FALSE;
@@ -190,5 +190,12 @@ sift_store_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n, 
                    store->klass->name, n, offset, store->block_bytes);
       return FALSE;
     }
-  return store->klass->read (store, id, offset, dst, n, error);
+  return TRUE;
 }
+
+gboolean
+sift_store_read (SiftStore *store, gint64 id, gsize offset, void *dst, gsize n, GError **error)
+{
+  return sift_store_check_range (store, id, offset, n, error) && store->klass->read (store, id, offset, dst, n, error);
+}
+

@@ -134,13 +134,26 @@ load_heads (CpuBackend *b, const SiftTransfer *j, gboolean want_k, gboolean want
             continue;
           const gsize off = (gsize) half * st->k_bytes + (gsize) h0 * head_stored;
           guint8 *dst = (half == 0 ? j->k : j->v) + (gsize) h0 * head_dst;
-          if (!sift_store_read (st, j->store_id, off, same ? dst : staging, nh * head_stored, error))
+          /* In place (the host store): converted (or copied) from there. */
+          const guint8 *src;
+          if (!sift_store_peek (st, j->store_id, off, nh * head_stored, &src, error))
             return FALSE;
           *bytes += nh * head_stored;
-          if (same)
-            continue;
+          if (src == NULL)
+            {
+              if (!sift_store_read (st, j->store_id, off, same ? dst : staging, nh * head_stored, error))
+                return FALSE;
+              if (same)
+                continue;
+              src = staging;
+            }
+          else if (same)
+            {
+              memcpy (dst, src, nh * head_stored);
+              continue;
+            }
           for (gsize h = 0; h < nh; h++)
-            sift_convert (staging + h * head_stored, st->config.dtype, dst + h * head_dst, b->compute, n);
+            sift_convert (src + h * head_stored, st->config.dtype, dst + h * head_dst, b->compute, n);
         }
       h0 = h1;
     }

@@ -135,11 +135,61 @@ struct Cursor {
     cur = c.blocks[idx];
   }
 
+  /* seek by a whole warp (key warp-uniform): 32 probes a round, so a
+   * table of 1024 blocks takes two dependent reads, not ten. */
+  __device__ void
+  seek_warp (const SiftCudaAttnCall &c, int key, int lane)
+  {
+    if (c.n_blocks == 1)
+      {
+        cur = c.one;
+        idx = 0;
+        return;
+      }
+    int lo = 0, hi = c.n_blocks - 1; /* the answer lies in [lo, hi] */
+    while (lo < hi)
+      {
+        const int stride = (hi - lo + 31) / 32;
+        const int p = lo + (lane + 1) * stride;
+        const bool below = p <= hi && c.blocks[p].start <= key; /* true on a prefix of the lanes */
+        const int nlo = lo + __popc (__ballot_sync (0xffffffffu, below)) * stride;
+        hi = min (hi, nlo + stride - 1);
+        lo = nlo;
+      }
+    idx = lo;
+    cur = c.blocks[idx];
+  }
+
   __device__ void
   advance (const SiftCudaAttnCall &c, int key)
   {
     while (key >= cur.start + cur.n && idx + 1 < c.n_blocks)
       cur = c.blocks[++idx];
+  }
+};
+
+/* A cursor that also holds the next block's entry, read one block ahead:
+ * stepping into it waits for no read (a decode warp's chunks step into
+ * the next 128-key block every other chunk, and a dependent table read
+ * there held back that chunk's copies). */
+struct AheadCursor : Cursor {
+  SiftCudaKvBlock nxt;
+
+  __device__ void
+  fetch_next (const SiftCudaAttnCall &c)
+  {
+    nxt = idx + 1 < c.n_blocks ? c.blocks[idx + 1] : cur;
+  }
+
+  __device__ void
+  advance (const SiftCudaAttnCall &c, int key)
+  {
+    while (key >= cur.start + cur.n && idx + 1 < c.n_blocks)
+      {
+        cur = nxt;
+        idx++;
+        fetch_next (c);
+      }
   }
 };
 
@@ -170,22 +220,155 @@ load_tile (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint
     }
 }
 
-/* One thread block: query rows [r0, r0 + 16 MW) of kv head blockIdx.y
+/* Where a split's result goes: the output (one split) or its partial. */
+struct Dest {
+  float *out, *lse;
+  int64_t out_hs, out_ts, lse_hs;
+};
+template <int D>
+__device__ __forceinline__ Dest
+dest (const SiftCudaAttnCall &c, int split)
+{
+  if (c.n_splits <= 1)
+    return { c.out, c.lse, c.out_hs, c.out_ts, c.n_q };
+  return { c.part_o + (int64_t) split * c.q_heads * c.n_q * D, c.part_l + (int64_t) split * c.q_heads * c.n_q,
+           (int64_t) c.n_q * D, D, c.n_q };
+}
+
+/* A warp's two rows per thread (r0 + g and r0 + g + 8 of `rows`): query
+ * head, token and the end of its visible keys within [lo, hi). */
+__device__ __forceinline__ void
+row_setup (const SiftCudaAttnCall &c, int r0, int rows, int group, int kvh, int lo, int hi, int rh[2], int ri[2],
+           int rlim[2])
+{
+  for (int x = 0; x < 2; x++)
+    {
+      int r = r0 + 8 * x;
+      ri[x] = r / group;
+      rh[x] = kvh * group + r % group;
+      if (r >= rows)
+        rlim[x] = lo; /* padding row: sees nothing */
+      else if (c.causal)
+        rlim[x] = (int) max ((int64_t) lo, min ((int64_t) hi, c.q_offset + ri[x] + 1));
+      else
+        rlim[x] = hi;
+    }
+}
+
+/* Q as A fragments of the rows r0 + g and r0 + g + 8 (thread (g, t)),
+ * scaled by scale * log2(e) once and rounded to the K/V type. */
+template <int KS, bool BF16>
+__device__ __forceinline__ void
+load_q (const SiftCudaAttnCall &c, int r0, int rows, int t, const int rh[2], const int ri[2], uint32_t qf[KS][4])
+{
+  for (int ks = 0; ks < KS; ks++)
+    for (int x = 0; x < 4; x++)
+      {
+        int row = x & 1, col = ks * 16 + 2 * t + (x >> 1) * 8;
+        float a = 0.0f, b = 0.0f;
+        if (r0 + 8 * row < rows)
+          {
+            const float *p = c.q + rh[row] * c.q_hs + ri[row] * c.q_ts + col;
+            a = p[0] * c.qscale;
+            b = p[1] * c.qscale;
+          }
+        qf[ks][x] = pack2<BF16> (a, b);
+      }
+}
+
+/* S = Q K^T of 8 NT keys: K's B operands of two k-steps per ldmatrix
+ * (matrix i is keys n*8..n*8+7 at columns ks*16 + 8i); k points at the
+ * first key's row in shared memory. */
+template <int D, int NT, bool BF16>
+__device__ __forceinline__ void
+scores (const uint16_t *k, int lane, const uint32_t qf[D / 16][4], float s[NT][4])
+{
+  for (int n = 0; n < NT; n++)
+    {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const uint16_t *krow = k + (n * 8 + (lane & 7)) * ld<D> () + (lane >> 3) * 8;
+      for (int ks = 0; ks < D / 16; ks += 2)
+        {
+          uint32_t b[4];
+          ldmatrix_x4 (b, krow + ks * 16);
+          mma<BF16> (s[n], qf[ks], b[0], b[1]);
+          mma<BF16> (s[n], qf[ks + 1], b[2], b[3]);
+        }
+    }
+}
+
+/* Online softmax over one set of scores: raise the max, rescale what was
+ * summed under the old one, so every exponent is <= 0; s becomes the
+ * probabilities. A row with no key yet keeps m = -inf and subtracts 0
+ * instead, so its terms are 2^-inf = 0 rather than NaN. */
+template <int NT, int DT>
+__device__ __forceinline__ void
+softmax_step (float s[NT][4], float m[2], float l[2], float o[DT][4])
+{
+  for (int x = 0; x < 2; x++)
+    {
+      float mx = -CUDART_INF_F;
+      for (int n = 0; n < NT; n++)
+        mx = fmaxf (mx, fmaxf (s[n][2 * x], s[n][2 * x + 1]));
+      float m_new = fmaxf (m[x], quad_max (mx));
+      float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      float alpha = fast_exp2 (m[x] - base);
+      float sum = 0.0f;
+      for (int n = 0; n < NT; n++)
+        {
+          s[n][2 * x] = fast_exp2 (s[n][2 * x] - base);
+          s[n][2 * x + 1] = fast_exp2 (s[n][2 * x + 1] - base);
+          sum += s[n][2 * x] + s[n][2 * x + 1];
+        }
+      l[x] = l[x] * alpha + sum;
+      m[x] = m_new;
+      for (int j = 0; j < DT; j++)
+        {
+          o[j][2 * x] *= alpha;
+          o[j][2 * x + 1] *= alpha;
+        }
+    }
+}
+
+/* O += P V for 8 NT keys: the score fragments of 16 keys are the A operand
+ * as they lie in registers; V's B operands come transposed from shared
+ * memory (v: the first key's row). */
+template <int D, int NT, bool BF16>
+__device__ __forceinline__ void
+accumulate_pv (const float s[NT][4], const uint16_t *v, int lane, float o[D / 8][4])
+{
+  for (int kk = 0; kk < NT / 2; kk++)
+    {
+      uint32_t pa[4] = {
+        pack2<BF16> (s[2 * kk][0], s[2 * kk][1]),
+        pack2<BF16> (s[2 * kk][2], s[2 * kk][3]),
+        pack2<BF16> (s[2 * kk + 1][0], s[2 * kk + 1][1]),
+        pack2<BF16> (s[2 * kk + 1][2], s[2 * kk + 1][3]),
+      };
+      const uint16_t *vrow = v + (kk * 16 + (lane & 15)) * ld<D> () + (lane >> 4) * 8;
+      for (int j = 0; j < D / 8; j += 2)
+        {
+          uint32_t b[4];
+          ldmatrix_x4_trans (b, vrow + j * 8);
+          mma<BF16> (o[j], pa, b[0], b[1]);
+          mma<BF16> (o[j + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+/* One thread block: 64 query rows [r0, r0 + 64) of kv head blockIdx.y
  * (row r is query token r / group of query head kvh * group + r % group,
  * so a block's rows share one kv head and every K/V tile is read once for
- * all of them), keys of split blockIdx.z. MW warps of 16 rows; the 4 / MW
- * warps of one row group take disjoint parts of each key tile and merge
- * their softmax states at the end. */
-template <int D, bool BF16, int MW>
+ * all of them), keys of split blockIdx.z; 16 rows a warp, every warp takes
+ * the whole tile. Up to 16 rows take decode_kernel instead. */
+template <int D, bool BF16>
 __global__ void __launch_bounds__ (THREADS)
 attn_kernel (SiftCudaAttnCall c)
 {
-  constexpr int KG = WARPS / MW;   /* warps sharing a row group */
-  constexpr int KW = TILE / KG;    /* keys of a tile per warp */
-  constexpr int NT = KW / 8;       /* score fragments per warp */
+  constexpr int NT = TILE / 8;     /* score fragments per warp */
   constexpr int DT = D / 8;        /* output fragments */
   constexpr int KS = D / 16;       /* k-steps of Q K^T */
-  constexpr int BM = 16 * MW;      /* rows per thread block */
+  constexpr int BM = 16 * WARPS;   /* rows per thread block */
 
   extern __shared__ __align__ (16) uint16_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -195,8 +378,7 @@ attn_kernel (SiftCudaAttnCall c)
   const int n_rb = (rows + BM - 1) / BM;
   const int rb = n_rb - 1 - (int) blockIdx.x; /* causal: the longest row blocks start first */
   const int kvh = blockIdx.y, split = blockIdx.z;
-  const int wr = warp % MW, wk = warp / MW;
-  const int r_warp = rb * BM + wr * 16;
+  const int r_warp = rb * BM + warp * 16;
 
   /* Key range: the split, cut at the last key the block's last row sees. */
   int lo = split * c.split_len;
@@ -208,36 +390,10 @@ attn_kernel (SiftCudaAttnCall c)
       hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
     }
 
-  /* Each thread's two rows (g and g + 8): query head, token, visible keys. */
   int rh[2], ri[2], rlim[2];
-  for (int x = 0; x < 2; x++)
-    {
-      int r = r_warp + g + 8 * x;
-      ri[x] = r / group;
-      rh[x] = kvh * group + r % group;
-      if (r >= rows)
-        rlim[x] = lo; /* padding row: sees nothing */
-      else if (c.causal)
-        rlim[x] = (int) max ((int64_t) lo, min ((int64_t) hi, c.q_offset + ri[x] + 1));
-      else
-        rlim[x] = hi;
-    }
-
-  /* Q as A fragments, scaled by scale * log2(e) once and rounded to the K/V type. */
+  row_setup (c, r_warp + g, rows, group, kvh, lo, hi, rh, ri, rlim);
   uint32_t qf[KS][4];
-  for (int ks = 0; ks < KS; ks++)
-    for (int x = 0; x < 4; x++)
-      {
-        int row = x & 1, col = ks * 16 + 2 * t + (x >> 1) * 8;
-        float a = 0.0f, b = 0.0f;
-        if (r_warp + g + 8 * row < rows)
-          {
-            const float *p = c.q + rh[row] * c.q_hs + ri[row] * c.q_ts + col;
-            a = p[0] * c.qscale;
-            b = p[1] * c.qscale;
-          }
-        qf[ks][x] = pack2<BF16> (a, b);
-      }
+  load_q<KS, BF16> (c, r_warp + g, rows, t, rh, ri, qf);
 
   /* Online softmax state of rows g and g + 8: running max m (base 2), this
    * thread's part of the sum l (the quad's four parts add up at the end),
@@ -264,81 +420,20 @@ attn_kernel (SiftCudaAttnCall c)
       __syncthreads ();
       const uint16_t *ks_ = smem + (it & 1) * stage_halves<D> ();
       const uint16_t *vs_ = ks_ + TILE * ld<D> ();
-      const int kw0 = wk * KW;
 
       /* Warp-uniform: mma.sync needs every lane. */
-      if (__any_sync (0xffffffffu, k0 + kw0 < max (rlim[0], rlim[1])))
+      if (__any_sync (0xffffffffu, k0 < max (rlim[0], rlim[1])))
         {
-          /* S = Q K^T for this warp's KW keys. */
           float s[NT][4];
-          for (int n = 0; n < NT; n++)
-            {
-              s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-              /* K's B operands of two k-steps per ldmatrix: matrix i is
-               * keys n*8..n*8+7 at columns ks*16 + 8i. */
-              const uint16_t *krow = ks_ + (kw0 + n * 8 + (lane & 7)) * ld<D> () + (lane >> 3) * 8;
-              for (int ks = 0; ks < KS; ks += 2)
-                {
-                  uint32_t b[4];
-                  ldmatrix_x4 (b, krow + ks * 16);
-                  mma<BF16> (s[n], qf[ks], b[0], b[1]);
-                  mma<BF16> (s[n], qf[ks + 1], b[2], b[3]);
-                }
-            }
+          scores<D, NT, BF16> (ks_, lane, qf, s);
           /* Keys past a row's limit (causal, split end, tail) score -inf. */
-          if (k0 + kw0 + KW > min (rlim[0], rlim[1]))
+          if (k0 + TILE > min (rlim[0], rlim[1]))
             for (int n = 0; n < NT; n++)
               for (int x = 0; x < 4; x++)
-                if (k0 + kw0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
+                if (k0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
                   s[n][x] = -CUDART_INF_F;
-
-          /* Online softmax: raise the max, rescale what was summed under the
-           * old one, so every exponent is <= 0. A row with no key yet keeps
-           * m = -inf and subtracts 0 instead, so its terms are 2^-inf = 0
-           * rather than NaN. */
-          for (int x = 0; x < 2; x++)
-            {
-              float mx = -CUDART_INF_F;
-              for (int n = 0; n < NT; n++)
-                mx = fmaxf (mx, fmaxf (s[n][2 * x], s[n][2 * x + 1]));
-              float m_new = fmaxf (m[x], quad_max (mx));
-              float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
-              float alpha = fast_exp2 (m[x] - base);
-              float sum = 0.0f;
-              for (int n = 0; n < NT; n++)
-                {
-                  s[n][2 * x] = fast_exp2 (s[n][2 * x] - base);
-                  s[n][2 * x + 1] = fast_exp2 (s[n][2 * x + 1] - base);
-                  sum += s[n][2 * x] + s[n][2 * x + 1];
-                }
-              l[x] = l[x] * alpha + sum;
-              m[x] = m_new;
-              for (int j = 0; j < DT; j++)
-                {
-                  o[j][2 * x] *= alpha;
-                  o[j][2 * x + 1] *= alpha;
-                }
-            }
-
-          /* O += P V: the score fragments of 16 keys are the A operand as
-           * they lie in registers; V's B operands come transposed from smem. */
-          for (int kk = 0; kk < KW / 16; kk++)
-            {
-              uint32_t pa[4] = {
-                pack2<BF16> (s[2 * kk][0], s[2 * kk][1]),
-                pack2<BF16> (s[2 * kk][2], s[2 * kk][3]),
-                pack2<BF16> (s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                pack2<BF16> (s[2 * kk + 1][2], s[2 * kk + 1][3]),
-              };
-              const uint16_t *vrow = vs_ + (kw0 + kk * 16 + (lane & 15)) * ld<D> () + (lane >> 4) * 8;
-              for (int j = 0; j < DT; j += 2)
-                {
-                  uint32_t b[4];
-                  ldmatrix_x4_trans (b, vrow + j * 8);
-                  mma<BF16> (o[j], pa, b[0], b[1]);
-                  mma<BF16> (o[j + 1], pa, b[2], b[3]);
-                }
-            }
+          softmax_step<NT, DT> (s, m, l, o);
+          accumulate_pv<D, NT, BF16> (s, vs_, lane, o);
         }
       __syncthreads (); /* the stage is overwritten by the load two tiles on */
     }
@@ -346,77 +441,238 @@ attn_kernel (SiftCudaAttnCall c)
   for (int x = 0; x < 2; x++)
     l[x] = quad_sum (l[x]);
 
-  /* Where the result goes: the output (one split) or this split's partial. */
-  float *out = c.out, *lse = c.lse;
-  int64_t out_hs = c.out_hs, out_ts = c.out_ts, lse_hs = c.n_q;
-  if (c.n_splits > 1)
+  const Dest dst = dest<D> (c, split);
+  for (int x = 0; x < 2; x++)
     {
-      out = c.part_o + (int64_t) split * c.q_heads * c.n_q * D;
-      lse = c.part_l + (int64_t) split * c.q_heads * c.n_q;
-      out_hs = (int64_t) c.n_q * D;
-      out_ts = D;
+      if (r_warp + g + 8 * x >= rows)
+        continue;
+      const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+      float *orow = dst.out + rh[x] * dst.out_hs + ri[x] * dst.out_ts;
+      for (int j = 0; j < DT; j++)
+        {
+          orow[j * 8 + 2 * t] = o[j][2 * x] * inv;
+          orow[j * 8 + 2 * t + 1] = o[j][2 * x + 1] * inv;
+        }
+      if (t == 0)
+        dst.lse[rh[x] * dst.lse_hs + ri[x]] = l[x] > 0.0f ? (m[x] + log2f (l[x])) * CUDART_LN2_F : -CUDART_INF_F;
+    }
+}
+
+/* Decode (up to 16 query rows of a kv head: a GQA group of one token, or
+ * a few tokens): a separate kernel built for streaming K/V at the memory's
+ * rate. Each of the DW warps of a thread block owns every DW-th 16-key
+ * chunk of the block's split and its own ring of DS shared-memory stages
+ * (16 keys of K and V each), filled by cp.async with DS - 1 stages in
+ * flight while it computes on the oldest: no barrier between warps in the
+ * loop, so one warp's wait never idles the others. A chunk's loads are
+ * warp-contiguous (lanes 0..15 one key row, lanes 16..31 the next for
+ * head_dim 128): each load instruction reads 512 consecutive bytes of a
+ * contiguous layout. The block table is looked up once per chunk (per row
+ * only where a chunk straddles two blocks). Per chunk: S = Q K^T and
+ * O += P V by mma.sync as in attn_kernel (a 16-row tile), the online
+ * softmax between; the warps' states merge through shared memory at the
+ * end. */
+constexpr int DW = 4;   /* warps per decode block */
+constexpr int DK = 16;  /* keys per chunk */
+
+template <int D> __host__ __device__ constexpr int dstage_halves () { return 2 * DK * ld<D> (); }
+template <int D, int DS> __host__ __device__ constexpr size_t dsmem_bytes ()
+{
+  /* the warps' rings; the final merge reuses them ([DW][16] m and l, [DW][16][D] o) */
+  return (size_t) DW * DS * dstage_halves<D> () * sizeof (uint16_t);
+}
+static_assert (dsmem_bytes<64, 2> () >= (2 * DW * 16 + DW * 16 * 64) * sizeof (float), "merge space");
+static_assert (dsmem_bytes<128, 2> () >= (2 * DW * 16 + DW * 16 * 128) * sizeof (float), "merge space");
+
+/* Issues the copies of the chunk of keys [k0, k0 + DK) into one stage (K
+ * rows, then V rows, [DK][ld] halves each); keys at or past hi are zeros. */
+template <int D>
+__device__ __forceinline__ uint32_t
+load_chunk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi, uint16_t *stage, int lane)
+{
+  constexpr int CPR = D / 8;       /* 16-byte pieces per row */
+  constexpr int RPI = 32 / CPR;    /* rows per warp-wide load */
+  const int col = lane % CPR;
+  cur.advance (c, k0);
+  /* Warp-uniform: the whole chunk lies in the cursor's block (the usual
+   * case), so one base pointer serves every row. */
+  const bool one = min (k0 + DK, hi) <= cur.cur.start + cur.cur.n;
+  uint32_t valid = 0; /* bit r: key k0 + r exists for this kv head (masked calls) */
+  for (int j = 0; j < DK / RPI; j++)
+    {
+      const int row = j * RPI + lane / CPR;
+      const int key = k0 + row;
+      const char *ks = (const char *) cur.cur.k, *vs = (const char *) cur.cur.v; /* read 0 bytes */
+      int n = 0;
+      if (key < hi)
+        {
+          SiftCudaKvBlock b = cur.cur;
+          if (!one)
+            {
+              Cursor rc = cur; /* this row's block, a few blocks on at most (rare: no read ahead) */
+              rc.advance (c, key);
+              b = rc.cur;
+            }
+          if (!c.masked || ((b.heads >> kvh) & 1))
+            {
+              const int64_t t = key - b.start;
+              ks = (const char *) b.k + ((kvh * b.k_hs + t * b.k_ts) * 2 + col * 16);
+              vs = (const char *) b.v + ((kvh * b.v_hs + t * b.v_ts) * 2 + col * 16);
+              n = 16;
+            }
+        }
+      cp_async16 (stage + row * ld<D> () + col * 8, ks, n);
+      cp_async16 (stage + (DK + row) * ld<D> () + col * 8, vs, n);
+      if (c.masked) /* uniform: every lane takes it */
+        {
+          const uint32_t bits = __ballot_sync (0xffffffffu, n != 0); /* row j RPI + r at lane r CPR */
+          for (int r = 0; r < RPI; r++)
+            valid |= ((bits >> (r * CPR)) & 1u) << (j * RPI + r);
+        }
+    }
+  return valid;
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait () { asm volatile ("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <int D, bool BF16, int DS>
+__global__ void __launch_bounds__ (DW * 32)
+decode_kernel (SiftCudaAttnCall c)
+{
+  constexpr int DT = D / 8;  /* output fragments */
+  constexpr int KS = D / 16; /* k-steps of Q K^T */
+
+  extern __shared__ __align__ (16) uint16_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int group = c.q_heads / c.kv_heads;
+  const int rows = group * c.n_q; /* <= 16 */
+  const int kvh = blockIdx.x, split = blockIdx.y;
+
+  int lo = split * c.split_len;
+  int hi = min (c.n_kv, lo + c.split_len);
+  if (c.causal)
+    {
+      int64_t lim = c.q_offset + (rows - 1) / group + 1;
+      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
     }
 
-  if constexpr (KG > 1)
+  int rh[2], ri[2], rlim[2];
+  row_setup (c, g, rows, group, kvh, lo, hi, rh, ri, rlim);
+  const int lim_max = max (rlim[0], rlim[1]), lim_min = min (rlim[0], rlim[1]);
+
+  uint16_t *ring = smem + warp * DS * dstage_halves<D> ();
+  __shared__ uint32_t valid[DW][DS]; /* masked calls: each stage's keys that exist for this kv head */
+  const int n_chunks = (hi - lo + DK - 1) / DK;
+  const int mine = n_chunks > warp ? (n_chunks - warp + DW - 1) / DW : 0; /* chunks warp, warp + DW, ... */
+  AheadCursor cur;
+  cur.seek_warp (c, lo, lane);
+  cur.fetch_next (c);
+  /* Prologue: DS - 1 chunks in flight before the first is used. */
+  for (int s = 0; s < DS - 1; s++)
     {
-      /* Warps of one row group saw different keys: merge their states by
-       * max and rescale, through shared memory (the tiles are done). */
-      float *ms = reinterpret_cast<float *> (smem); /* [WARPS][16] */
-      float *ls = ms + WARPS * 16;                  /* [WARPS][16] */
-      float *os = ls + WARPS * 16;                  /* [WARPS][16][D] */
-      for (int x = 0; x < 2; x++)
+      if (s < mine)
         {
-          if (t == 0)
-            {
-              ms[warp * 16 + g + 8 * x] = m[x];
-              ls[warp * 16 + g + 8 * x] = l[x];
-            }
-          for (int j = 0; j < DT; j++)
-            {
-              os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t] = o[j][2 * x];
-              os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t + 1] = o[j][2 * x + 1];
-            }
+          const uint32_t v = load_chunk<D> (c, cur, kvh, lo + (s * DW + warp) * DK, hi, ring + s * dstage_halves<D> (),
+                                            lane);
+          if (lane == 0)
+            valid[warp][s] = v;
         }
-      __syncthreads ();
-      for (int e = threadIdx.x; e < BM * D; e += THREADS)
+      cp_async_commit ();
+    }
+
+  uint32_t qf[KS][4];
+  load_q<KS, BF16> (c, g, rows, t, rh, ri, qf);
+
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
+  float o[DT][4];
+  for (int j = 0; j < DT; j++)
+    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int it = 0; it < mine; it++)
+    {
+      const int ahead = it + DS - 1;
+      if (ahead < mine)
         {
-          const int rr = e / D, d = e % D; /* row of the block, column */
-          const int w0 = rr / 16, row = rr % 16;
-          const int r = rb * BM + rr;
-          if (r >= rows)
-            continue;
-          float mm = -CUDART_INF_F;
-          for (int w = w0; w < WARPS; w += MW)
-            mm = fmaxf (mm, ms[w * 16 + row]);
-          float base = mm == -CUDART_INF_F ? 0.0f : mm;
-          float sum = 0.0f, acc = 0.0f;
-          for (int w = w0; w < WARPS; w += MW)
+          const uint32_t v = load_chunk<D> (c, cur, kvh, lo + (ahead * DW + warp) * DK, hi,
+                                            ring + (ahead % DS) * dstage_halves<D> (), lane);
+          if (lane == 0)
+            valid[warp][ahead % DS] = v;
+        }
+      cp_async_commit ();
+      cp_async_wait<DS - 1> (); /* this lane's copies of chunk `it` landed */
+      __syncwarp ();            /* and every lane's are visible */
+      const int k0 = lo + (it * DW + warp) * DK;
+      const uint16_t *ks_ = ring + (it % DS) * dstage_halves<D> ();
+      const uint16_t *vs_ = ks_ + DK * ld<D> ();
+      if (__any_sync (0xffffffffu, k0 < lim_max)) /* warp-uniform: mma.sync needs every lane */
+        {
+          float s[2][4];
+          scores<D, 2, BF16> (ks_, lane, qf, s);
+          if (k0 + DK > lim_min)
+            for (int n = 0; n < 2; n++)
+              for (int x = 0; x < 4; x++)
+                if (k0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
+                  s[n][x] = -CUDART_INF_F;
+          if (c.masked) /* keys of blocks this kv head does not attend */
             {
-              float f = exp2f (ms[w * 16 + row] - base);
-              sum += f * ls[w * 16 + row];
-              acc += f * os[(w * 16 + row) * D + d];
+              const uint32_t v = valid[warp][it % DS];
+              for (int n = 0; n < 2; n++)
+                for (int x = 0; x < 4; x++)
+                  if (!((v >> (n * 8 + 2 * t + (x & 1))) & 1))
+                    s[n][x] = -CUDART_INF_F;
             }
-          const int h = kvh * group + r % group, i = r / group;
-          out[h * out_hs + i * out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
-          if (d == 0)
-            lse[h * lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
+          softmax_step<2, DT> (s, m, l, o);
+          accumulate_pv<D, 2, BF16> (s, vs_, lane, o);
+        }
+      __syncwarp (); /* every lane is done with the stage before it is refilled */
+    }
+  cp_async_wait<0> ();
+
+  for (int x = 0; x < 2; x++)
+    l[x] = quad_sum (l[x]);
+
+  const Dest dst = dest<D> (c, split);
+
+  /* The warps' states merged by max and rescale through shared memory
+   * (every warp's ring is done). */
+  __syncthreads ();
+  float *ms = reinterpret_cast<float *> (smem); /* [DW][16] */
+  float *ls = ms + DW * 16;                      /* [DW][16] */
+  float *os = ls + DW * 16;                     /* [DW][16][D] */
+  for (int x = 0; x < 2; x++)
+    {
+      if (t == 0)
+        {
+          ms[warp * 16 + g + 8 * x] = m[x];
+          ls[warp * 16 + g + 8 * x] = l[x];
+        }
+      for (int j = 0; j < DT; j++)
+        {
+          os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t] = o[j][2 * x];
+          os[(warp * 16 + g + 8 * x) * D + j * 8 + 2 * t + 1] = o[j][2 * x + 1];
         }
     }
-  else
-    for (int x = 0; x < 2; x++)
-      {
-        if (r_warp + g + 8 * x >= rows)
-          continue;
-        const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
-        float *orow = out + rh[x] * out_hs + ri[x] * out_ts;
-        for (int j = 0; j < DT; j++)
-          {
-            orow[j * 8 + 2 * t] = o[j][2 * x] * inv;
-            orow[j * 8 + 2 * t + 1] = o[j][2 * x + 1] * inv;
-          }
-        if (t == 0)
-          lse[rh[x] * lse_hs + ri[x]] = l[x] > 0.0f ? (m[x] + log2f (l[x])) * CUDART_LN2_F : -CUDART_INF_F;
-      }
+  __syncthreads ();
+  for (int e = threadIdx.x; e < rows * D; e += DW * 32)
+    {
+      const int r = e / D, d = e % D;
+      float mm = -CUDART_INF_F;
+      for (int w = 0; w < DW; w++)
+        mm = fmaxf (mm, ms[w * 16 + r]);
+      float base = mm == -CUDART_INF_F ? 0.0f : mm;
+      float sum = 0.0f, acc = 0.0f;
+      for (int w = 0; w < DW; w++)
+        {
+          float f = exp2f (ms[w * 16 + r] - base);
+          sum += f * ls[w * 16 + r];
+          acc += f * os[(w * 16 + r) * D + d];
+        }
+      const int h = kvh * group + r % group, i = r / group;
+      dst.out[h * dst.out_hs + i * dst.out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
+      if (d == 0)
+        dst.lse[h * dst.lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
+    }
 }
 
 /* The splits of each row merged by LSE, in split order: one thread block
@@ -510,41 +766,89 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
 }
 
 /* Allows the kernel its dynamic shared memory (over the default 48 KB). */
-template <int D, bool BF16, int MW>
+template <int D, bool BF16>
 cudaError_t
 configure ()
 {
   static bool configured = false; /* benign race: the attribute is idempotent */
   if (configured)
     return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int) smem_bytes<D> ());
   configured = e == cudaSuccess;
   return e;
 }
 
-template <int D, bool BF16, int MW>
+template <int D, bool BF16>
 int
 resident (void)
 {
   int n = 0;
-  if (configure<D, BF16, MW> () != cudaSuccess
-      || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, attn_kernel<D, BF16, MW>, THREADS, smem_bytes<D> ())
+  if (configure<D, BF16> () != cudaSuccess
+      || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, attn_kernel<D, BF16>, THREADS, smem_bytes<D> ())
              != cudaSuccess)
     return 1;
   return n > 0 ? n : 1;
 }
 
-template <int D, bool BF16, int MW>
+template <int D, bool BF16>
 cudaError_t
 launch (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
-  cudaError_t e = configure<D, BF16, MW> ();
+  cudaError_t e = configure<D, BF16> ();
   if (e != cudaSuccess)
     return e;
   const int rows = c.q_heads / c.kv_heads * c.n_q;
-  dim3 grid ((rows + 16 * MW - 1) / (16 * MW), c.kv_heads, c.n_splits);
-  attn_kernel<D, BF16, MW><<<grid, THREADS, smem_bytes<D> (), stream>>> (c);
+  dim3 grid ((rows + 16 * WARPS - 1) / (16 * WARPS), c.kv_heads, c.n_splits);
+  attn_kernel<D, BF16><<<grid, THREADS, smem_bytes<D> (), stream>>> (c);
+  return cudaGetLastError ();
+}
+
+/* Stages of each decode warp's ring: two chunks in flight while one is
+ * used; 104 KB of shared memory a block for head_dim 128, two blocks an SM. */
+constexpr int DECODE_STAGES = 3;
+
+template <int D, bool BF16, int DS>
+cudaError_t
+decode_configure ()
+{
+  static bool configured = false; /* benign race: the attribute is idempotent */
+  if (configured)
+    return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute (decode_kernel<D, BF16, DS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int) dsmem_bytes<D, DS> ());
+  configured = e == cudaSuccess;
+  return e;
+}
+
+template <int D, bool BF16, int DS>
+int
+decode_resident_ds (void)
+{
+  static int n = 0;
+  if (n == 0
+      && (decode_configure<D, BF16, DS> () != cudaSuccess
+          || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, decode_kernel<D, BF16, DS>, DW * 32,
+                                                            dsmem_bytes<D, DS> ()) != cudaSuccess))
+    return 1;
+  return n > 0 ? n : 1;
+}
+
+template <int D, bool BF16>
+int
+decode_resident (void)
+{
+  return decode_resident_ds<D, BF16, DECODE_STAGES> ();
+}
+
+template <int D, bool BF16, int DS>
+cudaError_t
+decode_launch_ds (const SiftCudaAttnCall &c, cudaStream_t stream)
+{
+  cudaError_t e = decode_configure<D, BF16, DS> ();
+  if (e != cudaSuccess)
+    return e;
+  decode_kernel<D, BF16, DS><<<dim3 (c.kv_heads, c.n_splits), DW * 32, dsmem_bytes<D, DS> (), stream>>> (c);
   return cudaGetLastError ();
 }
 
@@ -553,8 +857,8 @@ cudaError_t
 launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   if (sift_cuda_attn_rows_per_block (c.q_heads / c.kv_heads * c.n_q) == 16)
-    return launch<D, BF16, 1> (c, stream);
-  return launch<D, BF16, 4> (c, stream);
+    return decode_launch_ds<D, BF16, DECODE_STAGES> (c, stream);
+  return launch<D, BF16> (c, stream);
 }
 
 } // namespace
@@ -570,10 +874,10 @@ sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows)
 {
   const bool few = sift_cuda_attn_rows_per_block (rows) == 16;
   if (head_dim == 64)
-    return bf16 ? (few ? resident<64, true, 1> () : resident<64, true, 4> ())
-                : (few ? resident<64, false, 1> () : resident<64, false, 4> ());
-  return bf16 ? (few ? resident<128, true, 1> () : resident<128, true, 4> ())
-              : (few ? resident<128, false, 1> () : resident<128, false, 4> ());
+    return bf16 ? (few ? decode_resident<64, true> () : resident<64, true> ())
+                : (few ? decode_resident<64, false> () : resident<64, false> ());
+  return bf16 ? (few ? decode_resident<128, true> () : resident<128, true> ())
+              : (few ? decode_resident<128, false> () : resident<128, false> ());
 }
 
 extern "C" int
@@ -594,7 +898,7 @@ sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream_)
 extern "C" int
 sift_cuda_table_launch (SiftCudaKvBlock *dst, const SiftCudaKvBlock *table, int32_t n, void *stream_)
 {
-  constexpr int SMALL = 32, LARGE = 512; /* 1.5 KB and 24 KB of parameters */
+  constexpr int SMALL = 32, LARGE = 480; /* 2 KB and 30 KB of parameters (at most 32764 bytes) */
   cudaStream_t stream = (cudaStream_t) stream_;
   for (int32_t at = 0; at < n;)
     {

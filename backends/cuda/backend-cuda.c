@@ -71,6 +71,7 @@ typedef struct {
   guint8 *arena;             /* pinned; buffer_write's source copies */
   gsize arena_size, arena_at;
   cudaEvent_t arena_ev;      /* recorded after the last write that used the arena */
+  GArray *piece_dst, *piece_src, *piece_size; /* a batch of copies being built (run_loads) */
   GArray *timed;             /* Timed, not yet read */
   GArray *event_pool;        /* cudaEvent_t with timing, free */
   GError *sticky;            /* the first CUDA failure of an asynchronous call */
@@ -155,6 +156,15 @@ cuda_timings (SiftBackend *backend, SiftBackendTimes *out)
 
 /* ---- Memory -------------------------------------------------------------- */
 
+/* Every live pinned allocation's range: one copy must not span two, even
+ * where they lie back to back in the address space (the host store's
+ * chunks: consecutive blocks across a chunk boundary are two copies). */
+typedef struct {
+  guintptr lo, hi;
+} PinnedRange;
+static GMutex pinned_lock;
+static GArray *pinned_ranges;
+
 /* Pinned host memory, zeroed; the host store's chunks too (no backend
  * needed to free them: the store may outlive the engine). */
 static void *
@@ -165,6 +175,12 @@ pinned_alloc (gsize size)
   if (err != cudaSuccess)
     g_error ("engine: cannot pin %" G_GSIZE_FORMAT " bytes of host memory: %s", size, cudaGetErrorString (err));
   memset (p, 0, MAX (size, 1));
+  PinnedRange r = { (guintptr) p, (guintptr) p + MAX (size, 1) };
+  g_mutex_lock (&pinned_lock);
+  if (pinned_ranges == NULL)
+    pinned_ranges = g_array_new (FALSE, FALSE, sizeof (PinnedRange));
+  g_array_append_val (pinned_ranges, r);
+  g_mutex_unlock (&pinned_lock);
   return p;
 }
 
@@ -172,8 +188,32 @@ static void
 pinned_free (void *p, gsize size)
 {
   (void) size;
-  if (p != NULL)
-    cudaFreeHost (p);
+  if (p == NULL)
+    return;
+  g_mutex_lock (&pinned_lock);
+  for (guint i = 0; pinned_ranges != NULL && i < pinned_ranges->len; i++)
+    if (g_array_index (pinned_ranges, PinnedRange, i).lo == (guintptr) p)
+      {
+        g_array_remove_index_fast (pinned_ranges, i);
+        break;
+      }
+  g_mutex_unlock (&pinned_lock);
+  cudaFreeHost (p);
+}
+
+/* Whether [p, p + n) lies inside one pinned allocation. */
+static gboolean
+one_allocation (const guint8 *p, gsize n)
+{
+  gboolean in = FALSE;
+  g_mutex_lock (&pinned_lock);
+  for (guint i = 0; pinned_ranges != NULL && i < pinned_ranges->len && !in; i++)
+    {
+      const PinnedRange *r = &g_array_index (pinned_ranges, PinnedRange, i);
+      in = (guintptr) p >= r->lo && (guintptr) p + n <= r->hi;
+    }
+  g_mutex_unlock (&pinned_lock);
+  return in;
 }
 
 static void *
@@ -249,7 +289,7 @@ cuda_buffer_write (SiftBackend *backend, guint8 *dst, const void *src, gsize n)
     return;
   guint8 *p = arena_take (b, n);
   memcpy (p, src, n);
-  note_failure (b, cudaMemcpyAsync (dst, p, n, cudaMemcpyHostToDevice, b->cs), "copy to the GPU");
+  note_failure (b, cudaMemcpyAsync (dst, p, n, cudaMemcpyHostToDevice, b->cs), "copy to the GPU (buffer write)");
   cudaEventRecord (b->arena_ev, b->cs);
 }
 
@@ -321,7 +361,7 @@ copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src)
   const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
   const gsize pitch = (gsize) cap * (gsize) s->head_dim * b->es;
   note_failure (b, cudaMemcpy2DAsync (dst, pitch, src, width, width, (gsize) s->n_kv_heads, cudaMemcpyHostToDevice,
-                                      b->xs), "copy to the GPU");
+                                      b->xs), "copy to the GPU (a half, 2D)");
 }
 
 /* A staged load: the stored half (or both) read on the host into pinned
@@ -369,11 +409,86 @@ whole_block (CudaBackend *b, const SiftTransfer *t)
   return t->what == SIFT_LOAD_KV && t->cap == b->shape.block_size && t->v == t->k + b->store->k_bytes;
 }
 
+/* Whether a load asks for some kv heads only (SiftTransfer.kv_heads). */
+static gboolean
+some_heads (CudaBackend *b, const SiftTransfer *t)
+{
+  const gint32 nkv = b->shape.n_kv_heads;
+  if (t->kv_heads == 0 || nkv > 64)
+    return FALSE;
+  const guint64 all = nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1;
+  return (t->kv_heads & all) != all;
+}
+
+/* The copies of one in-place load of some kv heads: each run of wanted
+ * heads is one piece per half when the destination is a whole slot (cap
+ * of a block), else one piece per head. Appends to dst/src/size; returns
+ * the bytes. */
+static guint64
+head_pieces (CudaBackend *b, const SiftTransfer *t, const guint8 *p, GArray *dst, GArray *src, GArray *size)
+{
+  const SiftModelShape *s = &b->shape;
+  const gsize head = (gsize) s->block_size * (gsize) s->head_dim * b->es;
+  const gsize head_dst = (gsize) t->cap * (gsize) s->head_dim * b->es;
+  const gboolean slot = t->cap == s->block_size;
+  guint64 bytes = 0;
+  for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+    {
+      if (!((t->kv_heads >> h0) & 1))
+        {
+          h0++;
+          continue;
+        }
+      gint32 h1 = h0 + 1;
+      while (slot && h1 < s->n_kv_heads && ((t->kv_heads >> h1) & 1))
+        h1++;
+      for (int half = 0; half < 2; half++)
+        {
+          if (!((t->what & (half == 0 ? SIFT_LOAD_K : SIFT_LOAD_V)) != 0))
+            continue;
+          void *d = (half == 0 ? t->k : t->v) + (gsize) h0 * head_dst;
+          const void *sp = p + (gsize) half * b->store->k_bytes + (gsize) h0 * head;
+          gsize n = (gsize) (h1 - h0) * head;
+          g_array_append_val (dst, d);
+          g_array_append_val (src, sp);
+          g_array_append_val (size, n);
+          bytes += n;
+        }
+      h0 = h1;
+    }
+  return bytes;
+}
+
+/* One batch of host -> device copies on the copy stream (one call for
+ * all of them: a selection's heads are many small pieces). */
+static void
+copy_batch (CudaBackend *b, GArray *dst, GArray *src, GArray *size)
+{
+  if (dst->len == 0)
+    return;
+  struct cudaMemcpyAttributes attr = { .srcAccessOrder = cudaMemcpySrcAccessOrderStream };
+  size_t idx = 0;
+  cudaError_t e = cudaMemcpyBatchAsync ((void *const *) (void *) dst->data, (const void *const *) (void *) src->data,
+                                        (const size_t *) (void *) size->data, dst->len, &attr, &idx, 1, b->xs);
+  if (e != cudaSuccess) /* a driver without batches: one copy each */
+    {
+      cudaGetLastError ();
+      for (guint i = 0; i < dst->len; i++)
+        note_failure (b, cudaMemcpyAsync (g_array_index (dst, void *, i), g_array_index (src, const void *, i),
+                                          g_array_index (size, gsize, i), cudaMemcpyHostToDevice, b->xs),
+                      "copy to the GPU (kv heads)");
+    }
+  g_array_set_size (dst, 0);
+  g_array_set_size (src, 0);
+  g_array_set_size (size, 0);
+}
+
 /* Loads t[0..n) from the store: runs of whole blocks that lie back to
  * back both in the pinned store and in compute memory (a group of ring
- * slots filled from consecutive stored blocks) are one copy; other
- * in-place loads one 2D copy per half; the rest are staged. Each
- * transfer's event is recorded after its copy. */
+ * slots filled from consecutive stored blocks) are one copy; runs of
+ * in-place loads of some kv heads are one batch of copies, those heads'
+ * rows only; other in-place loads one 2D copy per half; the rest are
+ * staged (all heads). Each transfer's event is recorded after its copy. */
 static void
 run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
 {
@@ -388,12 +503,35 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
       GError *err = NULL;
       gboolean ok = TRUE;
       gsize run = 1;
+      if (p != NULL && some_heads (b, ti))
+        {
+          guint64 each[64];
+          each[0] = head_pieces (b, ti, p, b->piece_dst, b->piece_src, b->piece_size);
+          const guint8 *pr;
+          while (i + run < n && run < G_N_ELEMENTS (each) && t[i + run].kind == SIFT_TRANSFER_LOAD
+                 && (pr = in_place (b, &t[i + run])) != NULL && some_heads (b, &t[i + run]))
+            {
+              each[run] = head_pieces (b, &t[i + run], pr, b->piece_dst, b->piece_src, b->piece_size);
+              run++;
+            }
+          copy_batch (b, b->piece_dst, b->piece_src, b->piece_size);
+          for (gsize j = i; j < i + run; j++)
+            {
+              b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], TRUE, each[j - i], 0.0, NULL);
+              cudaEventRecord (t[j].event->ev, b->xs);
+              t[j].event->recorded = TRUE;
+            }
+          i += run;
+          continue;
+        }
       if (p != NULL && whole_block (b, ti))
         {
           while (i + run < n && t[i + run].kind == SIFT_TRANSFER_LOAD && whole_block (b, &t[i + run])
-                 && t[i + run].k == ti->k + run * bb && in_place (b, &t[i + run]) == p + run * bb)
+                 && t[i + run].k == ti->k + run * bb && in_place (b, &t[i + run]) == p + run * bb
+                 && one_allocation (p, (run + 1) * bb))
             run++;
-          note_failure (b, cudaMemcpyAsync (ti->k, p, run * bb, cudaMemcpyHostToDevice, b->xs), "copy to the GPU");
+          note_failure (b, cudaMemcpyAsync (ti->k, p, run * bb, cudaMemcpyHostToDevice, b->xs),
+                        "copy to the GPU (blocks to slots)");
         }
       else if (p != NULL)
         {
@@ -574,15 +712,59 @@ cuda_drain (SiftBackend *backend, gboolean forget)
 
 /* ---- Kernels ---------------------------------------------------------- */
 
+/* A paged call on the compute stream, timed from its first launch: the
+ * host's preparation (block views, table) overlaps earlier GPU work and is
+ * in the caller's wall time. kv_heads: blocks masked per kv head, or NULL. */
+static gboolean
+timed_paged (CudaBackend *b, const guint64 *kv_heads, const SiftView *q, const SiftView *k, const SiftView *v, gsize n,
+             const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
+  Timed tm = { timing_event (b), timing_event (b), TIME_COMPUTE };
+  gboolean ok = sift_cuda_attn_paged_on (b->cs, &b->scratch, tm.a, kv_heads, q, k, v, n, opts, out, lse, error);
+  if (!ok)
+    cudaEventRecord (tm.a, b->cs);
+  time_end (b, &tm, b->cs);
+  return ok;
+}
+
 static gboolean
 cuda_attend (SiftBackend *backend, const SiftView *q, const SiftView *k, const SiftView *v, gsize n,
              const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
+  return timed_paged ((CudaBackend *) backend, NULL, q, k, v, n, opts, out, lse, error);
+}
+
+/* Blocks masked per kv head: one launch where each kv head's rows fit the
+ * decode kernel; else one call per kv head over its blocks, with the
+ * causal offset less the tokens it skips (backend.h). */
+static gboolean
+cuda_attend_heads (SiftBackend *backend, const SiftView *q, const SiftView *k, const SiftView *v, const guint64 *kv_heads,
+                   gsize n, const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
+{
   CudaBackend *b = (CudaBackend *) backend;
-  Timed tm = time_begin (b, b->cs, TIME_COMPUTE);
-  gboolean ok = sift_cuda_attn_paged_on (b->cs, &b->scratch, q, k, v, n, opts, out, lse, error);
-  time_end (b, &tm, b->cs);
-  return ok;
+  const gint32 nkv = b->shape.n_kv_heads, G = q->n_heads / nkv;
+  if ((gint64) G * q->n_tokens <= SIFT_CUDA_MASKED_MAX_ROWS)
+    return timed_paged (b, kv_heads, q, k, v, n, opts, out, lse, error);
+  g_autofree SiftView *ks = g_new (SiftView, MAX (n, 1)), *vs = g_new (SiftView, MAX (n, 1));
+  for (gint32 g = 0; g < nkv; g++)
+    {
+      gsize m = 0;
+      gint64 skipped = 0;
+      for (gsize i = 0; i < n; i++)
+        if ((kv_heads[i] >> g) & 1)
+          {
+            ks[m] = sift_view_heads (&k[i], g, 1);
+            vs[m++] = sift_view_heads (&v[i], g, 1);
+          }
+        else
+          skipped += k[i].n_tokens;
+      SiftAttnOpts o = *opts;
+      o.q_offset -= skipped;
+      SiftView qs = sift_view_heads (q, g * G, G), os = sift_view_heads (out, g * G, G);
+      if (!cuda_attend (backend, &qs, ks, vs, m, &o, &os, lse + (gsize) g * (gsize) G * (gsize) q->n_tokens, error))
+        return FALSE;
+    }
+  return TRUE;
 }
 
 static gboolean
@@ -623,6 +805,9 @@ cuda_free (SiftBackend *backend)
     cudaEventDestroy (g_array_index (b->event_pool, cudaEvent_t, i));
   g_array_unref (b->timed);
   g_array_unref (b->event_pool);
+  g_array_unref (b->piece_dst);
+  g_array_unref (b->piece_src);
+  g_array_unref (b->piece_size);
   if (b->compute_done != NULL)
     cudaEventDestroy (b->compute_done);
   if (b->arena_ev != NULL)
@@ -660,6 +845,7 @@ static const SiftBackendOps cuda_ops = {
   .buffer_read = cuda_buffer_read,
   .timings = cuda_timings,
   .buffer_move_rows = cuda_buffer_move_rows,
+  .attend_heads = cuda_attend_heads,
 };
 
 SiftBackend *
@@ -691,6 +877,9 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   b->es = sift_dtype_size (b->compute);
   b->timed = g_array_new (FALSE, FALSE, sizeof (Timed));
   b->event_pool = g_array_new (FALSE, FALSE, sizeof (cudaEvent_t));
+  b->piece_dst = g_array_new (FALSE, FALSE, sizeof (void *));
+  b->piece_src = g_array_new (FALSE, FALSE, sizeof (const void *));
+  b->piece_size = g_array_new (FALSE, FALSE, sizeof (gsize));
   if (!check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaStreamCreateWithFlags (&b->xs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaEventCreateWithFlags (&b->compute_done, cudaEventDisableTiming), "cudaEventCreate", error)

@@ -203,8 +203,11 @@ void
 sift_cuda_scratch_clear (SiftCudaScratch *sc)
 {
   cudaFree (sc->ptr);
+  cudaFree (sc->table);
+  g_free (sc->table_host);
   *sc = (SiftCudaScratch) { 0 };
 }
+
 
 static gboolean
 unsupported (GError **error, const char *fmt, ...) G_GNUC_PRINTF (2, 3);
@@ -219,6 +222,46 @@ unsupported (GError **error, const char *fmt, ...)
   g_set_error_literal (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_UNSUPPORTED, msg);
   g_free (msg);
   return FALSE;
+}
+
+/* Puts the block table t[0..n) in the scratch's device table: only the
+ * entries from the first that differs from what it holds are written, by
+ * kernels on the stream (ordered after the calls that read the old ones). */
+static const SiftCudaKvBlock *
+table_put (SiftCudaScratch *sc, const SiftCudaKvBlock *t, gsize n, cudaStream_t stream, GError **error)
+{
+  if (n > G_MAXINT32)
+    {
+      unsupported (error, "%" G_GSIZE_FORMAT " blocks: too many for one launch", n);
+      return NULL;
+    }
+  if (sc->table_cap < n)
+    {
+      cudaFree (sc->table);
+      sc->table = NULL;
+      sc->table_cap = sc->table_n = 0;
+      gsize cap = MAX (n, 2 * sc->table_cap);
+      cap = MAX (cap, 64);
+      if (!check (cudaMalloc (&sc->table, cap * sizeof (SiftCudaKvBlock)), "cudaMalloc (block table)", error))
+        return NULL;
+      sc->table_host = g_realloc (sc->table_host, cap * sizeof (SiftCudaKvBlock));
+      sc->table_cap = cap;
+    }
+  SiftCudaKvBlock *held = sc->table_host;
+  gsize same = 0;
+  while (same < MIN (n, sc->table_n) && memcmp (&held[same], &t[same], sizeof *t) == 0)
+    same++;
+  if (same < n)
+    {
+      const gsize held_n = sc->table_n;
+      sc->table_n = 0; /* unknown if a launch fails */
+      if (!check (sift_cuda_table_launch ((SiftCudaKvBlock *) sc->table + same, t + same, (int32_t) (n - same), stream),
+                  "block table kernel launch", error))
+        return NULL;
+      memcpy (held + same, t + same, (n - same) * sizeof *t);
+      sc->table_n = MAX (n, held_n); /* entries past n were left as they were */
+    }
+  return sc->table;
 }
 
 /* What the GPU kernels need beyond the CPU's checks: f16/bf16 K and V,
@@ -244,14 +287,15 @@ kv_block (const SiftView *k, const SiftView *v, gint64 start)
     .k = k->data, .v = v->data,
     .k_hs = k->head_stride, .k_ts = k->token_stride,
     .v_hs = v->head_stride, .v_ts = v->token_stride,
-    .start = (int32_t) start, .n = (int32_t) k->n_tokens,
+    .start = (int32_t) start, .n = (int32_t) k->n_tokens, .heads = ~(uint64_t) 0,
   };
 }
 
 /* Launches a checked call: picks the splits of the key axis, uploads the
  * block table of a paged call, launches. */
 static gboolean
-run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **error)
+run (const SiftAttnArgs *a, const guint64 *kv_heads, cudaStream_t stream, SiftCudaScratch *sc, cudaEvent_t start,
+     GError **error)
 {
   const SiftView *q = a->q;
   const gint32 d = q->head_dim;
@@ -263,8 +307,15 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
   for (gsize b = 0; b < a->n_blocks; b++)
     if (!check_kv (&a->k_blocks[b], "k", b, error) || !check_kv (&a->v_blocks[b], "v", b, error))
       return FALSE;
+  if (kv_heads != NULL && (gint64) q->n_heads / a->k->n_heads * q->n_tokens > SIFT_CUDA_MASKED_MAX_ROWS)
+    return unsupported (error, "blocks masked per kv head take at most %d rows per kv head",
+                        SIFT_CUDA_MASKED_MAX_ROWS);
   if (q->n_tokens == 0)
-    return TRUE;
+    {
+      if (start != NULL)
+        cudaEventRecord (start, stream);
+      return TRUE;
+    }
 
   SiftCudaAttnCall c = {
     .q = q->data, .q_hs = q->head_stride, .q_ts = q->token_stride,
@@ -275,10 +326,14 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
     .q_heads = q->n_heads, .kv_heads = a->k->n_heads, .n_q = (int32_t) q->n_tokens, .head_dim = d,
     .bf16 = a->k->dtype == SIFT_DTYPE_BF16,
     .qscale = a->scale * (float) M_LOG2E,
-    .causal = a->causal, .q_offset = a->q_offset,
+    .causal = a->causal, .q_offset = a->q_offset, .masked = kv_heads != NULL,
   };
   if (a->n_blocks == 1)
-    c.one = kv_block (&a->k_blocks[0], &a->v_blocks[0], 0);
+    {
+      c.one = kv_block (&a->k_blocks[0], &a->v_blocks[0], 0);
+      if (kv_heads != NULL)
+        c.one.heads = kv_heads[0];
+    }
   else if (a->n_blocks == 0)
     c.bf16 = TRUE; /* no key: every row is empty, any instance will do */
 
@@ -297,31 +352,31 @@ run (const SiftAttnArgs *a, cudaStream_t stream, SiftCudaScratch *sc, GError **e
   c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
   c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;
 
-  /* The block table goes to the scratch by a kernel that carries it as
+  if (start != NULL)
+    cudaEventRecord (start, stream); /* the GPU's time starts here, after the host's preparation */
+
+  /* The block table goes to the device by a kernel that carries it as
    * parameters (sift_cuda_table_launch says why not a copy or mapped
-   * host memory); the partials follow it. */
-  const gsize tbytes = a->n_blocks > 1 ? a->n_blocks * sizeof (SiftCudaKvBlock) : 0;
-  gsize table = (tbytes + 255) / 256 * 256;
-  gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
-  char *s = NULL;
-  if (table + part > 0 && (s = scratch_get (sc, table + part, error)) == NULL)
-    return FALSE;
-  if (tbytes > 0)
+   * host memory), the entries that changed only (table_put). */
+  if (a->n_blocks > 1)
     {
       g_autofree SiftCudaKvBlock *t = g_new (SiftCudaKvBlock, a->n_blocks);
       for (gsize b = 0; b < a->n_blocks; b++)
-        t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
-      if (a->n_blocks > G_MAXINT32
-          || !check (sift_cuda_table_launch ((SiftCudaKvBlock *) (void *) s, t, (int32_t) a->n_blocks, stream),
-                     "block table kernel launch", error))
+        {
+          t[b] = kv_block (&a->k_blocks[b], &a->v_blocks[b], a->block_start[b]);
+          if (kv_heads != NULL)
+            t[b].heads = kv_heads[b];
+        }
+      if ((c.blocks = table_put (sc, t, a->n_blocks, stream, error)) == NULL)
         return FALSE;
-      c.blocks = (const SiftCudaKvBlock *) (const void *) s;
       c.n_blocks = (int32_t) a->n_blocks;
       c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
     }
+  const gsize part = c.n_splits > 1 ? (gsize) c.n_splits * q->n_heads * q->n_tokens * (d + 1) * sizeof (float) : 0;
   if (part > 0)
     {
-      c.part_o = (float *) (s + table);
+      if ((c.part_o = scratch_get (sc, part, error)) == NULL)
+        return FALSE;
       c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
     }
   return check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error);
@@ -332,7 +387,7 @@ static gboolean
 run_default (const SiftAttnArgs *a, GError **error)
 {
   pthread_mutex_lock (&scratch_lock);
-  gboolean ok = run (a, NULL, &default_scratch, error);
+  gboolean ok = run (a, NULL, NULL, &default_scratch, NULL, error);
   pthread_mutex_unlock (&scratch_lock);
   return ok;
 }
@@ -364,7 +419,8 @@ sift_cuda_attn_decode (const SiftView *q, const SiftView *k, const SiftView *v,
 }
 
 gboolean
-sift_cuda_attn_paged_on (void *stream, SiftCudaScratch *scratch, const SiftView *q, const SiftView *k_blocks,
+sift_cuda_attn_paged_on (void *stream, SiftCudaScratch *scratch, void *start_event, const guint64 *kv_heads,
+                         const SiftView *q, const SiftView *k_blocks,
                          const SiftView *v_blocks, gsize n_blocks, const SiftAttnOpts *opts, SiftView *out,
                          float *lse, GError **error)
 {
@@ -377,7 +433,7 @@ sift_cuda_attn_paged_on (void *stream, SiftCudaScratch *scratch, const SiftView 
                                 error))
     return FALSE;
   if (scratch != NULL)
-    return run (&a, stream, scratch, error);
+    return run (&a, kv_heads, stream, scratch, start_event, error);
   return run_default (&a, error);
 }
 
@@ -386,7 +442,7 @@ sift_cuda_attn_paged (const SiftView *q, const SiftView *k_blocks, const SiftVie
                       gsize n_blocks, const SiftAttnOpts *opts, SiftView *out, float *lse,
                       GError **error)
 {
-  return sift_cuda_attn_paged_on (NULL, NULL, q, k_blocks, v_blocks, n_blocks, opts, out, lse, error);
+  return sift_cuda_attn_paged_on (NULL, NULL, NULL, NULL, q, k_blocks, v_blocks, n_blocks, opts, out, lse, error);
 }
 
 gboolean

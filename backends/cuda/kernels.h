@@ -19,6 +19,7 @@ typedef struct {
   int64_t v_hs, v_ts;
   int32_t start;
   int32_t n;
+  uint64_t heads;      /* bit h: kv head h attends these keys (masked calls; all ones otherwise) */
 } SiftCudaKvBlock;
 
 /* One attention call, checked by cuda.c. */
@@ -37,6 +38,7 @@ typedef struct {
   float qscale;        /* scale * log2(e): the kernels work in base 2 */
   int32_t causal;
   int64_t q_offset;
+  int32_t masked;      /* blocks' `heads` apply (decode rows only: up to 16 per kv head) */
   int32_t n_splits;    /* key ranges per row block (flash-decoding) */
   int32_t split_len;   /* keys per split, a multiple of 64 */
   float *part_o;       /* [n_splits][q_heads][n_q][head_dim] when n_splits > 1 */

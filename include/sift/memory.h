@@ -30,8 +30,9 @@ SIFT_API void sift_mem_free (void *p);
  * anonymous mapping, whose pages the kernel zeroes as each is first
  * touched, so memory reserved ahead of use (a store grown geometrically,
  * a buffer sized for a whole chunk) is resident only as far as it is
- * used. Page aligned; from SIFT_HUGE_PAGE_BYTES on it asks for huge pages
- * as sift_mem_alloc does. NULL when out of memory. Free with
+ * used. Page aligned; from SIFT_HUGE_PAGE_BYTES on 2 MiB aligned, whole
+ * huge pages, with the huge-page hint, as sift_mem_alloc (a KV store read
+ * whole every decode step streams at the TLB's pace otherwise). NULL when out of memory. Free with
  * sift_mem_unmap and the same size. */
 SIFT_API void *sift_mem_map0 (gsize bytes);
 

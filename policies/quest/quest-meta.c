@@ -129,7 +129,7 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
   const gint64 n_rows = mean_query ? 1 : q->n_tokens;
   const gsize w = 2 * (gsize) d;
   g_autofree float *rows = g_new0 (float, (gsize) nq * n_rows * w); /* [nq][n_rows][max part | min part] */
-  g_autofree float *cols = g_new (float, MAX (n, 1) * w);           /* [n] boxes of one kv head */
+  g_autofree float *cols = NULL;                                      /* [n] boxes of one kv head, gathered */
   g_autofree float *dots = g_new (float, (gsize) group * n_rows * MAX (n, 1));
   g_autofree float *x = g_new (float, d);
   for (gint32 h = 0; h < nq; h++)
@@ -147,21 +147,36 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
         p[d + i] = MIN (p[i], 0.0f);
         p[i] = MAX (p[i], 0.0f);
       }
+  /* Blocks available as one run of ids (a decode step without eviction:
+   * 0 .. n-1) are read in place, head g's boxes n_kv_heads * w apart;
+   * otherwise each kv head's boxes are gathered first. */
+  gboolean run = n > 0;
+  for (gsize b = 0; b < n; b++)
+    {
+      if (quest_meta_block (meta, layer, available[b]) == NULL)
+        {
+          g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
+                       "quest: no key bounds for block %" G_GINT64_FORMAT " of layer %d "
+                       "(its offload hook never ran for this policy)", available[b], layer);
+          return FALSE;
+        }
+      run = run && available[b] == available[0] + (gint64) b;
+    }
+  if (!run)
+    cols = g_new (float, MAX (n, 1) * w);
   for (gint32 g = 0; g < nkv; g++)
     {
-      for (gsize b = 0; b < n; b++)
+      const float *c = cols;
+      gsize c_stride = w;
+      if (run)
         {
-          const float *box = quest_meta_block (meta, layer, available[b]);
-          if (box == NULL)
-            {
-              g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_POLICY,
-                           "quest: no key bounds for block %" G_GINT64_FORMAT " of layer %d "
-                           "(its offload hook never ran for this policy)", available[b], layer);
-              return FALSE;
-            }
-          memcpy (cols + b * w, box + (gsize) g * w, w * sizeof (float));
+          c = quest_meta_block (meta, layer, available[0]) + (gsize) g * w;
+          c_stride = (gsize) nkv * w;
         }
-      sift_score_tile (rows + (gsize) g * group * n_rows * w, w, group * n_rows, cols, w, (gint64) n, w, dots);
+      else
+        for (gsize b = 0; b < n; b++)
+          memcpy (cols + b * w, quest_meta_block (meta, layer, available[b]) + (gsize) g * w, w * sizeof (float));
+      sift_score_tile (rows + (gsize) g * group * n_rows * w, w, group * n_rows, c, c_stride, (gint64) n, w, dots);
       for (gint32 hh = 0; hh < group; hh++)
         for (gsize b = 0; b < n; b++)
           {

@@ -92,6 +92,13 @@ test_huge_page_hint (void **state)
     fail_msg ("no huge-page hint on a %zu-byte buffer: VmFlags%s", n, fb);
   sift_mem_free (big);
   sift_mem_free (small);
+  guint8 *mapped = sift_mem_map0 (n);
+  assert_non_null (mapped);
+  g_autofree char *fm = vm_flags_of ((uintptr_t) mapped + n / 2);
+  assert_non_null (fm);
+  if (strstr (fm, " hg") == NULL)
+    fail_msg ("no huge-page hint on a %zu-byte mapping: VmFlags%s", n, fm);
+  sift_mem_unmap (mapped, n);
 }
 
 /* Resident pages of [p, p + n) (whole 4 KiB pages). */
@@ -117,7 +124,7 @@ test_map_discard (void **state)
       const gsize n = sizes[i];
       guint8 *p = sift_mem_map0 (n);
       assert_non_null (p);
-      assert_int_equal ((uintptr_t) p % 4096, 0);
+      assert_int_equal ((uintptr_t) p % (n >= SIFT_HUGE_PAGE_BYTES ? SIFT_HUGE_PAGE_BYTES : 4096), 0);
       if (n >= 3 * 4096 && n < SIFT_HUGE_PAGE_BYTES)
         assert_int_equal (resident_pages (p, n), 0); /* reserved, not yet touched */
       for (gsize j = 0; j < n; j++)

@@ -6,6 +6,7 @@
  * or staged from a file or another dtype) bit for bit, a failed load's
  * error handed over once, attention over blocks (causal local tokens
  * last) by normalised error within the kernels' bounds (docs/kernels.md),
+ * also with blocks masked per kv head (attend_heads),
  * the LSE merge, and the event-timed seconds. Fresh random data each
  * case, never zeros; exits 77 (skipped) without a GPU. */
 #include <math.h>
@@ -192,18 +193,23 @@ check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
   assert_int_equal (p.hg.bytes_stored, 2 * p.hc.bytes_stored);
 
   /* Loads of id0: into a slot (cap BLOCK) and into the strided buffer at
-   * token 2 * BLOCK; K, V and both. */
+   * token 2 * BLOCK; K, V and both; every kv head, and (copies in place
+   * from a pinned store, where the GPU honours kv_heads) each one alone:
+   * the other head's rows stay as they were, as on the CPU. */
   const SiftLoadWhat whats[] = { SIFT_LOAD_KV, SIFT_LOAD_K, SIFT_LOAD_V };
+  const int n_masks = stored == compute && !file ? 3 : 1;
   g_autofree guint8 *ck = g_malloc0 (big), *cv = g_malloc0 (big), *got = g_malloc (big);
   for (gsize w = 0; w < G_N_ELEMENTS (whats); w++)
     for (int strided = 0; strided < 2; strided++)
+      for (int mask = 0; mask < n_masks; mask++)
       {
         const gint64 lcap = strided ? cap : BLOCK;
         const gsize off = strided ? 2 * at : 0;
         memset (ck, 0, big), memset (cv, 0, big);
         p.gpu->ops->buffer_clear (p.gpu, gk.data, big);
         p.gpu->ops->buffer_clear (p.gpu, gv.data, big);
-        SiftTransfer ld = { .kind = SIFT_TRANSFER_LOAD, .store_id = id[0], .what = whats[w], .cap = lcap };
+        SiftTransfer ld = { .kind = SIFT_TRANSFER_LOAD, .store_id = id[0], .what = whats[w], .cap = lcap,
+                            .kv_heads = (guint64) mask };
         ld.k = ck + off, ld.v = cv + off, ld.event = ec;
         p.cpu->ops->submit (p.cpu, &ld, 1);
         assert_true (p.cpu->ops->event_wait (p.cpu, &ec, 1, NULL, NULL));
@@ -272,6 +278,20 @@ rel_l2 (const float *got, const float *want, gsize n)
   return sqrt (num / MAX (den, 1e-30));
 }
 
+/* The GPU's output and LSE against the CPU's: relative L2 error of the
+ * output within bound, each LSE within 5 bound (1 + |lse|). */
+static void
+check_close (const char *what, gint32 dim, SiftDType compute, gint32 n_q, const float *gout, const float *glse,
+             const float *want, const float *want_lse, double bound)
+{
+  const gsize qn = (gsize) QH * n_q * dim;
+  double e = rel_l2 (gout, want, qn);
+  if (e > bound)
+    fail_msg ("%s d%d %s rows %d: relative error %.3g > %g", what, dim, sift_dtype_name (compute), n_q, e, bound);
+  for (gint32 i = 0; i < QH * n_q; i++)
+    assert_true (fabsf (glse[i] - want_lse[i]) <= 5 * bound * (1 + fabsf (want_lse[i])));
+}
+
 /* Attention over n_blocks stored blocks of varying length plus causal
  * local tokens, then a second call merged into the first, on both. */
 static void
@@ -335,22 +355,14 @@ check_attend (gint32 dim, SiftDType compute, gint32 n_q, guint32 seed)
   read_back (p.gpu, gout, dout.data, on);
   read_back (p.gpu, glse, dlse.data, ln);
   const double bound = compute == SIFT_DTYPE_BF16 ? 1e-2 : 2.5e-3;
-  double e1 = rel_l2 (gout, c1, qn);
-  if (e1 > bound)
-    fail_msg ("attend d%d %s rows %d: relative error %.3g > %g", dim, sift_dtype_name (compute), n_q, e1, bound);
-  for (gint32 i = 0; i < QH * n_q; i++)
-    assert_true (fabsf (glse[i] - l1[i]) <= 5 * bound * (1 + fabsf (l1[i])));
+  check_close ("attend", dim, compute, n_q, gout, glse, c1, l1, bound);
   assert_true (p.gpu->ops->attend (p.gpu, &gq, gkv + 3, gvv + 3, 2, &o2, &gp, (float *) (void *) dplse.data, &error));
   assert_true (p.gpu->ops->merge (p.gpu, &go, (float *) (void *) dlse.data, &gp, (const float *) (void *) dplse.data,
                                   &error));
   g_assert_no_error (error);
   read_back (p.gpu, gout, dout.data, on);
   read_back (p.gpu, glse, dlse.data, ln);
-  double e2 = rel_l2 (gout, cout, qn);
-  if (e2 > bound)
-    fail_msg ("attend+merge d%d %s rows %d: relative error %.3g > %g", dim, sift_dtype_name (compute), n_q, e2, bound);
-  for (gint32 i = 0; i < QH * n_q; i++)
-    assert_true (fabsf (glse[i] - clse[i]) <= 5 * bound * (1 + fabsf (clse[i])));
+  check_close ("attend+merge", dim, compute, n_q, gout, glse, cout, clse, bound);
   /* The merge alone, on identical inputs: f32 arithmetic on both. */
   g_autofree float *pa = g_new (float, qn), *pb = g_new (float, qn), *la = g_new (float, QH * n_q),
                    *lb = g_new (float, QH * n_q);
@@ -372,6 +384,44 @@ check_attend (gint32 dim, SiftDType compute, gint32 n_q, guint32 seed)
   assert_true (rel_l2 (gout, pa, qn) < 1e-6);
   for (gint32 i = 0; i < QH * n_q; i++)
     assert_true (fabsf (glse[i] - la[i]) <= 1e-5f * (1 + fabsf (la[i])));
+  /* attend_heads: every block with the kv heads that attend it (a
+   * per-kv-head selection; the local tokens, causal, by both), in one call
+   * (up to 16 rows a kv head) or one per kv head, against the CPU's
+   * attend per kv head over that head's blocks, its causal offset less
+   * the tokens it skips. Output and LSE poisoned (NaN) first. */
+  const guint64 masks[NB] = { 1, 2, 3, 2, 3 };
+  const gint32 G = QH / KVH;
+  gint64 stored = 0;
+  for (int i = 0; i < NB - 1; i++)
+    stored += valid[i];
+  SiftAttnOpts oh = { .scale = o1.scale, .causal = TRUE, .q_offset = stored + valid[NB - 1] - n_q };
+  for (gint32 g = 0; g < KVH; g++)
+    {
+      SiftView hk[NB], hv[NB];
+      gint32 m = 0;
+      gint64 skipped = 0;
+      for (int i = 0; i < NB; i++)
+        if ((masks[i] >> g) & 1)
+          hk[m] = sift_view_heads (&ck[i], g, 1), hv[m++] = sift_view_heads (&cv[i], g, 1);
+        else
+          skipped += valid[i];
+      SiftAttnOpts og = oh;
+      og.q_offset -= skipped;
+      SiftView qs = sift_view_heads (&hq, g * G, G), os = sift_view_heads (&co, g * G, G);
+      assert_true (p.cpu->ops->attend (p.cpu, &qs, hk, hv, (gsize) m, &og, &os, clse + g * G * n_q, &error));
+    }
+  g_assert_no_error (error);
+  g_autofree float *nan_out = g_new (float, qn);
+  for (gsize i = 0; i < qn; i++)
+    nan_out[i] = NAN;
+  p.gpu->ops->buffer_write (p.gpu, dout.data, nan_out, on);
+  p.gpu->ops->buffer_write (p.gpu, dlse.data, nan_out, ln);
+  assert_true (p.gpu->ops->attend_heads (p.gpu, &gq, gkv, gvv, masks, NB, &oh, &go, (float *) (void *) dlse.data,
+                                         &error));
+  g_assert_no_error (error);
+  read_back (p.gpu, gout, dout.data, on);
+  read_back (p.gpu, glse, dlse.data, ln);
+  check_close ("attend_heads", dim, compute, n_q, gout, glse, cout, clse, bound);
   /* The kernels' time, on the GPU's clock. */
   SiftBackendTimes t;
   p.gpu->ops->timings (p.gpu, &t);

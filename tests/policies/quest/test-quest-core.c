@@ -195,7 +195,8 @@ test_meta_rejects_bad_blocks (void **state)
 }
 
 /* Head bounds: each q head reads its group's kv head; rows reduce by max,
- * or the mean row is bounded; a block without metadata is an error. */
+ * or the mean row is bounded; a run of block ids (read in place) gives the
+ * gathered sums; a block without metadata is an error. */
 static void
 test_head_bounds (void **state)
 {
@@ -240,6 +241,15 @@ test_head_bounds (void **state)
         assert_true (fabs (got[(gsize) h * n + b] - want) <= 1e-4 * (1.0 + fabs (want)));
         assert_true (fabs (got_mean[(gsize) h * n + b] - want_mean) <= 1e-4 * (1.0 + fabs (want_mean)));
       }
+  /* A run of ids (2, 3, 4) is read in place: the gathered sums (up to the
+   * tile kernel's remainder paths' rounding). */
+  gint64 run[] = { 2, 3, 4 };
+  float got_run[6 * 3];
+  assert_true (quest_head_bounds (meta, 0, &qv, FALSE, run, 3, got_run, NULL));
+  for (gint32 h = 0; h < nq; h++)
+    for (gsize b = 0; b < 3; b++)
+      assert_float_equal (got_run[(gsize) h * 3 + b], got[(gsize) h * n + b + 1],
+                          1e-5 * (1.0 + fabs (got[(gsize) h * n + b + 1])));
 
   gint64 missing[] = { 0, 9 };
   g_autoptr (GError) error = NULL;
