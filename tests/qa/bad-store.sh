@@ -7,7 +7,8 @@ SIFT=$1
 WORK=$(mktemp -d)
 . "$(dirname "$0")/lib.sh"
 cd "$WORK" || exit 1
-tiny="--set harness.lengths=[256] --set harness.depths=[0.5] --set harness.decode_steps=2 --set kv.chunk_size=128"
+: >tiny.yaml # built-in defaults: the synthetic model, the full policy (the default config runs the shipped model's grid)
+tiny="--config tiny.yaml --set harness.lengths=[256] --set harness.depths=[0.5] --set harness.decode_steps=2 --set kv.chunk_size=128"
 n=0
 run () # EXPECTED-STDERR-TEXT STORE-PATH
 {
