@@ -112,6 +112,16 @@ same_blocks (const SiftBatch *b, gint32 nqh, gint32 h1, gint32 h2)
   return TRUE;
 }
 
+/* The engine's partial output (e->part_out, all query heads, nq rows), where
+ * a later contribution is attended before it is merged into out by LSE. */
+static SiftView
+part_view (SiftEngine *e, gint64 nq)
+{
+  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, e->config.shape.n_q_heads, nq, e->config.shape.head_dim);
+  part.space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
+  return part;
+}
+
 /* One kernel call: query heads [q0, q0 + nqh) against kv heads [k0, k0 +
  * nkh) over the batch's blocks that head q0 attends, then the local tokens
  * (causal) when given. The first contribution to the heads goes straight
@@ -179,8 +189,7 @@ batch_call (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, const Sif
         written[h] = TRUE;
       return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &os, ls, error);
     }
-  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, e->config.shape.head_dim);
-  part.space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
+  SiftView part = part_view (e, nq);
   SiftView ps = sift_view_heads (&part, q0, nqh);
   float *pl = e->part_lse + (gsize) q0 * (gsize) nq;
   return be->ops->attend (be, &qs, kb, vb, ka->len, &opts, &ps, pl, error)
@@ -236,7 +245,7 @@ batch_call_heads (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, con
     }
   if (local)
     {
-      const guint64 m = s->n_kv_heads == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << s->n_kv_heads) - 1;
+      const guint64 m = sift_kv_heads_all (s->n_kv_heads);
       g_array_append_vals (ka, lk, 1);
       g_array_append_vals (va, lv, 1);
       g_array_append_val (b->masks, m);
@@ -258,8 +267,7 @@ batch_call_heads (SiftEngine *e, const SiftPolicyContext *ctx, SiftBatch *b, con
         written[h] = TRUE;
       return be->ops->attend_heads (be, &ctx->q, kb, vb, mb, ka->len, &opts, out, lse, error);
     }
-  SiftView part = sift_view_htd (e->part_out, SIFT_DTYPE_F32, all, nq, s->head_dim);
-  part.space = e->host_compute ? SIFT_MEMORY_HOST : SIFT_MEMORY_DEVICE;
+  SiftView part = part_view (e, nq);
   return be->ops->attend_heads (be, &ctx->q, kb, vb, mb, ka->len, &opts, &part, e->part_lse, error)
          && be->ops->merge (be, out, lse, &part, e->part_lse, error);
 }

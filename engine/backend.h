@@ -73,6 +73,21 @@ typedef struct {
   guint64 kv_heads;
 } SiftTransfer;
 
+/* The kv_heads mask of every one of n kv heads (n <= 64). */
+static inline guint64
+sift_kv_heads_all (gint32 n)
+{
+  return n >= 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << n) - 1;
+}
+
+/* Whether load t asks for some of the n kv heads only, not all of them
+ * (kv_heads 0 means all; a model of more than 64 kv heads loads all). */
+static inline gboolean
+sift_transfer_some_heads (const SiftTransfer *t, gint32 n)
+{
+  return t->kv_heads != 0 && n <= 64 && (t->kv_heads & sift_kv_heads_all (n)) != sift_kv_heads_all (n);
+}
+
 /* What a backend reports to its engine. `done` is called once per
  * transfer, on whichever thread finished it, before its event completes:
  * ok, the bytes read (loads) or written (stores; 0 when skipped after an

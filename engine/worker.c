@@ -168,7 +168,7 @@ do_load (CpuBackend *b, const SiftTransfer *j, guint8 *staging, guint64 *bytes, 
   const gsize kb = st->k_bytes;
   const gboolean want_k = (j->what & SIFT_LOAD_K) != 0, want_v = (j->what & SIFT_LOAD_V) != 0;
   const gint32 nkv = b->shape.n_kv_heads;
-  if (j->kv_heads != 0 && nkv <= 64 && j->kv_heads != (nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1))
+  if (sift_transfer_some_heads (j, nkv))
     return load_heads (b, j, want_k, want_v, staging, bytes, error);
   const gsize off = want_k ? 0 : kb;
   const gsize n = (want_k && want_v) ? 2 * kb : kb;
@@ -346,12 +346,11 @@ static gboolean
 small_partial_load (const CpuBackend *b, const SiftTransfer *t)
 {
   const gint32 nkv = b->shape.n_kv_heads;
-  if (t->kind != SIFT_TRANSFER_LOAD || t->kv_heads == 0 || nkv > 64)
+  if (t->kind != SIFT_TRANSFER_LOAD || !sift_transfer_some_heads (t, nkv))
     return FALSE;
-  const guint64 all = nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1;
   const gsize halves = (t->what & SIFT_LOAD_K ? 1 : 0) + (t->what & SIFT_LOAD_V ? 1 : 0);
   const gsize head = (gsize) b->shape.block_size * sift_store_row_bytes (b->store);
-  return t->kv_heads != all && (gsize) __builtin_popcountll (t->kv_heads & all) * head * halves <= INLINE_LOAD_BYTES;
+  return (gsize) __builtin_popcountll (t->kv_heads & sift_kv_heads_all (nkv)) * head * halves <= INLINE_LOAD_BYTES;
 }
 
 void

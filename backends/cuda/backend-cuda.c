@@ -409,17 +409,6 @@ whole_block (CudaBackend *b, const SiftTransfer *t)
   return t->what == SIFT_LOAD_KV && t->cap == b->shape.block_size && t->v == t->k + b->store->k_bytes;
 }
 
-/* Whether a load asks for some kv heads only (SiftTransfer.kv_heads). */
-static gboolean
-some_heads (CudaBackend *b, const SiftTransfer *t)
-{
-  const gint32 nkv = b->shape.n_kv_heads;
-  if (t->kv_heads == 0 || nkv > 64)
-    return FALSE;
-  const guint64 all = nkv == 64 ? G_MAXUINT64 : (G_GUINT64_CONSTANT (1) << nkv) - 1;
-  return (t->kv_heads & all) != all;
-}
-
 /* The copies of one in-place load of some kv heads: each run of wanted
  * heads is one piece per half when the destination is a whole slot (cap
  * of a block), else one piece per head. Appends to dst/src/size; returns
@@ -503,13 +492,13 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
       GError *err = NULL;
       gboolean ok = TRUE;
       gsize run = 1;
-      if (p != NULL && some_heads (b, ti))
+      if (p != NULL && sift_transfer_some_heads (ti, b->shape.n_kv_heads))
         {
           guint64 each[64];
           each[0] = head_pieces (b, ti, p, b->piece_dst, b->piece_src, b->piece_size);
           const guint8 *pr;
           while (i + run < n && run < G_N_ELEMENTS (each) && t[i + run].kind == SIFT_TRANSFER_LOAD
-                 && (pr = in_place (b, &t[i + run])) != NULL && some_heads (b, &t[i + run]))
+                 && (pr = in_place (b, &t[i + run])) != NULL && sift_transfer_some_heads (&t[i + run], b->shape.n_kv_heads))
             {
               each[run] = head_pieces (b, &t[i + run], pr, b->piece_dst, b->piece_src, b->piece_size);
               run++;
