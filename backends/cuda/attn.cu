@@ -1,6 +1,8 @@
 /* GPU attention: tiled online softmax on tensor cores (mma.sync m16n8k16,
- * f16 or bf16 operands, f32 accumulators), one kernel for prefill and
- * decode, split over the key axis and merged by LSE (flash-decoding).
+ * f16 or bf16 operands, f32 accumulators). Here: the decode kernel (up to
+ * 16 rows per kv head), split over the key axis and merged by LSE
+ * (flash-decoding), the merges and the launch dispatch; the prefill kernel
+ * is in prefill.cu.
  * docs/kernels.md ("GPU kernels") describes the tiling; cuda.c checks the
  * arguments before anything here runs. */
 #include <cuda_bf16.h>
@@ -11,162 +13,15 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "mma.cuh"
+
+using namespace sift_mma;
 
 namespace {
 
-constexpr int WARPS = 4;
-constexpr int THREADS = WARPS * 32;
-constexpr int TILE = 64; /* keys per shared-memory tile */
 constexpr int PAD = 8;   /* halves added to each smem row: 16 bytes, no bank conflicts */
 
 template <int D> __host__ __device__ constexpr int ld () { return D + PAD; }
-template <int D> __host__ __device__ constexpr int stage_halves () { return 2 * TILE * ld<D> (); } /* K and V */
-template <int D> __host__ __device__ constexpr size_t smem_bytes () { return 2 * stage_halves<D> () * sizeof (uint16_t); }
-
-/* Two floats as one register of two 16-bit operands, the lower index in the low half. */
-template <bool BF16> __device__ __forceinline__ uint32_t pack2 (float lo, float hi);
-template <> __device__ __forceinline__ uint32_t
-pack2<true> (float lo, float hi)
-{
-  __nv_bfloat162 h = __floats2bfloat162_rn (lo, hi);
-  return *reinterpret_cast<uint32_t *> (&h);
-}
-template <> __device__ __forceinline__ uint32_t
-pack2<false> (float lo, float hi)
-{
-  __half2 h = __floats2half2_rn (lo, hi);
-  return *reinterpret_cast<uint32_t *> (&h);
-}
-
-/* c += a b: a 16x16 (rows x k, 4 registers), b 16x8 (k x cols, 2 registers),
- * c 16x8 f32. Thread (g = lane / 4, t = lane % 4) holds c rows g and g + 8,
- * columns 2t and 2t + 1. */
-template <bool BF16> __device__ __forceinline__ void mma (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void
-mma<true> (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-  asm volatile ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void
-mma<false> (float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-  asm volatile ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Four 8x8 matrices of 16-bit values from shared memory; lanes 8i..8i+7
- * give the row addresses of matrix i. Plain: thread (g, t) gets row g,
- * columns 2t and 2t + 1 of each (K's B operands). Transposed: rows 2t and
- * 2t + 1 of column g (V's B operands of P V, V's rows being keys). */
-#define LDMATRIX_X4(name, op)                                                                     \
-  __device__ __forceinline__ void name (uint32_t r[4], const uint16_t *p)                         \
-  {                                                                                               \
-    uint32_t a = (uint32_t) __cvta_generic_to_shared (p);                                         \
-    asm volatile (op " {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a)); \
-  }
-LDMATRIX_X4 (ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16")
-LDMATRIX_X4 (ldmatrix_x4_trans, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
-#undef LDMATRIX_X4
-
-/* 16 bytes global -> shared without registers; src_bytes 0 writes zeros
- * (keys past the range: a zero V row keeps 0 * garbage from making NaN). */
-__device__ __forceinline__ void
-cp_async16 (uint16_t *dst, const void *src, int src_bytes)
-{
-  uint32_t a = (uint32_t) __cvta_generic_to_shared (dst);
-  asm volatile ("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit () { asm volatile ("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait1 () { asm volatile ("cp.async.wait_group 1;"); }
-
-/* 2^x by the special-function unit (relative error ~2^-22, 2^-inf = 0):
- * the softmax's exponentials, the kernel's costliest non-matrix work. */
-__device__ __forceinline__ float
-fast_exp2 (float x)
-{
-  float y;
-  asm ("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float
-quad_max (float x)
-{
-  x = fmaxf (x, __shfl_xor_sync (0xffffffffu, x, 1));
-  return fmaxf (x, __shfl_xor_sync (0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float
-quad_sum (float x)
-{
-  x += __shfl_xor_sync (0xffffffffu, x, 1);
-  return x + __shfl_xor_sync (0xffffffffu, x, 2);
-}
-
-/* Walks the key blocks in increasing key order: one compare per row, the
- * next block's descriptor read only when a key passes the current block. */
-struct Cursor {
-  SiftCudaKvBlock cur;
-  int idx;
-
-  __device__ void
-  seek (const SiftCudaAttnCall &c, int key)
-  {
-    if (c.n_blocks == 1)
-      {
-        cur = c.one;
-        idx = 0;
-        return;
-      }
-    int lo = 0, hi = c.n_blocks - 1; /* last block whose start <= key */
-    while (lo < hi)
-      {
-        int mid = (lo + hi + 1) / 2;
-        if (c.blocks[mid].start <= key)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-    idx = lo;
-    cur = c.blocks[idx];
-  }
-
-  /* seek by a whole warp (key warp-uniform): 32 probes a round, so a
-   * table of 1024 blocks takes two dependent reads, not ten. */
-  __device__ void
-  seek_warp (const SiftCudaAttnCall &c, int key, int lane)
-  {
-    if (c.n_blocks == 1)
-      {
-        cur = c.one;
-        idx = 0;
-        return;
-      }
-    int lo = 0, hi = c.n_blocks - 1; /* the answer lies in [lo, hi] */
-    while (lo < hi)
-      {
-        const int stride = (hi - lo + 31) / 32;
-        const int p = lo + (lane + 1) * stride;
-        const bool below = p <= hi && c.blocks[p].start <= key; /* true on a prefix of the lanes */
-        const int nlo = lo + __popc (__ballot_sync (0xffffffffu, below)) * stride;
-        hi = min (hi, nlo + stride - 1);
-        lo = nlo;
-      }
-    idx = lo;
-    cur = c.blocks[idx];
-  }
-
-  __device__ void
-  advance (const SiftCudaAttnCall &c, int key)
-  {
-    while (key >= cur.start + cur.n && idx + 1 < c.n_blocks)
-      cur = c.blocks[++idx];
-  }
-};
 
 /* A cursor that also holds the next block's entry, read one block ahead:
  * stepping into it waits for no read (a decode warp's chunks step into
@@ -192,33 +47,6 @@ struct AheadCursor : Cursor {
       }
   }
 };
-
-/* Issues the copies of keys [k0, k0 + TILE) into one stage: K rows then V
- * rows, [TILE][ld] halves each; keys at or past `hi` become zeros. */
-template <int D>
-__device__ __forceinline__ void
-load_tile (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint16_t *stage)
-{
-  constexpr int CPR = D / 8; /* 16-byte chunks per row */
-  for (int u = 0; u < TILE * CPR / THREADS; u++)
-    {
-      int chunk = threadIdx.x + u * THREADS;
-      int row = chunk / CPR, col = chunk % CPR;
-      int key = k0 + row;
-      const char *ks = (const char *) cur.cur.k, *vs = (const char *) cur.cur.v; /* read 0 bytes */
-      int n = 0;
-      if (key < hi)
-        {
-          cur.advance (c, key);
-          int64_t t = key - cur.cur.start;
-          ks = (const char *) cur.cur.k + ((kvh * cur.cur.k_hs + t * cur.cur.k_ts) * 2 + col * 16);
-          vs = (const char *) cur.cur.v + ((kvh * cur.cur.v_hs + t * cur.cur.v_ts) * 2 + col * 16);
-          n = 16;
-        }
-      cp_async16 (stage + row * ld<D> () + col * 8, ks, n);
-      cp_async16 (stage + (TILE + row) * ld<D> () + col * 8, vs, n);
-    }
-}
 
 /* Where a split's result goes: the output (one split) or its partial. */
 struct Dest {
@@ -297,39 +125,6 @@ scores (const uint16_t *k, int lane, const uint32_t qf[D / 16][4], float s[NT][4
     }
 }
 
-/* Online softmax over one set of scores: raise the max, rescale what was
- * summed under the old one, so every exponent is <= 0; s becomes the
- * probabilities. A row with no key yet keeps m = -inf and subtracts 0
- * instead, so its terms are 2^-inf = 0 rather than NaN. */
-template <int NT, int DT>
-__device__ __forceinline__ void
-softmax_step (float s[NT][4], float m[2], float l[2], float o[DT][4])
-{
-  for (int x = 0; x < 2; x++)
-    {
-      float mx = -CUDART_INF_F;
-      for (int n = 0; n < NT; n++)
-        mx = fmaxf (mx, fmaxf (s[n][2 * x], s[n][2 * x + 1]));
-      float m_new = fmaxf (m[x], quad_max (mx));
-      float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
-      float alpha = fast_exp2 (m[x] - base);
-      float sum = 0.0f;
-      for (int n = 0; n < NT; n++)
-        {
-          s[n][2 * x] = fast_exp2 (s[n][2 * x] - base);
-          s[n][2 * x + 1] = fast_exp2 (s[n][2 * x + 1] - base);
-          sum += s[n][2 * x] + s[n][2 * x + 1];
-        }
-      l[x] = l[x] * alpha + sum;
-      m[x] = m_new;
-      for (int j = 0; j < DT; j++)
-        {
-          o[j][2 * x] *= alpha;
-          o[j][2 * x + 1] *= alpha;
-        }
-    }
-}
-
 /* O += P V for 8 NT keys: the score fragments of 16 keys are the A operand
  * as they lie in registers; V's B operands come transposed from shared
  * memory (v: the first key's row). */
@@ -356,108 +151,6 @@ accumulate_pv (const float s[NT][4], const uint16_t *v, int lane, float o[D / 8]
     }
 }
 
-/* One thread block: 64 query rows [r0, r0 + 64) of kv head blockIdx.y
- * (row r is query token r / group of query head kvh * group + r % group,
- * so a block's rows share one kv head and every K/V tile is read once for
- * all of them), keys of split blockIdx.z; 16 rows a warp, every warp takes
- * the whole tile. Up to 16 rows take decode_kernel instead. */
-template <int D, bool BF16>
-__global__ void __launch_bounds__ (THREADS)
-attn_kernel (SiftCudaAttnCall c)
-{
-  constexpr int NT = TILE / 8;     /* score fragments per warp */
-  constexpr int DT = D / 8;        /* output fragments */
-  constexpr int KS = D / 16;       /* k-steps of Q K^T */
-  constexpr int BM = 16 * WARPS;   /* rows per thread block */
-
-  extern __shared__ __align__ (16) uint16_t smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int group = c.q_heads / c.kv_heads;
-  const int rows = group * c.n_q;
-  const int n_rb = (rows + BM - 1) / BM;
-  const int rb = n_rb - 1 - (int) blockIdx.x; /* causal: the longest row blocks start first */
-  const int kvh = blockIdx.y, split = blockIdx.z;
-  const int r_warp = rb * BM + warp * 16;
-
-  /* Key range: the split, cut at the last key the block's last row sees. */
-  int lo = split * c.split_len;
-  int hi = min (c.n_kv, lo + c.split_len);
-  if (c.causal)
-    {
-      int r_last = min (rows, rb * BM + BM) - 1;
-      int64_t lim = c.q_offset + r_last / group + 1;
-      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
-    }
-
-  int rh[2], ri[2], rlim[2];
-  row_setup (c, r_warp + g, rows, group, kvh, lo, hi, rh, ri, rlim);
-  uint32_t qf[KS][4];
-  load_q<KS, BF16> (c, r_warp + g, rows, t, rh, ri, qf);
-
-  /* Online softmax state of rows g and g + 8: running max m (base 2), this
-   * thread's part of the sum l (the quad's four parts add up at the end),
-   * the unnormalised output o. */
-  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
-  float o[DT][4];
-  for (int j = 0; j < DT; j++)
-    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-
-  Cursor cur;
-  cur.seek (c, lo);
-  const int n_tiles = (hi - lo + TILE - 1) / TILE;
-  if (n_tiles > 0)
-    load_tile<D> (c, cur, kvh, lo, hi, smem);
-  cp_async_commit ();
-  for (int it = 0; it < n_tiles; it++)
-    {
-      const int k0 = lo + it * TILE;
-      /* Double buffering: the next tile is in flight while this one is used. */
-      if (it + 1 < n_tiles)
-        load_tile<D> (c, cur, kvh, k0 + TILE, hi, smem + ((it + 1) & 1) * stage_halves<D> ());
-      cp_async_commit ();
-      cp_async_wait1 ();
-      __syncthreads ();
-      const uint16_t *ks_ = smem + (it & 1) * stage_halves<D> ();
-      const uint16_t *vs_ = ks_ + TILE * ld<D> ();
-
-      /* Warp-uniform: mma.sync needs every lane. */
-      if (__any_sync (0xffffffffu, k0 < max (rlim[0], rlim[1])))
-        {
-          float s[NT][4];
-          scores<D, NT, BF16> (ks_, lane, qf, s);
-          /* Keys past a row's limit (causal, split end, tail) score -inf. */
-          if (k0 + TILE > min (rlim[0], rlim[1]))
-            for (int n = 0; n < NT; n++)
-              for (int x = 0; x < 4; x++)
-                if (k0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
-                  s[n][x] = -CUDART_INF_F;
-          softmax_step<NT, DT> (s, m, l, o);
-          accumulate_pv<D, NT, BF16> (s, vs_, lane, o);
-        }
-      __syncthreads (); /* the stage is overwritten by the load two tiles on */
-    }
-
-  for (int x = 0; x < 2; x++)
-    l[x] = quad_sum (l[x]);
-
-  const Dest dst = dest<D> (c, split);
-  for (int x = 0; x < 2; x++)
-    {
-      if (r_warp + g + 8 * x >= rows)
-        continue;
-      const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
-      float *orow = dst.out + rh[x] * dst.out_hs + ri[x] * dst.out_ts;
-      for (int j = 0; j < DT; j++)
-        {
-          orow[j * 8 + 2 * t] = o[j][2 * x] * inv;
-          orow[j * 8 + 2 * t + 1] = o[j][2 * x + 1] * inv;
-        }
-      if (t == 0)
-        dst.lse[rh[x] * dst.lse_hs + ri[x]] = l[x] > 0.0f ? (m[x] + log2f (l[x])) * CUDART_LN2_F : -CUDART_INF_F;
-    }
-}
-
 /* Decode (up to 16 query rows of a kv head: a GQA group of one token, or
  * a few tokens): a separate kernel built for streaming K/V at the memory's
  * rate. Each of the DW warps of a thread block owns every DW-th 16-key
@@ -469,7 +162,7 @@ attn_kernel (SiftCudaAttnCall c)
  * head_dim 128): each load instruction reads 512 consecutive bytes of a
  * contiguous layout. The block table is looked up once per chunk (per row
  * only where a chunk straddles two blocks). Per chunk: S = Q K^T and
- * O += P V by mma.sync as in attn_kernel (a 16-row tile), the online
+ * O += P V by mma.sync as in prefill.cu (a 16-row tile), the online
  * softmax between; the warps' states merge through shared memory at the
  * end. */
 constexpr int DW = 4;   /* warps per decode block */
@@ -765,45 +458,6 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
     lse1[row] = mm + logf (w1 + w2);
 }
 
-/* Allows the kernel its dynamic shared memory (over the default 48 KB). */
-template <int D, bool BF16>
-cudaError_t
-configure ()
-{
-  static bool configured = false; /* benign race: the attribute is idempotent */
-  if (configured)
-    return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute (attn_kernel<D, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int) smem_bytes<D> ());
-  configured = e == cudaSuccess;
-  return e;
-}
-
-template <int D, bool BF16>
-int
-resident (void)
-{
-  int n = 0;
-  if (configure<D, BF16> () != cudaSuccess
-      || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, attn_kernel<D, BF16>, THREADS, smem_bytes<D> ())
-             != cudaSuccess)
-    return 1;
-  return n > 0 ? n : 1;
-}
-
-template <int D, bool BF16>
-cudaError_t
-launch (const SiftCudaAttnCall &c, cudaStream_t stream)
-{
-  cudaError_t e = configure<D, BF16> ();
-  if (e != cudaSuccess)
-    return e;
-  const int rows = c.q_heads / c.kv_heads * c.n_q;
-  dim3 grid ((rows + 16 * WARPS - 1) / (16 * WARPS), c.kv_heads, c.n_splits);
-  attn_kernel<D, BF16><<<grid, THREADS, smem_bytes<D> (), stream>>> (c);
-  return cudaGetLastError ();
-}
-
 /* Stages of each decode warp's ring: two chunks in flight while one is
  * used; 104 KB of shared memory a block for head_dim 128, two blocks an SM. */
 constexpr int DECODE_STAGES = 3;
@@ -858,7 +512,7 @@ launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   if (sift_cuda_attn_rows_per_block (c.q_heads / c.kv_heads * c.n_q) == 16)
     return decode_launch_ds<D, BF16, DECODE_STAGES> (c, stream);
-  return launch<D, BF16> (c, stream);
+  return (cudaError_t) sift_cuda_prefill_launch (&c, stream);
 }
 
 } // namespace
@@ -866,18 +520,17 @@ launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
 extern "C" int
 sift_cuda_attn_rows_per_block (int32_t rows)
 {
-  return rows <= 16 ? 16 : 64;
+  return rows <= 16 ? 16 : SIFT_CUDA_PREFILL_ROWS;
 }
 
 extern "C" int
 sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows)
 {
-  const bool few = sift_cuda_attn_rows_per_block (rows) == 16;
+  if (sift_cuda_attn_rows_per_block (rows) != 16)
+    return sift_cuda_prefill_blocks_per_sm (head_dim, bf16);
   if (head_dim == 64)
-    return bf16 ? (few ? decode_resident<64, true> () : resident<64, true> ())
-                : (few ? decode_resident<64, false> () : resident<64, false> ());
-  return bf16 ? (few ? decode_resident<128, true> () : resident<128, true> ())
-              : (few ? decode_resident<128, false> () : resident<128, false> ());
+    return bf16 ? decode_resident<64, true> () : decode_resident<64, false> ();
+  return bf16 ? decode_resident<128, true> () : decode_resident<128, false> ();
 }
 
 extern "C" int

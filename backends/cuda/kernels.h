@@ -45,7 +45,8 @@ typedef struct {
   float *part_l;       /* [n_splits][q_heads][n_q] (natural log) */
 } SiftCudaAttnCall;
 
-/* Query rows of one thread block: 16 for up to 16 rows (group x queries), else 64. */
+/* Query rows of one thread block: 16 for up to 16 rows (group x queries),
+ * else SIFT_CUDA_PREFILL_ROWS. */
 int sift_cuda_attn_rows_per_block (int32_t rows);
 
 /* Thread blocks of the attention kernel for these arguments that one SM
@@ -65,6 +66,13 @@ int sift_cuda_table_launch (SiftCudaKvBlock *dst, const SiftCudaKvBlock *table, 
 int sift_cuda_merge_launch (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1,
                             const float *o2, int64_t o2_hs, int64_t o2_ts, const float *lse2,
                             int32_t heads, int32_t tokens, int32_t head_dim, void *stream);
+
+/* The prefill kernel (prefill.cu, more than 16 rows per kv head), called
+ * by sift_cuda_attn_launch: rows per thread block, blocks an SM holds,
+ * the launch (cudaError_t). */
+#define SIFT_CUDA_PREFILL_ROWS 128
+int sift_cuda_prefill_blocks_per_sm (int32_t head_dim, int32_t bf16);
+int sift_cuda_prefill_launch (const SiftCudaAttnCall *c, void *stream);
 
 #ifdef __cplusplus
 }

@@ -222,13 +222,16 @@ static const gint32 dims[] = { 64, 128 };
 static const gint32 groups[] = { 1, 4, 8 };
 static const SiftDType dtypes[] = { SIFT_DTYPE_F16, SIFT_DTYPE_BF16 };
 
-/* Prefill: odd lengths, a chunk against a longer past, causal or not. */
+/* Prefill: odd lengths (rows and keys not multiples of the 128-row and
+ * 64-key tiles), a chunk against a longer past, causal or not, few rows
+ * against many keys (split over the key axis and merged). */
 static void
 test_dense (void **state)
 {
   (void) state;
   static const gint64 shapes[][3] = { /* n_q, n_kv, causal q_offset (n_kv - n_q) */
     { 77, 77, 1 }, { 300, 1000, 1 }, { 129, 513, 0 }, { 17, 4099, 1 }, { 1000, 1000, 1 },
+    { 250, 250, 0 }, { 130, 130, 0 }, { 40, 20011, 0 }, { 33, 9001, 1 }, { 64, 64, 1 },
   };
   guint32 seed = 1;
   for (gsize a = 0; a < G_N_ELEMENTS (dims); a++)
