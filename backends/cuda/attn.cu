@@ -907,16 +907,20 @@ template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode 
   }
 };
 
-/* The decode kernel's shape for head_dim D and the K/V type: warps a
- * block, ring stages a warp, blocks an SM asked of the register
- * allocator. The shapes were chosen by a sweep on an H200 for head_dim
- * 128, bf16 (docs/benchmarks.md, "GPU attention", 2026-11-28 11:19-11:30):
- * what limits the kernel is warps per SM, not bytes in flight per warp,
- * so two stages a warp (one chunk copied while one is used) and 3 blocks
- * of 4 warps an SM (registers capped at 168: no spills). Other shapes
- * keep the earlier 3 stages, 2 blocks an SM (not swept). */
+/* The decode kernel's shape for head_dim D, the K/V type and a call with
+ * or without a block table: warps a block, ring stages a warp, blocks an
+ * SM asked of the register allocator. Chosen by a sweep on an H200 for
+ * head_dim 128, bf16 (docs/benchmarks.md, "GPU attention", 2026-11-28
+ * 11:19-11:42): what limits the kernel is warps per SM, not bytes in
+ * flight per warp, so two stages a warp (one chunk copied while one is
+ * used) and 12 warps an SM: 2 blocks of 6 without a table (142
+ * registers), 3 blocks of 4 with one (registers capped at 168: no
+ * spills). Other shapes keep the earlier 4 warps, 3 stages, 2 blocks an
+ * SM (not swept). */
 template <int D, bool BF16, bool PAGED>
-using DecodeFor = std::conditional_t<D == 128 && BF16, Decode<D, BF16, 4, 2, 3, PAGED>, Decode<D, BF16, 4, 3, 1, PAGED>>;
+using DecodeFor = std::conditional_t<D == 128 && BF16,
+                                     std::conditional_t<PAGED, Decode<D, BF16, 4, 2, 3, true>, Decode<D, BF16, 6, 2, 2, false>>,
+                                     Decode<D, BF16, 4, 3, 1, PAGED>>;
 
 template <int D, bool BF16>
 int
