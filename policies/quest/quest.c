@@ -49,6 +49,11 @@ typedef struct {
   gboolean prefill;       /* select in prefill too (with the chunk's mean query) */
   gboolean *dense_layer;  /* [n_layers] */
   QuestMeta *meta;
+  /* select_blocks' scratch, grown to the blocks of the longest call. */
+  float *bounds;          /* [n_q_heads][n] */
+  float *rank;            /* [n_rank][n] */
+  guint8 *keep;           /* [n] */
+  gsize scratch_blocks;
 } Quest;
 
 static const SiftParamSpec quest_params[] = {
@@ -110,6 +115,9 @@ quest_finalize (SiftPolicy *policy)
   Quest *self = (Quest *) policy;
   g_clear_pointer (&self->meta, quest_meta_free);
   g_clear_pointer (&self->dense_layer, g_free);
+  g_clear_pointer (&self->bounds, g_free);
+  g_clear_pointer (&self->rank, g_free);
+  g_clear_pointer (&self->keep, g_free);
 }
 
 static void
@@ -165,9 +173,16 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
       return TRUE;
     }
   const gint32 n_rank = quest_n_rankings (self->mode, shape->n_q_heads, shape->n_kv_heads);
-  g_autofree float *bounds = g_new (float, (gsize) shape->n_q_heads * n); /* [n_q_heads][n] */
-  g_autofree float *rank = g_new (float, (gsize) n_rank * n);             /* [n_rank][n] */
-  g_autofree guint8 *keep = g_new (guint8, n);
+  if (n > self->scratch_blocks)
+    {
+      self->scratch_blocks = MAX (n, 2 * self->scratch_blocks);
+      g_free (self->bounds), g_free (self->rank), g_free (self->keep);
+      self->bounds = g_new (float, (gsize) shape->n_q_heads * self->scratch_blocks);
+      self->rank = g_new (float, (gsize) shape->n_q_heads * self->scratch_blocks); /* n_rank <= n_q_heads */
+      self->keep = g_new (guint8, self->scratch_blocks);
+    }
+  float *bounds = self->bounds, *rank = self->rank;
+  guint8 *keep = self->keep;
   if (!fill_missing_bounds (self, ctx, available, n, error)
       || !quest_head_bounds (self->meta, ctx->layer, &ctx->q, ctx->phase == SIFT_PHASE_PREFILL, available, n,
                              bounds, error))
