@@ -110,23 +110,9 @@ quest_bound (const float *q, const float *kmin, const float *kmax, gint32 head_d
   return s;
 }
 
-/* Blocks per task of the parallel scoring: one kv head's boxes of 128
- * blocks are 256 KB at head_dim 128, 128 bounds per query row. */
-#define BOUNDS_CHUNK 128
-
 /* Multiply-adds below which the scoring stays on the calling thread: a
  * parallel loop costs some microseconds of waking the pool. */
 #define BOUNDS_SERIAL_WORK ((gsize) 1 << 18)
-
-typedef struct {
-  const QuestMeta *meta;
-  gint32 layer, group;
-  gint64 n_rows;
-  const gint64 *available;
-  gsize n, n_chunks, work_floats;
-  gboolean run;            /* the blocks are one run of ids: boxes read in place */
-  float *out;              /* [n_q_heads][n] */
-} Bounds;
 
 static float *
 grow (float **p, gsize *size, gsize want)
@@ -140,44 +126,47 @@ grow (float **p, gsize *size, gsize want)
   return *p;
 }
 
-/* Tasks [begin, end): task i is kv head i / n_chunks over the blocks of
- * chunk i % n_chunks, one sift_score_tile of the head's query rows
- * against the chunk's boxes. */
-static void
-bounds_tasks (gint64 begin, gint64 end, gint worker, gpointer data)
+void
+quest_bounds_score (const QuestBounds *a, gint32 g, gsize b0, gsize nb, gint worker)
 {
-  const Bounds *a = data;
   const QuestMeta *meta = a->meta;
   const gint32 d = meta->head_dim, nkv = meta->n_kv_heads, group = a->group;
   const gsize w = 2 * (gsize) d, n = a->n;
   const gint64 n_rows = a->n_rows;
-  float *cols = meta->work + (gsize) worker * a->work_floats; /* [BOUNDS_CHUNK][w], gathered boxes */
-  float *dots = cols + BOUNDS_CHUNK * w;                       /* [group * n_rows][nb] */
+  float *cols = meta->work + (gsize) worker * a->work_floats; /* [QUEST_BOUNDS_CHUNK][w], gathered boxes */
+  float *dots = cols + QUEST_BOUNDS_CHUNK * w;                 /* [group * n_rows][nb] */
+  const float *c = cols;
+  gsize c_stride = w;
+  if (a->run)
+    {
+      c = quest_meta_block (meta, a->layer, a->available[b0]) + (gsize) g * w;
+      c_stride = (gsize) nkv * w;
+    }
+  else
+    for (gsize b = 0; b < nb; b++)
+      memcpy (cols + b * w, quest_meta_block (meta, a->layer, a->available[b0 + b]) + (gsize) g * w,
+              w * sizeof (float));
+  sift_score_tile (meta->rows + (gsize) g * group * n_rows * w, w, group * n_rows, c, c_stride, (gint64) nb, w, dots);
+  for (gint32 hh = 0; hh < group; hh++)
+    for (gsize b = 0; b < nb; b++)
+      {
+        float best = -INFINITY;
+        for (gint64 t = 0; t < n_rows; t++)
+          best = fmaxf (best, dots[((gsize) hh * n_rows + (gsize) t) * nb + b]);
+        a->out[(gsize) (g * group + hh) * n + b0 + b] = best;
+      }
+}
+
+/* Tasks [begin, end): task i is kv head i / n_chunks over the blocks of
+ * chunk i % n_chunks. */
+static void
+bounds_tasks (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  const QuestBounds *a = data;
   for (gint64 task = begin; task < end; task++)
     {
-      const gint32 g = (gint32) (task / (gint64) a->n_chunks);
-      const gsize b0 = (gsize) (task % (gint64) a->n_chunks) * BOUNDS_CHUNK, nb = MIN (BOUNDS_CHUNK, n - b0);
-      const float *c = cols;
-      gsize c_stride = w;
-      if (a->run)
-        {
-          c = quest_meta_block (meta, a->layer, a->available[b0]) + (gsize) g * w;
-          c_stride = (gsize) nkv * w;
-        }
-      else
-        for (gsize b = 0; b < nb; b++)
-          memcpy (cols + b * w, quest_meta_block (meta, a->layer, a->available[b0 + b]) + (gsize) g * w,
-                  w * sizeof (float));
-      sift_score_tile (meta->rows + (gsize) g * group * n_rows * w, w, group * n_rows, c, c_stride, (gint64) nb, w,
-                       dots);
-      for (gint32 hh = 0; hh < group; hh++)
-        for (gsize b = 0; b < nb; b++)
-          {
-            float best = -INFINITY;
-            for (gint64 t = 0; t < n_rows; t++)
-              best = fmaxf (best, dots[((gsize) hh * n_rows + (gsize) t) * nb + b]);
-            a->out[(gsize) (g * group + hh) * n + b0 + b] = best;
-          }
+      const gsize b0 = (gsize) (task % (gint64) a->n_chunks) * QUEST_BOUNDS_CHUNK;
+      quest_bounds_score (a, (gint32) (task / (gint64) a->n_chunks), b0, MIN (QUEST_BOUNDS_CHUNK, a->n - b0), worker);
     }
 }
 
@@ -186,8 +175,8 @@ bounds_tasks (gint64 begin, gint64 end, gint worker, gpointer data)
  * [kmax | kmin], a bound is a dot product of 2 head_dim: one
  * sift_score_tile per kv head and chunk of blocks. */
 gboolean
-quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
-                   const gint64 *available, gsize n, float *out, GError **error)
+quest_bounds_prepare (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query, const gint64 *available,
+                      gsize n, float *out, QuestBounds *qb, GError **error)
 {
   const gint32 d = meta->head_dim, nq = q->n_heads, nkv = meta->n_kv_heads;
   if (!sift_view_check (q, "quest: q", error))
@@ -235,14 +224,25 @@ quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean me
         }
       run = run && available[b] == available[0] + (gint64) b;
     }
+  *qb = (QuestBounds) { meta, layer, group, n_rows, available, n, (n + QUEST_BOUNDS_CHUNK - 1) / QUEST_BOUNDS_CHUNK,
+                        QUEST_BOUNDS_CHUNK * w + (gsize) group * n_rows * QUEST_BOUNDS_CHUNK, run, out };
+  grow (&meta->work, &meta->work_size, (gsize) sift_parallel_n_threads () * qb->work_floats);
+  return TRUE;
+}
+
+gboolean
+quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
+                   const gint64 *available, gsize n, float *out, GError **error)
+{
+  QuestBounds a;
+  if (!quest_bounds_prepare (meta, layer, q, mean_query, available, n, out, &a, error))
+    return FALSE;
   if (n == 0)
     return TRUE;
-  Bounds a = { meta, layer, group, n_rows, available, n, (n + BOUNDS_CHUNK - 1) / BOUNDS_CHUNK,
-               BOUNDS_CHUNK * w + (gsize) group * n_rows * BOUNDS_CHUNK, run, out };
-  const gint64 tasks = (gint64) nkv * (gint64) a.n_chunks;
-  const gsize task_work = MIN (n, (gsize) BOUNDS_CHUNK) * w * (gsize) group * (gsize) n_rows;
+  const gint64 tasks = (gint64) meta->n_kv_heads * (gint64) a.n_chunks;
+  const gsize task_work = MIN (n, (gsize) QUEST_BOUNDS_CHUNK) * 2 * (gsize) meta->head_dim * (gsize) a.group
+                          * (gsize) a.n_rows;
   const gint64 grain = (gint64) MAX ((gsize) 1, BOUNDS_SERIAL_WORK / MAX (task_work, (gsize) 1));
-  grow (&meta->work, &meta->work_size, (gsize) sift_parallel_n_threads () * a.work_floats);
   sift_parallel_for (tasks, grain, bounds_tasks, &a);
   return TRUE;
 }

@@ -44,5 +44,27 @@ float quest_bound (const float *q, const float *kmin, const float *kmax, gint32 
  * pool in tasks of (kv head, BOUNDS_CHUNK blocks): each bound is the same
  * dot product whatever the split, so the result does not depend on the
  * thread count. */
+/* quest_head_bounds in parts, for a caller that splits the work itself
+ * (quest.c: a kv head's bounds, ranking and pick in one task). */
+typedef struct {
+  const QuestMeta *meta;
+  gint32 layer, group;
+  gint64 n_rows;
+  const gint64 *available;
+  gsize n, n_chunks, work_floats;
+  gboolean run;            /* the blocks are one run of ids: boxes read in place */
+  float *out;              /* [n_q_heads][n] */
+} QuestBounds;
+
+/* q's rows split by sign into meta's scratch, every block checked for a
+ * box (the error names the first without), per-worker scratch for
+ * sift_parallel_n_threads () workers; fills qb. */
+gboolean quest_bounds_prepare (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
+                               const gint64 *available, gsize n, float *out, QuestBounds *qb, GError **error);
+/* The bounds of kv head g's query heads over blocks [b0, b0 + nb) (nb <=
+ * QUEST_BOUNDS_CHUNK), with worker's scratch: one sift_score_tile. */
+void quest_bounds_score (const QuestBounds *qb, gint32 g, gsize b0, gsize nb, gint worker);
+#define QUEST_BOUNDS_CHUNK 128
+
 gboolean quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
                             const gint64 *available, gsize n, float *out, GError **error);

@@ -319,6 +319,61 @@ test_head_bounds_threads (void **state)
   quest_meta_free (meta);
 }
 
+/* select_blocks per kv head (each kv head's bounds, ranking and pick in
+ * one task) answers what the bounds, rankings and picks one after another
+ * answer, on 1 thread and on several: the same blocks for the same heads. */
+static void
+test_select_per_kv_head_threads (void **state)
+{
+  (void) state;
+  g_autoptr (GRand) rng = g_rand_new_with_seed (17);
+  const gint32 nq = 8, nkv = 4, bs = 2, d = 128, n_rows = 4, budget = 9, group = nq / nkv; /* parallel at 4 threads */
+  const gsize n = 3 * 128 + 5;
+  const SiftModelShape shape = { 1, nq, nkv, d, bs, 64, 0.0f };
+  g_autoptr (SiftParams) params = sift_params_new (quest_ops.params, NULL);
+  g_autofree char *top_k = g_strdup_printf ("%d", budget);
+  assert_true (sift_params_set_text (params, "top_k", top_k, NULL));
+  assert_true (sift_params_set_text (params, "dense_layers", "[]", NULL));
+  assert_true (sift_params_set_text (params, "sink_blocks", "1", NULL));
+  assert_true (sift_params_set_text (params, "recent_blocks", "2", NULL));
+  g_autoptr (SiftPolicy) policy = sift_policy_new (&quest_ops, params, &shape, NULL);
+  assert_non_null (policy);
+  Quest *quest = (Quest *) policy;
+  g_autofree float *keys = g_new (float, n * nkv * bs * d), *q = g_new (float, (gsize) nq * n_rows * d);
+  fill_normal (rng, keys, n * nkv * bs * d, 1.0);
+  fill_normal (rng, q, (gsize) nq * n_rows * d, 1.0);
+  for (gsize b = 0; b < n; b++)
+    {
+      SiftView kv = sift_view_htd (keys + b * nkv * bs * d, SIFT_DTYPE_F32, nkv, bs, d);
+      assert_true (quest_meta_update (quest->meta, 0, (gint64) b, &kv, bs, NULL));
+    }
+  g_autofree gint64 *avail = g_new (gint64, n);
+  for (gsize b = 0; b < n; b++)
+    avail[b] = (gint64) b;
+  SiftPolicyContext ctx = { .phase = SIFT_PHASE_DECODE, .layer = 0, .n_q = n_rows, .shape = &shape,
+                            .n_blocks = (gint64) n };
+  ctx.q = sift_view_htd (q, SIFT_DTYPE_F32, nq, n_rows, d);
+  /* The answer step by step. */
+  g_autofree float *bounds = g_new (float, (gsize) nq * n), *rank = g_new (float, (gsize) nkv * n);
+  g_autofree guint8 *keep = g_new (guint8, (gsize) nkv * n);
+  assert_true (quest_head_bounds (quest->meta, 0, &ctx.q, FALSE, avail, n, bounds, NULL));
+  quest_rank (bounds, nq, nkv, n, QUEST_MODE_PER_KV_HEAD, QUEST_REDUCE_MAX, rank);
+  for (gint32 g = 0; g < nkv; g++)
+    assert_int_equal (sift_top_k (rank + (gsize) g * n, n, budget, 1, 2, keep + (gsize) g * n), budget);
+  const gint before = sift_parallel_n_threads ();
+  for (gint threads = 1; threads <= 4; threads += 3)
+    {
+      sift_parallel_set_n_threads (threads);
+      g_autoptr (SiftSelection) sel = sift_selection_new (nq, nkv);
+      assert_true (quest_select_blocks (policy, &ctx, avail, n, sel, NULL));
+      assert_true (sift_selection_validate (sel, avail, n, "quest", NULL));
+      for (gint32 h = 0; h < nq; h++)
+        for (gsize b = 0; b < n; b++)
+          assert_int_equal (sift_selection_has (sel, (gint64) b, h), keep[(gsize) (h / group) * n + b]);
+    }
+  sift_parallel_set_n_threads (before);
+}
+
 /* Rankings: per kv head reduces its group's heads, shared reduces all. */
 static void
 test_rank_modes (void **state)
@@ -413,6 +468,7 @@ main (void)
     cmocka_unit_test (test_meta_rejects_bad_blocks),
     cmocka_unit_test (test_head_bounds),
     cmocka_unit_test (test_head_bounds_threads),
+    cmocka_unit_test (test_select_per_kv_head_threads),
     cmocka_unit_test (test_rank_modes),
     cmocka_unit_test (test_pick_matches_oracle),
     cmocka_unit_test (test_pick_keeps_sinks_and_recent),
