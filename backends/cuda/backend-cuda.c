@@ -404,19 +404,36 @@ event_fail (SiftEvent *ev, GError *err)
 
 /* Copies one half (K or V: [n_kv_heads][block_size][head_dim] compute
  * elements at src, host) into dst of `cap` tokens per head, on the copy
- * stream: one 2D copy. */
+ * stream: one 2D copy per run of the kv heads asked for (kv_heads as
+ * SiftTransfer's: 0, every head, one copy). */
 static void
-copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src)
+copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src, guint64 kv_heads)
 {
   const SiftModelShape *s = &b->shape;
   const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
   const gsize pitch = (gsize) cap * (gsize) s->head_dim * b->es;
-  note_failure (b, cudaMemcpy2DAsync (dst, pitch, src, width, width, (gsize) s->n_kv_heads, cudaMemcpyHostToDevice,
-                                      b->xs), "copy to the GPU (a half, 2D)");
+  const gint32 n = s->n_kv_heads;
+  const gboolean all = kv_heads == 0 || n > 64;
+  for (gint32 h0 = 0; h0 < n;)
+    {
+      if (!all && !((kv_heads >> h0) & 1))
+        {
+          h0++;
+          continue;
+        }
+      gint32 h1 = h0 + 1;
+      while (h1 < n && (all || ((kv_heads >> h1) & 1)))
+        h1++;
+      note_failure (b, cudaMemcpy2DAsync (dst + (gsize) h0 * pitch, pitch, src + (gsize) h0 * width, width, width,
+                                          (gsize) (h1 - h0), cudaMemcpyHostToDevice, b->xs),
+                    "copy to the GPU (a half, 2D)");
+      h0 = h1;
+    }
 }
 
 /* A staged load: the stored half (or both) read on the host into pinned
- * staging, converted to the compute dtype, copied from there. */
+ * staging, converted to the compute dtype, copied from there, the kv heads
+ * asked for only (a packed slot holds other blocks' rows in the others). */
 static gboolean
 load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, GError **error)
 {
@@ -436,7 +453,7 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
         continue;
       guint8 *block = sg->block + (gsize) h * half;
       sift_convert (sg->stored + (gsize) at * kb, st->config.dtype, block, b->compute, elems);
-      copy_half (b, h == 0 ? t->k : t->v, t->cap, block);
+      copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
       at++;
     }
   cudaEventRecord (sg->free_ev, b->xs);
@@ -575,9 +592,9 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
       else if (p != NULL)
         {
           if (want_k)
-            copy_half (b, ti->k, ti->cap, p);
+            copy_half (b, ti->k, ti->cap, p, 0);
           if (want_v)
-            copy_half (b, ti->v, ti->cap, p + kb);
+            copy_half (b, ti->v, ti->cap, p + kb, 0);
         }
       else
         ok = load_staged (b, ti, want_k, want_v, &err);
