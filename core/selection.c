@@ -4,6 +4,8 @@
 #include <sift/error.h>
 #include <sift/policy.h>
 
+#include "selection-private.h"
+
 typedef struct {
   gint64 id;
   gint32 q_head;   /* -1: every head */
@@ -208,4 +210,11 @@ sift_selection_has (const SiftSelection *sel, gint64 block_id, gint32 q_head)
         hi = mid;
     }
   return FALSE;
+}
+
+const guint64 *
+sift_selection_heads_at (const SiftSelection *sel, gsize i)
+{
+  g_return_val_if_fail (sel != NULL && sel->validated && i < sel->blocks->len, NULL);
+  return &g_array_index (sel->masks, guint64, i * (gsize) sel->words);
 }

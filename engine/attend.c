@@ -12,6 +12,7 @@
 #include <sift/error.h>
 
 #include "engine-private.h"
+#include "selection-private.h"
 
 /* A batch: stored blocks attended in one kernel call (per head set), then
  * optionally the local tokens. Views [n_kv_heads][n_valid][head_dim]. One
@@ -375,6 +376,20 @@ block_heads (SiftEngine *e, const SiftSelection *sel, gint64 b, gboolean *flags)
   return all ? NULL : flags;
 }
 
+/* The same for the selection's i-th block, read from its head bits. */
+static const gboolean *
+block_heads_at (SiftEngine *e, const SiftSelection *sel, gsize i, gboolean *flags)
+{
+  const guint64 *bits = sift_selection_heads_at (sel, i);
+  gboolean all = TRUE;
+  for (gint32 h = 0; h < e->config.shape.n_q_heads; h++)
+    {
+      flags[h] = (bits[h / 64] >> (h % 64)) & 1;
+      all = all && flags[h];
+    }
+  return all ? NULL : flags;
+}
+
 /* The kv heads whose query groups attend a block (heads: its query
  * heads' flags, NULL: all) as bits, for a load of those heads only; 0
  * (every head) when all do or a mask cannot hold them. */
@@ -443,19 +458,33 @@ typedef struct {
   SiftView out;           /* [n_q_heads][n_q][head_dim] in call_out */
 } DeviceCall;
 
-/* Writes view rows [h][t] of f32 host src into compact compute memory dst. */
+/* The host scratch kept for gathering a call's q (a decode step's, up to
+ * 16 rows; a prefill chunk's is allocated for the call). */
+#define Q_GATHER_KEEP ((gsize) 1 << 20)
+
+/* Writes view rows [h][t] of f32 host src into compact compute memory dst:
+ * one write, the rows gathered on the host first where src is not compact
+ * (the runner's q is token-major: a write per row was a copy call each). */
 static void
 q_up (SiftEngine *e, const SiftView *src, float *dst)
 {
   SiftBackend *be = e->backend;
   const gsize row = (gsize) src->head_dim * sizeof (float);
-  const gsize head = (gsize) src->n_tokens * row;
+  const gsize head = (gsize) src->n_tokens * row, bytes = head * (gsize) src->n_heads;
   if (src->token_stride == src->head_dim && src->head_stride == src->n_tokens * src->head_dim)
-    be->ops->buffer_write (be, (guint8 *) dst, src->data, head * (gsize) src->n_heads);
-  else
-    for (gint32 h = 0; h < src->n_heads; h++)
-      for (gint64 t = 0; t < src->n_tokens; t++)
-        be->ops->buffer_write (be, (guint8 *) dst + h * head + (gsize) t * row, sift_view_row (src, h, t), row);
+    {
+      be->ops->buffer_write (be, (guint8 *) dst, src->data, bytes);
+      return;
+    }
+  if (bytes <= Q_GATHER_KEEP && e->q_gather == NULL)
+    e->q_gather = g_malloc (Q_GATHER_KEEP);
+  guint8 *tmp = bytes <= Q_GATHER_KEEP ? e->q_gather : g_malloc (bytes);
+  for (gint32 h = 0; h < src->n_heads; h++)
+    for (gint64 t = 0; t < src->n_tokens; t++)
+      memcpy (tmp + h * head + (gsize) t * row, sift_view_row (src, h, t), row);
+  be->ops->buffer_write (be, (guint8 *) dst, tmp, bytes);
+  if (tmp != e->q_gather)
+    g_free (tmp);
 }
 
 static void
@@ -579,13 +608,210 @@ attend_resident (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelectio
   return ok;
 }
 
+/* ---- A per-kv-head selection on a GPU: kv heads packed into slots --------
+ * Where each kv head's query group attends blocks of its own (Quest per kv
+ * head), the ring loads only those heads' rows of a block but still gives
+ * the block a whole slot: B blocks per kv head spread over up to
+ * B x n_kv_heads slots, each group of them a load batch, a wait, an
+ * attention launch and a merge. Packed, slot j holds for each kv head g
+ * the j-th full block of g's selection (ascending ids), so B slots carry
+ * the selection (a block of fewer tokens, as the prompt's last, takes a
+ * slot of its own after them): when that fits the slots, one load batch,
+ * one wait and one attention call (with the local tokens) for the layer.
+ * Each kv head attends the same keys as through the ring; only their
+ * order in the kernel's table differs. A backend that computes in host
+ * memory keeps the ring (its results stay bit for bit what they were). */
+
+typedef struct {
+  gint64 n;             /* packed blocks */
+  gint64 *first;        /* [n + 1]: packed block j loads pieces first[j] .. first[j + 1] - 1 */
+  gint64 *piece_id;     /* [pieces] the logical block a piece loads from */
+  guint64 *piece_heads; /* [pieces] the kv heads it loads (into the packed block's slot) */
+  guint64 *heads;       /* [n] the kv heads present in packed block j */
+  gint32 *n_valid;      /* [n] its tokens */
+} Packing;
+
+static void
+packing_clear (Packing *pk)
+{
+  g_free (pk->first);
+  g_free (pk->piece_id);
+  g_free (pk->piece_heads);
+  g_free (pk->heads);
+  g_free (pk->n_valid);
+}
+
+/* Whether the selection (blocks ids[0..m), ascending; heads[i]: block i's
+ * query heads, NULL: all) is per kv head and packs (see above) into fewer
+ * slots than it has blocks; fills pk then. */
+static gboolean
+pack_selection (SiftEngine *e, const SiftPolicyContext *ctx, const gint64 *ids, const gboolean *const *heads, gint64 m,
+                Packing *pk)
+{
+  const SiftModelShape *s = &e->config.shape;
+  const gint32 nkv = s->n_kv_heads, G = s->n_q_heads / nkv;
+  if (e->host_compute || e->backend->ops->attend_heads == NULL || nkv > 64 || m < 2)
+    return FALSE;
+  const SiftBlockMeta *meta = (const SiftBlockMeta *) (const void *) e->meta[ctx->layer]->data;
+  g_autofree guint64 *kv = g_new (guint64, m); /* each block's kv heads */
+  g_autofree gint64 *count = g_new0 (gint64, nkv);
+  gint64 depth = 0, partial = 0;
+  for (gint64 i = 0; i < m; i++)
+    {
+      kv[i] = 0;
+      for (gint32 h = 0; h < s->n_q_heads; h++)
+        {
+          if (heads[i] != NULL && heads[i][h] != heads[i][h / G * G]) /* a query group split */
+            return FALSE;
+          if (heads[i] == NULL || heads[i][h])
+            kv[i] |= G_GUINT64_CONSTANT (1) << (h / G);
+        }
+      if (meta[ids[i]].n_valid != s->block_size)
+        {
+          partial++;
+          continue;
+        }
+      for (gint32 g = 0; g < nkv; g++)
+        if ((kv[i] >> g) & 1)
+          depth = MAX (depth, ++count[g]);
+    }
+  if (depth + partial >= m)
+    return FALSE;
+  pk->n = depth + partial;
+  pk->first = g_new (gint64, pk->n + 1);
+  pk->piece_id = g_new (gint64, (gsize) m * (gsize) nkv);
+  pk->piece_heads = g_new (guint64, (gsize) m * (gsize) nkv);
+  pk->heads = g_new0 (guint64, pk->n);
+  pk->n_valid = g_new (gint32, pk->n);
+  /* Each kv head's full blocks in order: list[g][j] is the j-th. */
+  g_autofree gint64 *list = g_new (gint64, (gsize) nkv * (gsize) depth + 1);
+  memset (count, 0, sizeof (gint64) * (gsize) nkv);
+  for (gint64 i = 0; i < m; i++)
+    for (gint32 g = 0; g < nkv && meta[ids[i]].n_valid == s->block_size; g++)
+      if ((kv[i] >> g) & 1)
+        list[(gsize) g * (gsize) depth + (gsize) count[g]++] = ids[i];
+  gint64 np = 0;
+  for (gint64 j = 0; j < depth; j++)
+    {
+      pk->first[j] = np;
+      pk->n_valid[j] = s->block_size;
+      for (gint32 g = 0; g < nkv; g++)
+        {
+          if (j >= count[g] || ((pk->heads[j] >> g) & 1))
+            continue;
+          const gint64 id = list[(gsize) g * (gsize) depth + (gsize) j];
+          guint64 mask = 0; /* the kv heads whose j-th block is this one: one load */
+          for (gint32 g2 = g; g2 < nkv; g2++)
+            if (j < count[g2] && list[(gsize) g2 * (gsize) depth + (gsize) j] == id)
+              mask |= G_GUINT64_CONSTANT (1) << g2;
+          pk->heads[j] |= mask;
+          pk->piece_id[np] = id;
+          pk->piece_heads[np++] = mask;
+        }
+    }
+  gint64 j = depth;
+  for (gint64 i = 0; i < m; i++)
+    if (meta[ids[i]].n_valid != s->block_size)
+      {
+        pk->first[j] = np;
+        pk->n_valid[j] = meta[ids[i]].n_valid;
+        pk->heads[j++] = kv[i];
+        pk->piece_id[np] = ids[i];
+        pk->piece_heads[np++] = kv[i];
+      }
+  pk->first[pk->n] = np;
+  return TRUE;
+}
+
+/* Frees the slots of packed blocks [from, to) after a failure (their loads waited for). */
+static void
+packed_release (SiftEngine *e, gint64 from, gint64 to)
+{
+  const gint32 ns = e->config.n_slots;
+  for (gint64 j = from; j < to; j++)
+    {
+      sift_engine_wait_slot (e, (gint32) (j % ns), NULL);
+      sift_engine_slot_done (e, (gint32) (j % ns));
+    }
+}
+
+/* Streams the packed blocks through the slots: all in one group when they
+ * fit, else in ring groups with the loads up to n_slots ahead, as the
+ * ring does. Packed block j goes to slot j mod n_slots. */
+static gboolean
+attend_packed (SiftEngine *e, const SiftPolicyContext *ctx, const Packing *pk, SiftBatch *b, const SiftView *lk,
+               const SiftView *lv, SiftView *out, float *lse, gboolean *written, guint64 *attended,
+               gint64 *compute_us, GError **error)
+{
+  const SiftModelShape *s = &e->config.shape;
+  const gint32 G = s->n_q_heads / s->n_kv_heads, ns = e->config.n_slots;
+  const gint64 P = pk->n;
+  const gint64 group = P <= ns ? P : sift_engine_ring_group (e, ctx->n_q);
+  g_autofree gint32 *piece_slots = g_new (gint32, (gsize) pk->first[P] + 1);
+  g_autofree gint32 *slots = g_new (gint32, ns), *nv = g_new (gint32, ns);
+  g_autofree gboolean *flags = g_new (gboolean, s->n_q_heads);
+  for (gint64 j = 0; j < P; j++)
+    for (gint64 p = pk->first[j]; p < pk->first[j + 1]; p++)
+      piece_slots[p] = (gint32) (j % ns);
+  gint64 queued = 0, done = 0;
+  gboolean ok = TRUE;
+  e->n_packed++;
+  while (ok && done < P)
+    {
+      /* Loads into every free slot: packed blocks up to done + n_slots. */
+      const gint64 to = MIN (P, done + ns), p0 = pk->first[queued], np = pk->first[to] - p0;
+      if (np > 0
+          && !sift_engine_ring_load (e, ctx->layer, pk->piece_id + p0, pk->piece_heads + p0, piece_slots + p0,
+                                     (gint32) np, error))
+        {
+          packed_release (e, done, queued); /* ring_load checks before it takes a slot */
+          return FALSE;
+        }
+      queued = to;
+      const gint64 end = MIN (P, done + group);
+      const gint32 n = (gint32) (end - done);
+      for (gint32 i = 0; i < n; i++)
+        slots[i] = (gint32) ((done + i) % ns);
+      gint32 ready = 0;
+      if (!sift_engine_ring_wait (e, slots, n, nv, &ready, error))
+        {
+          sift_engine_ring_done (e, slots, ready);
+          packed_release (e, done + ready + 1, queued);
+          return FALSE;
+        }
+      for (gint32 i = 0; i < n; i++)
+        {
+          SiftView k, v;
+          const gint64 j = done + i;
+          sift_engine_slots_kv (e, slots[i], pk->n_valid[j], &k, &v);
+          gboolean all = TRUE;
+          for (gint32 h = 0; h < s->n_q_heads; h++)
+            {
+              flags[h] = (pk->heads[j] >> (h / G)) & 1;
+              all = all && flags[h];
+            }
+          batch_add (e, b, &k, &v, all ? NULL : flags);
+        }
+      gint64 t0 = g_get_monotonic_time ();
+      const gboolean last = end == P;
+      ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
+      *compute_us += g_get_monotonic_time () - t0;
+      sift_engine_ring_done (e, slots, n);
+      done = end;
+    }
+  if (!ok)
+    packed_release (e, done, queued);
+  return ok;
+}
+
 /* The ring: the selection streams through the slots in groups of G blocks
  * (sift_engine_ring_group: n_slots / 2 when a block's attention wakes the
  * kernels' threads, else as few as keep a call's fixed cost small); each
  * group is attended in one batch (the last with the local tokens) while
  * the copy worker loads the next ones into the slots the previous group
  * freed. The groups depend on the selection, the shape and n_slots only,
- * never on load timing: results are reproducible bit for bit. */
+ * never on load timing: results are reproducible bit for bit. A per-kv-head
+ * selection on a GPU goes through the slots packed instead (above). */
 static gboolean
 attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *selection, gint64 m, SiftBatch *b,
              const SiftView *lk, const SiftView *lv, SiftView *out, float *lse, gboolean *written,
@@ -603,8 +829,15 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
       ids[i] = selection != NULL ? sift_selection_block (selection, (gsize) i) : i;
       if (selection == NULL)
         continue;
-      heads[i] = block_heads (e, selection, ids[i], flags + (gsize) i * (gsize) nqh);
+      heads[i] = block_heads_at (e, selection, (gsize) i, flags + (gsize) i * (gsize) nqh);
       kv_heads[i] = block_kv_heads (e, heads[i]);
+    }
+  Packing pk;
+  if (selection != NULL && pack_selection (e, ctx, ids, heads, m, &pk))
+    {
+      gboolean ok = attend_packed (e, ctx, &pk, b, lk, lv, out, lse, written, attended, compute_us, error);
+      packing_clear (&pk);
+      return ok;
     }
   const gsize G = (gsize) sift_engine_ring_group (e, ctx->n_q);
   g_autofree SiftStreamBlock *blocks = g_new (SiftStreamBlock, G);

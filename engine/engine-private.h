@@ -57,6 +57,7 @@ struct _SiftEngine {
   gsize es;                   /* bytes of one compute element */
   gboolean maps;              /* ring loads map slots onto the store (zero-copy) */
   gint32 ring_group;          /* blocks per ring group; 0: chosen per call (sift_engine_ring_group) */
+  guint64 n_packed;           /* calls whose selection went through the slots packed by kv head (attend.c), for tests */
   gint64 block_elems;         /* n_kv_heads * block_size * head_dim */
   gint32 decode_cap;          /* decode buffer tokens: block_size + SIFT_ATTN_DECODE_MAX_ROWS */
 
@@ -104,6 +105,7 @@ struct _SiftEngine {
    * memory ([n_q_heads][max_q][head_dim] f32, [n_q_heads][max_q]); NULL
    * when host_compute. */
   float *call_q, *call_out, *call_lse;
+  guint8 *q_gather;           /* host scratch where a call's q is gathered before it goes up (attend.c q_up) */
   gint32 *decode_start;       /* [n_layers] first valid token in the decode buffer */
   gint32 *decode_len;         /* [n_layers] valid tokens from decode_start */
   XlHalf xl[2];
@@ -188,7 +190,9 @@ void sift_engine_set_ring_group (SiftEngine *e, gint32 blocks);
  * n slots in one backend call each (copies only). ring_wait stops at the first
  * failed load: *n_ready slots before it are ready, that one is free again
  * and the error is its load's. kv_heads (NULL: every head of every block):
- * per block the kv heads to load (SiftTransfer.kv_heads). */
+ * per block the kv heads to load (SiftTransfer.kv_heads). A slot may come
+ * several times in one ring_load, each time with other kv heads (the
+ * packed per-kv-head path of attend.c); ring_wait takes each slot once. */
 gboolean sift_engine_ring_load (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const guint64 *kv_heads,
                                 const gint32 *slots, gint32 n, GError **error);
 gboolean sift_engine_ring_wait (SiftEngine *engine, const gint32 *slots, gint32 n, gint32 *n_valid,

@@ -254,6 +254,7 @@ sift_engine_free (SiftEngine *e)
   g_free (e->decode_len);
   g_free (e->counters);
   sift_engine_attend_free (e);
+  g_free (e->q_gather);
   for (guint i = 0; i < e->buffers->len; i++)
     b->ops->buffer_free (b, &g_array_index (e->buffers, SiftBuffer, i));
   g_array_unref (e->buffers);

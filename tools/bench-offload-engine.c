@@ -27,7 +27,52 @@ typedef struct {
   double bytes;       /* bytes loaded per step */
   double load, compute, stalled; /* event-timed seconds per step: copy stream, kernels, compute stream waiting */
   double density;
+  double select, attend; /* host wall seconds per step in select_blocks, and from the validated selection
+                          * to the output back on the host (a policy that selects; else 0) */
 } GpuRun;
+
+/* The host's share of a selecting policy's step: its select_blocks is
+ * called through timed_select (a copy of its ops table), the runner's
+ * observer marks the validated selection and the attention's end. */
+static const SiftPolicyOps *timed_inner;
+static SiftPolicyOps timed_ops;
+static double timed_select_s, timed_attend_s, timed_mark;
+
+static gboolean
+timed_select (SiftPolicy *p, const SiftPolicyContext *ctx, const gint64 *available, gsize n, SiftSelection *sel,
+              GError **error)
+{
+  double t0 = offload_now_s ();
+  gboolean ok = timed_inner->select_blocks (p, ctx, available, n, sel, error);
+  timed_select_s += offload_now_s () - t0;
+  return ok;
+}
+
+static void
+timed_selection (gpointer user, const SiftPolicyContext *ctx, const SiftSelection *sel)
+{
+  (void) user, (void) ctx, (void) sel;
+  timed_mark = offload_now_s ();
+}
+
+static void
+timed_attention (gpointer user, const SiftPolicyContext *ctx, const SiftView *out, const float *lse)
+{
+  (void) user, (void) out, (void) lse;
+  if (ctx->phase == SIFT_PHASE_DECODE && timed_mark > 0)
+    timed_attend_s += offload_now_s () - timed_mark;
+  timed_mark = 0;
+}
+
+/* Routes p's select_blocks through timed_select (p keeps the copy). */
+static void
+time_selects (SiftPolicy *p)
+{
+  timed_inner = p->ops;
+  memcpy (&timed_ops, p->ops, MIN ((gsize) p->ops->struct_size, sizeof timed_ops));
+  timed_ops.select_blocks = timed_select;
+  p->ops = &timed_ops;
+}
 
 static int
 cmp_seconds (const void *a, const void *b)
@@ -64,6 +109,10 @@ gpu_run (const Opts *o, const SiftModelShape *shape, gint64 tokens, gint rows, g
   if (runner == NULL || !sift_runner_prefill (runner, tokens, NULL, NULL, error)
       || !sift_runner_decode (runner, 1, NULL, NULL, error)) /* untimed: warm-up, Quest's first bounds */
     return FALSE;
+  const SiftRunnerObserver marks = { .attention = timed_attention, .selection = timed_selection };
+  if (decode != NULL)
+    sift_runner_set_observer (runner, &marks, NULL);
+  timed_select_s = timed_attend_s = timed_mark = 0;
   g_autofree double *wall = g_new (double, o->steps);
   SiftCounters a, b;
   sift_engine_counters (engine, -1, SIFT_PHASE_DECODE, &a);
@@ -81,6 +130,8 @@ gpu_run (const Opts *o, const SiftModelShape *shape, gint64 tokens, gint rows, g
   out->load = (b.seconds_load - a.seconds_load) / o->steps;
   out->compute = (b.seconds_compute - a.seconds_compute) / o->steps;
   out->stalled = (b.seconds_stalled - a.seconds_stalled) / o->steps;
+  out->select = timed_select_s / o->steps;
+  out->attend = timed_attend_s / o->steps;
   guint64 avail = b.tokens_available - a.tokens_available;
   out->density = avail ? (double) (b.tokens_attended - a.tokens_attended) / (double) avail : 0.0;
   return TRUE;
@@ -178,6 +229,8 @@ bench_gpu (const Opts *o)
                                    ? sift_policy_new (info->ops, params, &shape, &error) : NULL;
   GpuRun full = { 0 }, q = { 0 };
   double copy_full = 0, copy_q = 0;
+  if (quest != NULL)
+    time_selects (quest);
   if (quest == NULL || !gpu_run (o, &shape, o->tokens, o->rows, FALSE, NULL, &full, &error)
       || !gpu_run (o, &shape, o->tokens, o->rows, FALSE, quest, &q, &error)
       || !sift_cuda_h2d_seconds ((gsize) full.bytes, 9, &copy_full, &error)
@@ -190,6 +243,9 @@ bench_gpu (const Opts *o)
   gpu_line (name, &q, copy_q);
   printf ("  ratio: bytes moved per step / a plain pinned cudaMemcpyAsync of the same bytes (copy GB/s); "
           "wall/mx: wall / max(copy ms, attn ms)\n");
+  printf ("  quest %d on the host per step (means): select_blocks %.3f ms, validated selection to output on the "
+          "host %.3f ms, the rest %.3f ms (model q/k/v, offload, step mean less median)\n", o->budget, q.select * 1e3,
+          q.attend * 1e3, (q.step - q.select - q.attend) * 1e3);
   printf ("  quest %d vs full: %.2fx per-token speed, %.4f of the bytes (budget / context %.4f)\n", o->budget,
           full.step / q.step, q.bytes / full.bytes, (double) o->budget / (double) o->tokens);
   return bench_gpu_resident (o);

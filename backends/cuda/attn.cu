@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels.h"
 #include "mma.cuh"
 
@@ -161,45 +163,46 @@ accumulate_pv (const float s[NT][4], const uint16_t *v, int lane, float o[D / 8]
  * warp-contiguous (lanes 0..15 one key row, lanes 16..31 the next for
  * head_dim 128): each load instruction reads 512 consecutive bytes of a
  * contiguous layout. The block table is looked up once per chunk (per row
- * only where a chunk straddles two blocks). Per chunk: S = Q K^T and
- * O += P V by mma.sync as in prefill.cu (a 16-row tile), the online
- * softmax between; the warps' states merge through shared memory at the
- * end. */
-constexpr int DW = 4;   /* warps per decode block */
-constexpr int DK = 16;  /* keys per chunk */
+ * only where a chunk straddles two blocks); a call without a table
+ * (PAGED false) has no cursor at all, 26 registers fewer. Per chunk:
+ * S = Q K^T and O += P V by mma.sync as in prefill.cu (a 16-row tile),
+ * the online softmax between; the warps' states merge through shared
+ * memory at the end, and with several splits the last block of a kv head
+ * to finish merges that kv head's splits (merge_last): one launch. */
+constexpr int DK = 16; /* keys per chunk */
 
 template <int D> __host__ __device__ constexpr int dstage_halves () { return 2 * DK * ld<D> (); }
-template <int D, int DS> __host__ __device__ constexpr size_t dsmem_bytes ()
+template <int D, int DW, int DS> __host__ __device__ constexpr size_t dsmem_bytes ()
 {
   /* the warps' rings; the final merge reuses them ([DW][16] m and l, [DW][16][D] o) */
   return (size_t) DW * DS * dstage_halves<D> () * sizeof (uint16_t);
 }
-static_assert (dsmem_bytes<64, 2> () >= (2 * DW * 16 + DW * 16 * 64) * sizeof (float), "merge space");
-static_assert (dsmem_bytes<128, 2> () >= (2 * DW * 16 + DW * 16 * 128) * sizeof (float), "merge space");
 
 /* Issues the copies of the chunk of keys [k0, k0 + DK) into one stage (K
  * rows, then V rows, [DK][ld] halves each); keys at or past hi are zeros. */
-template <int D>
+template <int D, bool PAGED>
 __device__ __forceinline__ uint32_t
 load_chunk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi, uint16_t *stage, int lane)
 {
   constexpr int CPR = D / 8;       /* 16-byte pieces per row */
   constexpr int RPI = 32 / CPR;    /* rows per warp-wide load */
   const int col = lane % CPR;
-  cur.advance (c, k0);
+  if (PAGED)
+    cur.advance (c, k0);
   /* Warp-uniform: the whole chunk lies in the cursor's block (the usual
-   * case), so one base pointer serves every row. */
-  const bool one = min (k0 + DK, hi) <= cur.cur.start + cur.cur.n;
+   * case; always without a table), so one base pointer serves every row. */
+  const bool one = !PAGED || min (k0 + DK, hi) <= cur.cur.start + cur.cur.n;
   uint32_t valid = 0; /* bit r: key k0 + r exists for this kv head (masked calls) */
   for (int j = 0; j < DK / RPI; j++)
     {
       const int row = j * RPI + lane / CPR;
       const int key = k0 + row;
-      const char *ks = (const char *) cur.cur.k, *vs = (const char *) cur.cur.v; /* read 0 bytes */
+      const SiftCudaKvBlock &b0 = PAGED ? cur.cur : c.one;
+      const char *ks = (const char *) b0.k, *vs = (const char *) b0.v; /* read 0 bytes */
       int n = 0;
       if (key < hi)
         {
-          SiftCudaKvBlock b = cur.cur;
+          SiftCudaKvBlock b = b0;
           if (!one)
             {
               Cursor rc = cur; /* this row's block, a few blocks on at most (rare: no read ahead) */
@@ -228,12 +231,67 @@ load_chunk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi
 
 template <int N> __device__ __forceinline__ void cp_async_wait () { asm volatile ("cp.async.wait_group %0;" ::"n"(N)); }
 
-template <int D, bool BF16, int DS>
-__global__ void __launch_bounds__ (DW * 32)
+/* The splits of a kv head's rows merged by the block that finishes that
+ * kv head's last split (a counter per kv head, reset to 0 by that block
+ * for the next call): no second launch. Thread e takes 4 columns of a row
+ * at a time; partials are read past L1 (written by other SMs). */
+template <int D, int DW>
+__device__ __forceinline__ void
+merge_last (const SiftCudaAttnCall &c, int kvh, int rows, int group)
+{
+  __shared__ bool last;
+  __threadfence (); /* this block's partial is visible before the count */
+  __syncthreads ();
+  if (threadIdx.x == 0)
+    {
+      const unsigned done = atomicAdd (&c.counters[kvh], 1u);
+      last = done == (unsigned) c.n_splits - 1;
+    }
+  __syncthreads ();
+  if (!last)
+    return;
+  __threadfence ();
+  const int64_t per_split = (int64_t) c.q_heads * c.n_q;
+  for (int e = threadIdx.x; e < rows * (D / 4); e += DW * 32)
+    {
+      const int r = e / (D / 4), d = (e % (D / 4)) * 4;
+      const int h = kvh * group + r % group, i = r / group;
+      const int64_t row = (int64_t) h * c.n_q + i;
+      float mm = -CUDART_INF_F;
+#pragma unroll 8
+      for (int s = 0; s < c.n_splits; s++)
+        mm = fmaxf (mm, __ldcg (c.part_l + s * per_split + row));
+      const float base = mm == -CUDART_INF_F ? 0.0f : mm;
+      float sum = 0.0f;
+      float4 acc = make_float4 (0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 *p = reinterpret_cast<const float4 *> (c.part_o + row * D + d);
+      const int64_t step = per_split * D / 4;
+#pragma unroll 8
+      for (int s = 0; s < c.n_splits; s++)
+        {
+          const float w = __expf (__ldcg (c.part_l + s * per_split + row) - base);
+          const float4 x = __ldcg (p + s * step);
+          sum += w;
+          acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+        }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      float *o = c.out + h * c.out_hs + i * c.out_ts + d;
+      o[0] = acc.x * inv, o[1] = acc.y * inv, o[2] = acc.z * inv, o[3] = acc.w * inv;
+      if (d == 0)
+        c.lse[row] = sum > 0.0f ? base + logf (sum) : -CUDART_INF_F;
+    }
+  if (threadIdx.x == 0)
+    c.counters[kvh] = 0; /* every block of this kv head has counted */
+}
+
+template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED>
+__global__ void __launch_bounds__ (DW * 32, MINB)
 decode_kernel (SiftCudaAttnCall c)
 {
   constexpr int DT = D / 8;  /* output fragments */
   constexpr int KS = D / 16; /* k-steps of Q K^T */
+  constexpr int NT = DK / 8; /* score fragments of a chunk */
+  static_assert (dsmem_bytes<D, DW, DS> () >= (2 * DW * 16 + DW * 16 * D) * sizeof (float), "merge space");
 
   extern __shared__ __align__ (16) uint16_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -259,15 +317,18 @@ decode_kernel (SiftCudaAttnCall c)
   const int n_chunks = (hi - lo + DK - 1) / DK;
   const int mine = n_chunks > warp ? (n_chunks - warp + DW - 1) / DW : 0; /* chunks warp, warp + DW, ... */
   AheadCursor cur;
-  cur.seek_warp (c, lo, lane);
-  cur.fetch_next (c);
+  if (PAGED)
+    {
+      cur.seek_warp (c, lo, lane);
+      cur.fetch_next (c);
+    }
   /* Prologue: DS - 1 chunks in flight before the first is used. */
   for (int s = 0; s < DS - 1; s++)
     {
       if (s < mine)
         {
-          const uint32_t v = load_chunk<D> (c, cur, kvh, lo + (s * DW + warp) * DK, hi, ring + s * dstage_halves<D> (),
-                                            lane);
+          const uint32_t v = load_chunk<D, PAGED> (c, cur, kvh, lo + (s * DW + warp) * DK, hi,
+                                                    ring + s * dstage_halves<D> (), lane);
           if (lane == 0)
             valid[warp][s] = v;
         }
@@ -287,8 +348,8 @@ decode_kernel (SiftCudaAttnCall c)
       const int ahead = it + DS - 1;
       if (ahead < mine)
         {
-          const uint32_t v = load_chunk<D> (c, cur, kvh, lo + (ahead * DW + warp) * DK, hi,
-                                            ring + (ahead % DS) * dstage_halves<D> (), lane);
+          const uint32_t v = load_chunk<D, PAGED> (c, cur, kvh, lo + (ahead * DW + warp) * DK, hi,
+                                                    ring + (ahead % DS) * dstage_halves<D> (), lane);
           if (lane == 0)
             valid[warp][ahead % DS] = v;
         }
@@ -300,23 +361,23 @@ decode_kernel (SiftCudaAttnCall c)
       const uint16_t *vs_ = ks_ + DK * ld<D> ();
       if (__any_sync (0xffffffffu, k0 < lim_max)) /* warp-uniform: mma.sync needs every lane */
         {
-          float s[2][4];
-          scores<D, 2, BF16> (ks_, lane, qf, s);
+          float s[NT][4];
+          scores<D, NT, BF16> (ks_, lane, qf, s);
           if (k0 + DK > lim_min)
-            for (int n = 0; n < 2; n++)
+            for (int n = 0; n < NT; n++)
               for (int x = 0; x < 4; x++)
                 if (k0 + n * 8 + 2 * t + (x & 1) >= rlim[x >> 1])
                   s[n][x] = -CUDART_INF_F;
           if (c.masked) /* keys of blocks this kv head does not attend */
             {
               const uint32_t v = valid[warp][it % DS];
-              for (int n = 0; n < 2; n++)
+              for (int n = 0; n < NT; n++)
                 for (int x = 0; x < 4; x++)
                   if (!((v >> (n * 8 + 2 * t + (x & 1))) & 1))
                     s[n][x] = -CUDART_INF_F;
             }
-          softmax_step<2, DT> (s, m, l, o);
-          accumulate_pv<D, 2, BF16> (s, vs_, lane, o);
+          softmax_step<NT, DT> (s, m, l, o);
+          accumulate_pv<D, NT, BF16> (s, vs_, lane, o);
         }
       __syncwarp (); /* every lane is done with the stage before it is refilled */
     }
@@ -366,6 +427,8 @@ decode_kernel (SiftCudaAttnCall c)
       if (d == 0)
         dst.lse[h * dst.lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
     }
+  if (c.n_splits > 1 && c.counters != NULL)
+    merge_last<D, DW> (c, kvh, rows, group);
 }
 
 /* The splits of each row merged by LSE, in split order: one thread block
@@ -458,52 +521,66 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
     lse1[row] = mm + logf (w1 + w2);
 }
 
-/* Stages of each decode warp's ring: two chunks in flight while one is
- * used; 104 KB of shared memory a block for head_dim 128, two blocks an SM. */
-constexpr int DECODE_STAGES = 3;
+/* One decode kernel shape: its shared-memory limit set once, its blocks
+ * per SM, its launch. */
+template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode {
+  static cudaError_t
+  configure ()
+  {
+    static bool configured = false; /* benign race: the attribute is idempotent */
+    if (configured)
+      return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute (decode_kernel<D, BF16, DW, DS, MINB, PAGED>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int) dsmem_bytes<D, DW, DS> ());
+    configured = e == cudaSuccess;
+    return e;
+  }
 
-template <int D, bool BF16, int DS>
-cudaError_t
-decode_configure ()
-{
-  static bool configured = false; /* benign race: the attribute is idempotent */
-  if (configured)
-    return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute (decode_kernel<D, BF16, DS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int) dsmem_bytes<D, DS> ());
-  configured = e == cudaSuccess;
-  return e;
-}
+  static int
+  resident ()
+  {
+    static int n = 0;
+    if (n == 0
+        && (configure () != cudaSuccess
+            || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, decode_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32,
+                                                              dsmem_bytes<D, DW, DS> ()) != cudaSuccess))
+      return 1;
+    return n > 0 ? n : 1;
+  }
 
-template <int D, bool BF16, int DS>
-int
-decode_resident_ds (void)
-{
-  static int n = 0;
-  if (n == 0
-      && (decode_configure<D, BF16, DS> () != cudaSuccess
-          || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, decode_kernel<D, BF16, DS>, DW * 32,
-                                                            dsmem_bytes<D, DS> ()) != cudaSuccess))
-    return 1;
-  return n > 0 ? n : 1;
-}
+  static cudaError_t
+  launch (const SiftCudaAttnCall &c, cudaStream_t stream)
+  {
+    cudaError_t e = configure ();
+    if (e != cudaSuccess)
+      return e;
+    decode_kernel<D, BF16, DW, DS, MINB, PAGED>
+        <<<dim3 (c.kv_heads, c.n_splits), DW * 32, dsmem_bytes<D, DW, DS> (), stream>>> (c);
+    return cudaGetLastError ();
+  }
+};
+
+/* The decode kernel's shape for head_dim D, the K/V type and a call with
+ * or without a block table: warps a block, ring stages a warp, blocks an
+ * SM asked of the register allocator. Chosen by a sweep on an H200 for
+ * head_dim 128, bf16 (docs/benchmarks.md, "GPU attention", 2026-11-28
+ * 11:19-11:42): what limits the kernel is warps per SM, not bytes in
+ * flight per warp, so two stages a warp (one chunk copied while one is
+ * used) and 12 warps an SM: 2 blocks of 6 without a table (142
+ * registers), 3 blocks of 4 with one (registers capped at 168: no
+ * spills). Other shapes keep the earlier 4 warps, 3 stages, 2 blocks an
+ * SM (not swept). */
+template <int D, bool BF16, bool PAGED>
+using DecodeFor = std::conditional_t<D == 128 && BF16,
+                                     std::conditional_t<PAGED, Decode<D, BF16, 4, 2, 3, true>, Decode<D, BF16, 6, 2, 2, false>>,
+                                     Decode<D, BF16, 4, 3, 1, PAGED>>;
 
 template <int D, bool BF16>
 int
-decode_resident (void)
+decode_resident (bool paged)
 {
-  return decode_resident_ds<D, BF16, DECODE_STAGES> ();
-}
-
-template <int D, bool BF16, int DS>
-cudaError_t
-decode_launch_ds (const SiftCudaAttnCall &c, cudaStream_t stream)
-{
-  cudaError_t e = decode_configure<D, BF16, DS> ();
-  if (e != cudaSuccess)
-    return e;
-  decode_kernel<D, BF16, DS><<<dim3 (c.kv_heads, c.n_splits), DW * 32, dsmem_bytes<D, DS> (), stream>>> (c);
-  return cudaGetLastError ();
+  return paged ? DecodeFor<D, BF16, true>::resident () : DecodeFor<D, BF16, false>::resident ();
 }
 
 template <int D, bool BF16>
@@ -511,7 +588,7 @@ cudaError_t
 launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   if (sift_cuda_attn_rows_per_block (c.q_heads / c.kv_heads * c.n_q) == 16)
-    return decode_launch_ds<D, BF16, DECODE_STAGES> (c, stream);
+    return c.n_blocks > 1 ? DecodeFor<D, BF16, true>::launch (c, stream) : DecodeFor<D, BF16, false>::launch (c, stream);
   return (cudaError_t) sift_cuda_prefill_launch (&c, stream);
 }
 
@@ -524,13 +601,13 @@ sift_cuda_attn_rows_per_block (int32_t rows)
 }
 
 extern "C" int
-sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows)
+sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows, int32_t paged)
 {
   if (sift_cuda_attn_rows_per_block (rows) != 16)
     return sift_cuda_prefill_blocks_per_sm (head_dim, bf16);
   if (head_dim == 64)
-    return bf16 ? decode_resident<64, true> () : decode_resident<64, false> ();
-  return bf16 ? decode_resident<128, true> () : decode_resident<128, false> ();
+    return bf16 ? decode_resident<64, true> (paged) : decode_resident<64, false> (paged);
+  return bf16 ? decode_resident<128, true> (paged) : decode_resident<128, false> (paged);
 }
 
 extern "C" int
@@ -542,7 +619,8 @@ sift_cuda_attn_launch (const SiftCudaAttnCall *c, void *stream_)
     e = c->bf16 ? launch_rows<64, true> (*c, stream) : launch_rows<64, false> (*c, stream);
   else
     e = c->bf16 ? launch_rows<128, true> (*c, stream) : launch_rows<128, false> (*c, stream);
-  if (e != cudaSuccess || c->n_splits <= 1)
+  const bool fused = c->counters != NULL && sift_cuda_attn_rows_per_block (c->q_heads / c->kv_heads * c->n_q) == 16;
+  if (e != cudaSuccess || c->n_splits <= 1 || fused) /* the decode kernel merged its splits */
     return e;
   merge_splits_kernel<<<c->q_heads * c->n_q, MERGE_THREADS, merge_padded (c->n_splits) * sizeof (float), stream>>> (*c);
   return cudaGetLastError ();

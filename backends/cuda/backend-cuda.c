@@ -4,9 +4,9 @@
  * kernels of attn.cu run on a compute stream. Loads run on a copy stream:
  * before each batch of loads the copy stream waits on a "compute done"
  * event recorded on the compute stream (a slot is never overwritten while
- * an earlier attention reads it), each transfer's event is recorded after
- * its copy ("slot ready"), and event_wait makes the compute stream wait on
- * it, so the host only enqueues and H2D overlaps attention as the CPU
+ * an earlier attention reads it), an event is recorded after each copy
+ * call and shared by its transfers ("slot ready"), and event_wait makes
+ * the compute stream wait on it, so the host only enqueues and H2D overlaps attention as the CPU
  * ring's copy worker does. A block of a pinned host store is copied
  * straight from the store; others (a file store, another dtype, a store
  * that held unpinned chunks before) are read and converted on the host
@@ -29,11 +29,21 @@
 /* The pinned arena that buffer_write copies through (grown to fit). */
 #define ARENA_BYTES (8u << 20)
 
-/* A transfer event: recorded on the copy stream after the transfers given
- * it; `error` is a failed staged read (found when it was submitted). */
-struct _SiftEvent {
+/* A point on the copy stream after one copy call (a run of whole blocks,
+ * a batch of kv-head pieces, one staged block), shared by the transfers
+ * of that call: one record for the call and, in event_wait, one stream
+ * wait for its transfers, instead of one of each per transfer. Counted:
+ * back to the backend's pool when no transfer event holds it. */
+typedef struct {
   cudaEvent_t ev;
-  gboolean recorded;
+  gint refs;
+} Mark;
+
+/* A transfer event: the mark of the copy call that carried its last
+ * transfer (NULL: never recorded); `error` is a failed staged read (found
+ * when it was submitted). */
+struct _SiftEvent {
+  Mark *mark;
   GError *error;
 };
 
@@ -72,6 +82,8 @@ typedef struct {
   gsize arena_size, arena_at;
   cudaEvent_t arena_ev;      /* recorded after the last write that used the arena */
   GArray *piece_dst, *piece_src, *piece_size; /* a batch of copies being built (run_loads) */
+  GPtrArray *marks;          /* Mark, every one made (freed with the backend) */
+  GPtrArray *marks_free;     /* Mark, held by no event */
   GArray *timed;             /* Timed, not yet read */
   GArray *event_pool;        /* cudaEvent_t with timing, free */
   GError *sticky;            /* the first CUDA failure of an asynchronous call */
@@ -201,19 +213,21 @@ pinned_free (void *p, gsize size)
   cudaFreeHost (p);
 }
 
-/* Whether [p, p + n) lies inside one pinned allocation. */
-static gboolean
-one_allocation (const guint8 *p, gsize n)
+/* The end of the pinned allocation that holds p (0: none): a run of
+ * copies from p may extend up to it, one lookup per run. */
+static guintptr
+pinned_end (const guint8 *p)
 {
-  gboolean in = FALSE;
+  guintptr end = 0;
   g_mutex_lock (&pinned_lock);
-  for (guint i = 0; pinned_ranges != NULL && i < pinned_ranges->len && !in; i++)
+  for (guint i = 0; pinned_ranges != NULL && i < pinned_ranges->len && end == 0; i++)
     {
       const PinnedRange *r = &g_array_index (pinned_ranges, PinnedRange, i);
-      in = (guintptr) p >= r->lo && (guintptr) p + n <= r->hi;
+      if ((guintptr) p >= r->lo && (guintptr) p < r->hi)
+        end = r->hi;
     }
   g_mutex_unlock (&pinned_lock);
-  return in;
+  return end;
 }
 
 static void *
@@ -343,6 +357,43 @@ cuda_can_map (SiftBackend *backend, SiftStore *store, SiftDType compute_dtype)
 /* ---- Transfers ------------------------------------------------------------ */
 
 static void
+mark_drop (CudaBackend *b, Mark *m)
+{
+  if (m != NULL && --m->refs == 0)
+    g_ptr_array_add (b->marks_free, m);
+}
+
+/* A mark recorded now on the copy stream, after every copy submitted so far. */
+static Mark *
+mark_record (CudaBackend *b)
+{
+  Mark *m;
+  if (b->marks_free->len > 0)
+    m = g_ptr_array_steal_index_fast (b->marks_free, b->marks_free->len - 1);
+  else
+    {
+      m = g_new0 (Mark, 1);
+      note_failure (b, cudaEventCreateWithFlags (&m->ev, cudaEventDisableTiming), "cudaEventCreate");
+      g_ptr_array_add (b->marks, m);
+    }
+  cudaEventRecord (m->ev, b->xs);
+  return m;
+}
+
+/* Gives the n transfers' events the mark m (m was recorded after their copies). */
+static void
+mark_events (CudaBackend *b, const SiftTransfer *t, gsize n, Mark *m)
+{
+  for (gsize j = 0; j < n; j++)
+    {
+      SiftEvent *ev = t[j].event;
+      m->refs++;
+      mark_drop (b, ev->mark);
+      ev->mark = m;
+    }
+}
+
+static void
 event_fail (SiftEvent *ev, GError *err)
 {
   if (ev->error == NULL)
@@ -353,19 +404,36 @@ event_fail (SiftEvent *ev, GError *err)
 
 /* Copies one half (K or V: [n_kv_heads][block_size][head_dim] compute
  * elements at src, host) into dst of `cap` tokens per head, on the copy
- * stream: one 2D copy. */
+ * stream: one 2D copy per run of the kv heads asked for (kv_heads as
+ * SiftTransfer's: 0, every head, one copy). */
 static void
-copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src)
+copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src, guint64 kv_heads)
 {
   const SiftModelShape *s = &b->shape;
   const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
   const gsize pitch = (gsize) cap * (gsize) s->head_dim * b->es;
-  note_failure (b, cudaMemcpy2DAsync (dst, pitch, src, width, width, (gsize) s->n_kv_heads, cudaMemcpyHostToDevice,
-                                      b->xs), "copy to the GPU (a half, 2D)");
+  const gint32 n = s->n_kv_heads;
+  const gboolean all = kv_heads == 0 || n > 64;
+  for (gint32 h0 = 0; h0 < n;)
+    {
+      if (!all && !((kv_heads >> h0) & 1))
+        {
+          h0++;
+          continue;
+        }
+      gint32 h1 = h0 + 1;
+      while (h1 < n && (all || ((kv_heads >> h1) & 1)))
+        h1++;
+      note_failure (b, cudaMemcpy2DAsync (dst + (gsize) h0 * pitch, pitch, src + (gsize) h0 * width, width, width,
+                                          (gsize) (h1 - h0), cudaMemcpyHostToDevice, b->xs),
+                    "copy to the GPU (a half, 2D)");
+      h0 = h1;
+    }
 }
 
 /* A staged load: the stored half (or both) read on the host into pinned
- * staging, converted to the compute dtype, copied from there. */
+ * staging, converted to the compute dtype, copied from there, the kv heads
+ * asked for only (a packed slot holds other blocks' rows in the others). */
 static gboolean
 load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, GError **error)
 {
@@ -385,7 +453,7 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
         continue;
       guint8 *block = sg->block + (gsize) h * half;
       sift_convert (sg->stored + (gsize) at * kb, st->config.dtype, block, b->compute, elems);
-      copy_half (b, h == 0 ? t->k : t->v, t->cap, block);
+      copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
       at++;
     }
   cudaEventRecord (sg->free_ev, b->xs);
@@ -477,7 +545,8 @@ copy_batch (CudaBackend *b, GArray *dst, GArray *src, GArray *size)
  * slots filled from consecutive stored blocks) are one copy; runs of
  * in-place loads of some kv heads are one batch of copies, those heads'
  * rows only; other in-place loads one 2D copy per half; the rest are
- * staged (all heads). Each transfer's event is recorded after its copy. */
+ * staged (all heads). One mark is recorded after each copy call and
+ * given to the events of its transfers. */
 static void
 run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
 {
@@ -505,19 +574,17 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
             }
           copy_batch (b, b->piece_dst, b->piece_src, b->piece_size);
           for (gsize j = i; j < i + run; j++)
-            {
-              b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], TRUE, each[j - i], 0.0, NULL);
-              cudaEventRecord (t[j].event->ev, b->xs);
-              t[j].event->recorded = TRUE;
-            }
+            b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], TRUE, each[j - i], 0.0, NULL);
+          mark_events (b, t + i, run, mark_record (b));
           i += run;
           continue;
         }
       if (p != NULL && whole_block (b, ti))
         {
+          const guintptr end = pinned_end (p);
           while (i + run < n && t[i + run].kind == SIFT_TRANSFER_LOAD && whole_block (b, &t[i + run])
                  && t[i + run].k == ti->k + run * bb && in_place (b, &t[i + run]) == p + run * bb
-                 && one_allocation (p, (run + 1) * bb))
+                 && (guintptr) p + (run + 1) * bb <= end)
             run++;
           note_failure (b, cudaMemcpyAsync (ti->k, p, run * bb, cudaMemcpyHostToDevice, b->xs),
                         "copy to the GPU (blocks to slots)");
@@ -525,9 +592,9 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
       else if (p != NULL)
         {
           if (want_k)
-            copy_half (b, ti->k, ti->cap, p);
+            copy_half (b, ti->k, ti->cap, p, 0);
           if (want_v)
-            copy_half (b, ti->v, ti->cap, p + kb);
+            copy_half (b, ti->v, ti->cap, p + kb, 0);
         }
       else
         ok = load_staged (b, ti, want_k, want_v, &err);
@@ -536,9 +603,8 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
           b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], ok, ok ? bytes : 0, 0.0, err);
           if (!ok)
             event_fail (t[j].event, err);
-          cudaEventRecord (t[j].event->ev, b->xs);
-          t[j].event->recorded = TRUE;
         }
+      mark_events (b, t + i, run, mark_record (b));
       i += run;
     }
 }
@@ -627,19 +693,16 @@ cuda_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
 static SiftEvent *
 cuda_event_new (SiftBackend *backend)
 {
-  CudaBackend *b = (CudaBackend *) backend;
-  SiftEvent *ev = g_new0 (SiftEvent, 1);
-  note_failure (b, cudaEventCreateWithFlags (&ev->ev, cudaEventDisableTiming), "cudaEventCreate");
-  return ev;
+  (void) backend;
+  return g_new0 (SiftEvent, 1);
 }
 
 static void
 cuda_event_free (SiftBackend *backend, SiftEvent *ev)
 {
-  (void) backend;
   if (ev == NULL)
     return;
-  cudaEventDestroy (ev->ev);
+  mark_drop ((CudaBackend *) backend, ev->mark);
   g_clear_error (&ev->error);
   g_free (ev);
 }
@@ -648,7 +711,7 @@ static SiftEventState
 cuda_event_query (SiftBackend *backend, SiftEvent *ev)
 {
   (void) backend;
-  if (ev->recorded && cudaEventQuery (ev->ev) == cudaErrorNotReady)
+  if (ev->mark != NULL && cudaEventQuery (ev->mark->ev) == cudaErrorNotReady)
     {
       cudaGetLastError ();
       return SIFT_EVENT_PENDING;
@@ -656,8 +719,9 @@ cuda_event_query (SiftBackend *backend, SiftEvent *ev)
   return ev->error != NULL ? SIFT_EVENT_FAILED : SIFT_EVENT_DONE;
 }
 
-/* The compute stream waits for the events (the host goes on); the wait is
- * timed on the compute stream as stalled time. */
+/* The compute stream waits for the events (the host goes on), once per
+ * mark where several share one; the wait is timed on the compute stream
+ * as stalled time. */
 static gboolean
 cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize *n_ok, GError **error)
 {
@@ -666,6 +730,7 @@ cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize 
   gboolean ok = TRUE;
   Timed tm = { 0 };
   gboolean timing = FALSE;
+  const Mark *waited = NULL; /* the last mark waited for: transfers of one copy call come together */
   for (; i < n; i++)
     {
       SiftEvent *ev = events[i];
@@ -676,11 +741,12 @@ cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize 
           ok = FALSE;
           break;
         }
-      if (!ev->recorded)
+      if (ev->mark == NULL || ev->mark == waited)
         continue;
       if (!timing)
         tm = time_begin (b, b->cs, TIME_STALL), timing = TRUE;
-      cudaStreamWaitEvent (b->cs, ev->ev, 0);
+      cudaStreamWaitEvent (b->cs, ev->mark->ev, 0);
+      waited = ev->mark;
     }
   if (timing)
     time_end (b, &tm, b->cs);
@@ -794,6 +860,14 @@ cuda_free (SiftBackend *backend)
     cudaEventDestroy (g_array_index (b->event_pool, cudaEvent_t, i));
   g_array_unref (b->timed);
   g_array_unref (b->event_pool);
+  for (guint i = 0; i < b->marks->len; i++)
+    {
+      Mark *m = g_ptr_array_index (b->marks, i);
+      cudaEventDestroy (m->ev);
+      g_free (m);
+    }
+  g_ptr_array_unref (b->marks);
+  g_ptr_array_unref (b->marks_free);
   g_array_unref (b->piece_dst);
   g_array_unref (b->piece_src);
   g_array_unref (b->piece_size);
@@ -865,6 +939,8 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   b->compute = setup->compute_dtype;
   b->es = sift_dtype_size (b->compute);
   b->timed = g_array_new (FALSE, FALSE, sizeof (Timed));
+  b->marks = g_ptr_array_new ();
+  b->marks_free = g_ptr_array_new ();
   b->event_pool = g_array_new (FALSE, FALSE, sizeof (cudaEvent_t));
   b->piece_dst = g_array_new (FALSE, FALSE, sizeof (void *));
   b->piece_src = g_array_new (FALSE, FALSE, sizeof (const void *));

@@ -15,6 +15,8 @@ typedef struct {
   void *table;          /* device, table_cap entries */
   void *table_host;     /* the entries the device table holds */
   gsize table_cap, table_n;
+  void *counters;       /* device, counters_n zeros: the decode kernel's fused split merge */
+  gsize counters_n;
 } SiftCudaScratch;
 
 void sift_cuda_scratch_clear (SiftCudaScratch *scratch);

@@ -204,6 +204,7 @@ sift_cuda_scratch_clear (SiftCudaScratch *sc)
 {
   cudaFree (sc->ptr);
   cudaFree (sc->table);
+  cudaFree (sc->counters);
   g_free (sc->table_host);
   *sc = (SiftCudaScratch) { 0 };
 }
@@ -224,11 +225,32 @@ unsupported (GError **error, const char *fmt, ...)
   return FALSE;
 }
 
+/* n zeroed counters of the decode kernel's fused split merge: zeroed once
+ * on the stream when allocated; each call leaves them at 0 again. */
+static unsigned int *
+counters_get (SiftCudaScratch *sc, gsize n, cudaStream_t stream, GError **error)
+{
+  if (sc->counters_n < n)
+    {
+      cudaFree (sc->counters);
+      sc->counters = NULL;
+      sc->counters_n = 0;
+      gsize cap = MAX (n, 64);
+      if (!check (cudaMalloc (&sc->counters, cap * sizeof (unsigned int)), "cudaMalloc (split counters)", error)
+          || !check (cudaMemsetAsync (sc->counters, 0, cap * sizeof (unsigned int), stream),
+                     "cudaMemsetAsync (split counters)", error))
+        return NULL;
+      sc->counters_n = cap;
+    }
+  return sc->counters;
+}
+
 /* Puts the block table t[0..n) in the scratch's device table: only the
  * entries from the first that differs from what it holds are written, by
  * kernels on the stream (ordered after the calls that read the old ones). */
 static const SiftCudaKvBlock *
-table_put (SiftCudaScratch *sc, const SiftCudaKvBlock *t, gsize n, cudaStream_t stream, GError **error)
+table_put (SiftCudaScratch *sc, const SiftCudaKvBlock *t, gsize n, cudaStream_t stream, cudaEvent_t *start,
+           GError **error)
 {
   if (n > G_MAXINT32)
     {
@@ -255,6 +277,9 @@ table_put (SiftCudaScratch *sc, const SiftCudaKvBlock *t, gsize n, cudaStream_t 
     {
       const gsize held_n = sc->table_n;
       sc->table_n = 0; /* unknown if a launch fails */
+      if (*start != NULL) /* the call's first launch */
+        cudaEventRecord (*start, stream);
+      *start = NULL;
       if (!check (sift_cuda_table_launch ((SiftCudaKvBlock *) sc->table + same, t + same, (int32_t) (n - same), stream),
                   "block table kernel launch", error))
         return NULL;
@@ -346,14 +371,11 @@ run (const SiftAttnArgs *a, const guint64 *kv_heads, cudaStream_t stream, SiftCu
   const int32_t rows32 = (int32_t) MIN (rows, G_MAXINT32);
   const gint64 per_rb = sift_cuda_attn_rows_per_block (rows32);
   const gint64 blocks = (rows + per_rb - 1) / per_rb * a->k->n_heads;
-  const gint64 slots = (gint64) sift_cuda_attn_blocks_per_sm (d, c.bf16, rows32) * sm_count;
+  const gint64 slots = (gint64) sift_cuda_attn_blocks_per_sm (d, c.bf16, rows32, a->n_blocks > 1) * sm_count;
   gint64 splits = MIN (slots / blocks, MAX (c.n_kv / 64, 1));
   splits = CLAMP (splits, 1, 1024);
   c.split_len = (int32_t) ((c.n_kv + splits - 1) / splits + 63) / 64 * 64;
   c.n_splits = c.split_len > 0 ? (int32_t) ((c.n_kv + c.split_len - 1) / c.split_len) : 1;
-
-  if (start != NULL)
-    cudaEventRecord (start, stream); /* the GPU's time starts here, after the host's preparation */
 
   /* The block table goes to the device by a kernel that carries it as
    * parameters (sift_cuda_table_launch says why not a copy or mapped
@@ -367,7 +389,7 @@ run (const SiftAttnArgs *a, const guint64 *kv_heads, cudaStream_t stream, SiftCu
           if (kv_heads != NULL)
             t[b].heads = kv_heads[b];
         }
-      if ((c.blocks = table_put (sc, t, a->n_blocks, stream, error)) == NULL)
+      if ((c.blocks = table_put (sc, t, a->n_blocks, stream, &start, error)) == NULL)
         return FALSE;
       c.n_blocks = (int32_t) a->n_blocks;
       c.one = t[0]; /* only its pointers are read, for copies of 0 bytes */
@@ -378,7 +400,16 @@ run (const SiftAttnArgs *a, const guint64 *kv_heads, cudaStream_t stream, SiftCu
       if ((c.part_o = scratch_get (sc, part, error)) == NULL)
         return FALSE;
       c.part_l = c.part_o + (gsize) c.n_splits * q->n_heads * q->n_tokens * d;
+      /* Decode rows merge their splits in the decode kernel (its last
+       * block per kv head), not in a second launch. */
+      if (per_rb == 16 && (c.counters = counters_get (sc, (gsize) c.kv_heads, stream, error)) == NULL)
+        return FALSE;
     }
+  /* The GPU's time starts at the call's first launch (the table's, or
+   * this one), after the host's preparation: building and comparing a
+   * table of 1025 entries took longer than a short call's kernels. */
+  if (start != NULL)
+    cudaEventRecord (start, stream);
   return check (sift_cuda_attn_launch (&c, stream), "attention kernel launch", error);
 }
 

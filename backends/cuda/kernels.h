@@ -43,15 +43,18 @@ typedef struct {
   int32_t split_len;   /* keys per split, a multiple of 64 */
   float *part_o;       /* [n_splits][q_heads][n_q][head_dim] when n_splits > 1 */
   float *part_l;       /* [n_splits][q_heads][n_q] (natural log) */
+  unsigned int *counters; /* decode rows, n_splits > 1: [kv_heads] zeros (device), the splits done per kv head,
+                           * the last merges them (left at 0 again); NULL: a second launch merges */
 } SiftCudaAttnCall;
 
 /* Query rows of one thread block: 16 for up to 16 rows (group x queries),
  * else SIFT_CUDA_PREFILL_ROWS. */
 int sift_cuda_attn_rows_per_block (int32_t rows);
 
-/* Thread blocks of the attention kernel for these arguments that one SM
- * holds at once (shared memory and registers permitting). */
-int sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows);
+/* Thread blocks of the attention kernel for these arguments (paged: a
+ * call through a block table) that one SM holds at once (shared memory
+ * and registers permitting). */
+int sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows, int32_t paged);
 
 /* Launches the attention (and, with n_splits > 1, the merge of the splits)
  * on `stream`; returns a cudaError_t. */

@@ -198,7 +198,10 @@ gguf_writer_to_bytes (GgufWriter *w)
       gguf_put_u64 (b, offset);
       offset = align_up (offset + g_bytes_get_size (t->data), w->alignment);
     }
+  /* The header's padding is zeros (set_size leaves new bytes as they were). */
+  const guint header = b->len;
   g_byte_array_set_size (b, (guint) align_up (b->len, w->alignment));
+  memset (b->data + header, 0, b->len - header);
   for (guint i = 0; i < w->tensors->len; i++)
     {
       PendingTensor *t = &g_array_index (w->tensors, PendingTensor, i);

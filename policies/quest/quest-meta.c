@@ -8,8 +8,9 @@ QuestMeta *
 quest_meta_new (gint32 n_layers, gint32 n_kv_heads, gint32 head_dim)
 {
   QuestMeta *meta = g_new0 (QuestMeta, 1);
-  *meta = (QuestMeta) { n_layers, n_kv_heads, head_dim, 0, g_new0 (float *, n_layers),
-                        g_new0 (guint8 *, n_layers), g_new0 (gint64, n_layers) };
+  *meta = (QuestMeta) { .n_layers = n_layers, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
+                        .box = g_new0 (float *, n_layers), .present = g_new0 (guint8 *, n_layers),
+                        .capacity = g_new0 (gint64, n_layers) };
   return meta;
 }
 
@@ -29,6 +30,8 @@ void
 quest_meta_free (QuestMeta *meta)
 {
   quest_meta_clear (meta);
+  g_free (meta->rows);
+  g_free (meta->work);
   g_free (meta->box);
   g_free (meta->present);
   g_free (meta->capacity);
@@ -107,13 +110,73 @@ quest_bound (const float *q, const float *kmin, const float *kmax, gint32 head_d
   return s;
 }
 
+/* Multiply-adds below which the scoring stays on the calling thread: a
+ * parallel loop costs some microseconds of waking the pool. */
+#define BOUNDS_SERIAL_WORK ((gsize) 1 << 18)
+
+static float *
+grow (float **p, gsize *size, gsize want)
+{
+  if (*size < want)
+    {
+      g_free (*p);
+      *p = g_new (float, want);
+      *size = want;
+    }
+  return *p;
+}
+
+void
+quest_bounds_score (const QuestBounds *a, gint32 g, gsize b0, gsize nb, gint worker)
+{
+  const QuestMeta *meta = a->meta;
+  const gint32 d = meta->head_dim, nkv = meta->n_kv_heads, group = a->group;
+  const gsize w = 2 * (gsize) d, n = a->n;
+  const gint64 n_rows = a->n_rows;
+  float *cols = meta->work + (gsize) worker * a->work_floats; /* [QUEST_BOUNDS_CHUNK][w], gathered boxes */
+  float *dots = cols + QUEST_BOUNDS_CHUNK * w;                 /* [group * n_rows][nb] */
+  const float *c = cols;
+  gsize c_stride = w;
+  if (a->run)
+    {
+      c = quest_meta_block (meta, a->layer, a->available[b0]) + (gsize) g * w;
+      c_stride = (gsize) nkv * w;
+    }
+  else
+    for (gsize b = 0; b < nb; b++)
+      memcpy (cols + b * w, quest_meta_block (meta, a->layer, a->available[b0 + b]) + (gsize) g * w,
+              w * sizeof (float));
+  sift_score_tile (meta->rows + (gsize) g * group * n_rows * w, w, group * n_rows, c, c_stride, (gint64) nb, w, dots);
+  for (gint32 hh = 0; hh < group; hh++)
+    for (gsize b = 0; b < nb; b++)
+      {
+        float best = -INFINITY;
+        for (gint64 t = 0; t < n_rows; t++)
+          best = fmaxf (best, dots[((gsize) hh * n_rows + (gsize) t) * nb + b]);
+        a->out[(gsize) (g * group + hh) * n + b0 + b] = best;
+      }
+}
+
+/* Tasks [begin, end): task i is kv head i / n_chunks over the blocks of
+ * chunk i % n_chunks. */
+static void
+bounds_tasks (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  const QuestBounds *a = data;
+  for (gint64 task = begin; task < end; task++)
+    {
+      const gsize b0 = (gsize) (task % (gint64) a->n_chunks) * QUEST_BOUNDS_CHUNK;
+      quest_bounds_score (a, (gint32) (task / (gint64) a->n_chunks), b0, MIN (QUEST_BOUNDS_CHUNK, a->n - b0), worker);
+    }
+}
+
 /* max(q_i M_i, q_i m_i) is q_i M_i for q_i >= 0 and q_i m_i otherwise, so
  * with a row split into [max(q, 0) | min(q, 0)] and a box stored
  * [kmax | kmin], a bound is a dot product of 2 head_dim: one
- * sift_score_tile per kv head. */
+ * sift_score_tile per kv head and chunk of blocks. */
 gboolean
-quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
-                   const gint64 *available, gsize n, float *out, GError **error)
+quest_bounds_prepare (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query, const gint64 *available,
+                      gsize n, float *out, QuestBounds *qb, GError **error)
 {
   const gint32 d = meta->head_dim, nq = q->n_heads, nkv = meta->n_kv_heads;
   if (!sift_view_check (q, "quest: q", error))
@@ -128,17 +191,16 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
   const gint32 group = nq / nkv;
   const gint64 n_rows = mean_query ? 1 : q->n_tokens;
   const gsize w = 2 * (gsize) d;
-  g_autofree float *rows = g_new0 (float, (gsize) nq * n_rows * w); /* [nq][n_rows][max part | min part] */
-  g_autofree float *cols = NULL;                                      /* [n] boxes of one kv head, gathered */
-  g_autofree float *dots = g_new (float, (gsize) group * n_rows * MAX (n, 1));
-  g_autofree float *x = g_new (float, d);
+  float *rows = grow (&meta->rows, &meta->rows_size, (gsize) nq * n_rows * w); /* [nq][n_rows][max part | min part] */
+  memset (rows, 0, (gsize) nq * n_rows * w * sizeof (float));
+  g_autofree float *xr = g_new (float, d);
   for (gint32 h = 0; h < nq; h++)
     for (gint64 t = 0; t < q->n_tokens; t++)
       {
         float *r = rows + ((gsize) h * n_rows + (gsize) (mean_query ? 0 : t)) * w;
-        sift_view_row_to_f32 (q, h, t, x);
+        sift_view_row_to_f32 (q, h, t, xr);
         for (gint32 i = 0; i < d; i++)
-          r[i] += mean_query ? x[i] / (float) q->n_tokens : x[i];
+          r[i] += mean_query ? xr[i] / (float) q->n_tokens : xr[i];
       }
   for (gsize r = 0; r < (gsize) nq * n_rows; r++)
     for (gint32 i = 0; i < d; i++)
@@ -149,7 +211,7 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
       }
   /* Blocks available as one run of ids (a decode step without eviction:
    * 0 .. n-1) are read in place, head g's boxes n_kv_heads * w apart;
-   * otherwise each kv head's boxes are gathered first. */
+   * otherwise each task gathers its kv head's boxes first. */
   gboolean run = n > 0;
   for (gsize b = 0; b < n; b++)
     {
@@ -162,30 +224,25 @@ quest_head_bounds (const QuestMeta *meta, gint32 layer, const SiftView *q, gbool
         }
       run = run && available[b] == available[0] + (gint64) b;
     }
-  if (!run)
-    cols = g_new (float, MAX (n, 1) * w);
-  for (gint32 g = 0; g < nkv; g++)
-    {
-      const float *c = cols;
-      gsize c_stride = w;
-      if (run)
-        {
-          c = quest_meta_block (meta, layer, available[0]) + (gsize) g * w;
-          c_stride = (gsize) nkv * w;
-        }
-      else
-        for (gsize b = 0; b < n; b++)
-          memcpy (cols + b * w, quest_meta_block (meta, layer, available[b]) + (gsize) g * w, w * sizeof (float));
-      sift_score_tile (rows + (gsize) g * group * n_rows * w, w, group * n_rows, c, c_stride, (gint64) n, w, dots);
-      for (gint32 hh = 0; hh < group; hh++)
-        for (gsize b = 0; b < n; b++)
-          {
-            float best = -INFINITY;
-            for (gint64 t = 0; t < n_rows; t++)
-              best = fmaxf (best, dots[((gsize) hh * n_rows + (gsize) t) * n + b]);
-            out[(gsize) (g * group + hh) * n + b] = best;
-          }
-    }
+  *qb = (QuestBounds) { meta, layer, group, n_rows, available, n, (n + QUEST_BOUNDS_CHUNK - 1) / QUEST_BOUNDS_CHUNK,
+                        QUEST_BOUNDS_CHUNK * w + (gsize) group * n_rows * QUEST_BOUNDS_CHUNK, run, out };
+  grow (&meta->work, &meta->work_size, (gsize) sift_parallel_n_threads () * qb->work_floats);
   return TRUE;
 }
 
+gboolean
+quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
+                   const gint64 *available, gsize n, float *out, GError **error)
+{
+  QuestBounds a;
+  if (!quest_bounds_prepare (meta, layer, q, mean_query, available, n, out, &a, error))
+    return FALSE;
+  if (n == 0)
+    return TRUE;
+  const gint64 tasks = (gint64) meta->n_kv_heads * (gint64) a.n_chunks;
+  const gsize task_work = MIN (n, (gsize) QUEST_BOUNDS_CHUNK) * 2 * (gsize) meta->head_dim * (gsize) a.group
+                          * (gsize) a.n_rows;
+  const gint64 grain = (gint64) MAX ((gsize) 1, BOUNDS_SERIAL_WORK / MAX (task_work, (gsize) 1));
+  sift_parallel_for (tasks, grain, bounds_tasks, &a);
+  return TRUE;
+}

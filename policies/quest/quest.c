@@ -21,20 +21,29 @@ quest_n_rankings (QuestMode mode, gint32 n_q_heads, gint32 n_kv_heads)
   return mode == QUEST_MODE_SHARED ? 1 : mode == QUEST_MODE_PER_Q_HEAD ? n_q_heads : n_kv_heads;
 }
 
+/* Ranking r alone into out [n]. */
+static void
+quest_rank_one (const float *bounds, gint32 n_q_heads, gint32 n_kv_heads, gsize n, QuestMode mode, QuestReduce reduce,
+                gint32 r, float *out)
+{
+  const gint32 per = n_q_heads / quest_n_rankings (mode, n_q_heads, n_kv_heads);
+  for (gsize b = 0; b < n; b++)
+    {
+      float acc = reduce == QUEST_REDUCE_MAX ? -INFINITY : 0.0f;
+      for (gint32 h = r * per; h < (r + 1) * per; h++)
+        acc = reduce == QUEST_REDUCE_MAX ? fmaxf (acc, bounds[(gsize) h * n + b])
+                                         : acc + bounds[(gsize) h * n + b] / (float) per;
+      out[b] = acc;
+    }
+}
+
 static void
 quest_rank (const float *bounds, gint32 n_q_heads, gint32 n_kv_heads, gsize n, QuestMode mode, QuestReduce reduce,
             float *out)
 {
-  const gint32 n_rank = quest_n_rankings (mode, n_q_heads, n_kv_heads), per = n_q_heads / n_rank;
+  const gint32 n_rank = quest_n_rankings (mode, n_q_heads, n_kv_heads);
   for (gint32 r = 0; r < n_rank; r++)
-    for (gsize b = 0; b < n; b++)
-      {
-        float acc = reduce == QUEST_REDUCE_MAX ? -INFINITY : 0.0f;
-        for (gint32 h = r * per; h < (r + 1) * per; h++)
-          acc = reduce == QUEST_REDUCE_MAX ? fmaxf (acc, bounds[(gsize) h * n + b])
-                                           : acc + bounds[(gsize) h * n + b] / (float) per;
-        out[(gsize) r * n + b] = acc;
-      }
+    quest_rank_one (bounds, n_q_heads, n_kv_heads, n, mode, reduce, r, out + (gsize) r * n);
 }
 
 /* ---- The plugin -------------------------------------------------------- */
@@ -49,6 +58,11 @@ typedef struct {
   gboolean prefill;       /* select in prefill too (with the chunk's mean query) */
   gboolean *dense_layer;  /* [n_layers] */
   QuestMeta *meta;
+  /* select_blocks' scratch, grown to the blocks of the longest call. */
+  float *bounds;          /* [n_q_heads][n] */
+  float *rank;            /* [n_rank][n] */
+  guint8 *keep;           /* [n_rank][n] */
+  gsize scratch_blocks;
 } Quest;
 
 static const SiftParamSpec quest_params[] = {
@@ -110,6 +124,9 @@ quest_finalize (SiftPolicy *policy)
   Quest *self = (Quest *) policy;
   g_clear_pointer (&self->meta, quest_meta_free);
   g_clear_pointer (&self->dense_layer, g_free);
+  g_clear_pointer (&self->bounds, g_free);
+  g_clear_pointer (&self->rank, g_free);
+  g_clear_pointer (&self->keep, g_free);
 }
 
 static void
@@ -150,6 +167,40 @@ fill_missing_bounds (Quest *self, const SiftPolicyContext *ctx, const gint64 *av
   return sift_engine_stream_end (stream);
 }
 
+/* Multiply-adds of a call's bounds below which the per-kv-head picking
+ * stays on the calling thread. */
+#define PICK_SERIAL_WORK ((gsize) 1 << 19)
+
+typedef struct {
+  Quest *self;
+  const gint64 *available;
+  gsize n;
+  float *bounds, *rank;
+  guint8 *keep;
+  QuestBounds qb;
+} Picking;
+
+/* Kv heads [begin, end): each its group's bounds over every block (in
+ * chunks, as quest_head_bounds scores them: the same bits), its ranking,
+ * its pick into keep[g]. */
+static void
+pick_tasks (gint64 begin, gint64 end, gint worker, gpointer data)
+{
+  const Picking *pk = data;
+  const Quest *self = pk->self;
+  const SiftModelShape *shape = self->parent.shape;
+  const gsize n = pk->n;
+  for (gint32 g = (gint32) begin; g < (gint32) end; g++)
+    {
+      for (gsize b0 = 0; b0 < n; b0 += QUEST_BOUNDS_CHUNK)
+        quest_bounds_score (&pk->qb, g, b0, MIN (QUEST_BOUNDS_CHUNK, n - b0), worker);
+      quest_rank_one (pk->bounds, shape->n_q_heads, shape->n_kv_heads, n, self->mode, self->reduce, g,
+                      pk->rank + (gsize) g * n);
+      sift_top_k (pk->rank + (gsize) g * n, n, (gsize) self->budget_blocks, (gsize) self->sink_blocks,
+                  (gsize) self->recent_blocks, pk->keep + (gsize) g * n);
+    }
+}
+
 static gboolean
 quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gint64 *available, gsize n,
                      SiftSelection *selected, GError **error)
@@ -165,24 +216,47 @@ quest_select_blocks (SiftPolicy *policy, const SiftPolicyContext *ctx, const gin
       return TRUE;
     }
   const gint32 n_rank = quest_n_rankings (self->mode, shape->n_q_heads, shape->n_kv_heads);
-  g_autofree float *bounds = g_new (float, (gsize) shape->n_q_heads * n); /* [n_q_heads][n] */
-  g_autofree float *rank = g_new (float, (gsize) n_rank * n);             /* [n_rank][n] */
-  g_autofree guint8 *keep = g_new (guint8, n);
-  if (!fill_missing_bounds (self, ctx, available, n, error)
-      || !quest_head_bounds (self->meta, ctx->layer, &ctx->q, ctx->phase == SIFT_PHASE_PREFILL, available, n,
-                             bounds, error))
+  if (n > self->scratch_blocks)
+    {
+      self->scratch_blocks = MAX (n, 2 * self->scratch_blocks);
+      g_free (self->bounds), g_free (self->rank), g_free (self->keep);
+      self->bounds = g_new (float, (gsize) shape->n_q_heads * self->scratch_blocks);
+      self->rank = g_new (float, (gsize) shape->n_q_heads * self->scratch_blocks); /* n_rank <= n_q_heads */
+      self->keep = g_new (guint8, (gsize) shape->n_q_heads * self->scratch_blocks); /* [n_rank][n] */
+    }
+  float *bounds = self->bounds, *rank = self->rank;
+  guint8 *keep = self->keep;
+  if (!fill_missing_bounds (self, ctx, available, n, error))
     return FALSE;
-  quest_rank (bounds, shape->n_q_heads, shape->n_kv_heads, n, self->mode, self->reduce, rank);
+  if (self->mode == QUEST_MODE_PER_KV_HEAD)
+    {
+      /* A kv head's bounds, ranking and pick in one task: one parallel loop a call. */
+      Picking pk = { .self = self, .available = available, .n = n, .bounds = bounds, .rank = rank, .keep = keep };
+      if (!quest_bounds_prepare (self->meta, ctx->layer, &ctx->q, ctx->phase == SIFT_PHASE_PREFILL, available, n,
+                                 bounds, &pk.qb, error))
+        return FALSE;
+      const gsize work = n * 2 * (gsize) shape->head_dim * (gsize) pk.qb.group * (gsize) pk.qb.n_rows;
+      sift_parallel_for (n_rank, work >= PICK_SERIAL_WORK ? 1 : n_rank, pick_tasks, &pk);
+    }
+  else
+    {
+      if (!quest_head_bounds (self->meta, ctx->layer, &ctx->q, ctx->phase == SIFT_PHASE_PREFILL, available, n, bounds,
+                              error))
+        return FALSE;
+      quest_rank (bounds, shape->n_q_heads, shape->n_kv_heads, n, self->mode, self->reduce, rank);
+      for (gint32 r = 0; r < n_rank; r++)
+        sift_top_k (rank + (gsize) r * n, n, (gsize) self->budget_blocks, (gsize) self->sink_blocks,
+                    (gsize) self->recent_blocks, keep + (gsize) r * n);
+    }
   for (gint32 r = 0; r < n_rank; r++)
     {
-      sift_top_k (rank + (gsize) r * n, n, (gsize) self->budget_blocks, (gsize) self->sink_blocks,
-                  (gsize) self->recent_blocks, keep);
+      const guint8 *kept = keep + (gsize) r * n;
       for (gsize b = 0; b < n; b++)
-        if (keep[b] && self->mode == QUEST_MODE_SHARED)
+        if (kept[b] && self->mode == QUEST_MODE_SHARED)
           sift_selection_add (selected, available[b]);
-        else if (keep[b] && self->mode == QUEST_MODE_PER_Q_HEAD)
+        else if (kept[b] && self->mode == QUEST_MODE_PER_Q_HEAD)
           sift_selection_add_q_head (selected, available[b], r);
-        else if (keep[b])
+        else if (kept[b])
           sift_selection_add_kv_head (selected, available[b], r);
     }
   return TRUE;

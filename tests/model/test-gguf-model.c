@@ -1,8 +1,13 @@
 /* A GGUF model behind the model protocol v2, driven by the runner and the
  * engine (host and file stores; f32, f16 and q8_0 blocks; ring and
- * cross-layer pipelines; chunks shorter than the prompt): the logits of
- * resident naive attention (dense-attention.h), within each store dtype's
- * rounding. */
+ * cross-layer pipelines, blocks read in place and copied; chunks shorter
+ * than the prompt): the logits of resident naive attention
+ * (dense-attention.h), within each store dtype's rounding. The weights are
+ * f32: with quantized weights the model quantizes its activations too
+ * (q8_0 codes), and an attention output a few ulp away from the
+ * reference's flips a code now and then, which moves a logit by ~0.02
+ * whatever the KV dtype (seen on AVX2, 4+ layers); the bounds below would
+ * then measure those flips, not the store's rounding. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,7 +31,7 @@ static void
 through_engine (gint32 n_layers)
 {
   GgufRandomModel spec;
-  gguf_random_model_init (&spec, "qwen2", GGUF_TENSOR_Q8_0, 5);
+  gguf_random_model_init (&spec, "qwen2", GGUF_TENSOR_F32, 5);
   spec.n_layers = n_layers;
   g_autofree char *path = g_build_filename (tmpdir, "m.gguf", NULL);
   assert_true (gguf_random_model_write (&spec, path, NULL));
@@ -43,9 +48,11 @@ through_engine (gint32 n_layers)
     SiftPipeline pipeline;
     double tol;
   } cases[] = {
-    { "host", SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 1e-3 },
-    { "file", SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 5e-2 },
-    { "host", SIFT_DTYPE_Q8_0, SIFT_PIPELINE_RING, 2e-1 },
+    /* Measured (5 layers, AVX2): f32 1e-6, f16 5e-4, q8_0 1.3e-2. */
+    { "host", SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 1e-4 },  /* read in place */
+    { "file", SIFT_DTYPE_F32, SIFT_PIPELINE_RING, 1e-4 },  /* copied through 3 ring slots */
+    { "file", SIFT_DTYPE_F16, SIFT_PIPELINE_CROSS_LAYER, 5e-3 },
+    { "host", SIFT_DTYPE_Q8_0, SIFT_PIPELINE_RING, 5e-2 },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {

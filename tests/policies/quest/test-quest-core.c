@@ -259,6 +259,121 @@ test_head_bounds (void **state)
   quest_meta_free (meta);
 }
 
+/* Many blocks (several chunks of the parallel scoring, a short last one):
+ * the bounds are the same bits on 1 thread and on several, read in place
+ * or gathered, and equal to the bits of one sift_score_tile per kv head
+ * over all blocks (the scoring before it was split). */
+static void
+test_head_bounds_threads (void **state)
+{
+  (void) state;
+  g_autoptr (GRand) rng = g_rand_new_with_seed (16);
+  const gint32 nq = 8, nkv = 2, bs = 3, d = 128, n_rows = 2, group = nq / nkv; /* tasks big enough to go parallel */
+  const gsize n = 2 * 128 + 37, w = 2 * (gsize) d;
+  g_autofree float *keys = g_new (float, n * nkv * bs * d);
+  g_autofree float *q = g_new (float, (gsize) nq * n_rows * d);
+  fill_normal (rng, keys, n * nkv * bs * d, 1.0);
+  fill_normal (rng, q, (gsize) nq * n_rows * d, 1.0);
+  QuestMeta *meta = quest_meta_new (1, nkv, d);
+  for (gsize b = 0; b < n; b++)
+    {
+      SiftView kv = sift_view_htd (keys + b * nkv * bs * d, SIFT_DTYPE_F32, nkv, bs, d);
+      assert_true (quest_meta_update (meta, 0, (gint64) b, &kv, bs, NULL));
+    }
+  g_autofree gint64 *run = g_new (gint64, n), *gathered = g_new (gint64, n);
+  for (gsize b = 0; b < n; b++)
+    run[b] = (gint64) b, gathered[b] = (gint64) (n - 1 - b);
+  SiftView qv = sift_view_htd (q, SIFT_DTYPE_F32, nq, n_rows, d);
+  const gsize all = (gsize) nq * n;
+  g_autofree float *one = g_new (float, all), *many = g_new (float, all), *rev = g_new (float, all);
+  g_autofree float *want = g_new (float, all);
+  const gint before = sift_parallel_n_threads ();
+  sift_parallel_set_n_threads (1);
+  assert_true (quest_head_bounds (meta, 0, &qv, FALSE, run, n, one, NULL));
+  sift_parallel_set_n_threads (4);
+  assert_true (quest_head_bounds (meta, 0, &qv, FALSE, run, n, many, NULL));
+  assert_true (quest_head_bounds (meta, 0, &qv, FALSE, gathered, n, rev, NULL));
+  sift_parallel_set_n_threads (before);
+  assert_memory_equal (one, many, all * sizeof (float));
+  for (gint32 h = 0; h < nq; h++)
+    for (gsize b = 0; b < n; b++)
+      assert_memory_equal (&rev[(gsize) h * n + b], &one[(gsize) h * n + (n - 1 - b)], sizeof (float));
+  /* One tile call per kv head over every block, rows split by sign as quest_head_bounds does. */
+  g_autofree float *rows = g_new0 (float, (gsize) nq * n_rows * w), *dots = g_new (float, (gsize) group * n_rows * n);
+  for (gsize r = 0; r < (gsize) nq * n_rows; r++)
+    for (gint32 i = 0; i < d; i++)
+      {
+        rows[r * w + (gsize) i] = MAX (q[r * (gsize) d + (gsize) i], 0.0f);
+        rows[r * w + (gsize) d + (gsize) i] = MIN (q[r * (gsize) d + (gsize) i], 0.0f);
+      }
+  for (gint32 g = 0; g < nkv; g++)
+    {
+      sift_score_tile (rows + (gsize) g * group * n_rows * w, w, group * n_rows, quest_meta_block (meta, 0, 0) + g * w,
+                       (gsize) nkv * w, (gint64) n, w, dots);
+      for (gint32 hh = 0; hh < group; hh++)
+        for (gsize b = 0; b < n; b++)
+          want[(gsize) (g * group + hh) * n + b] = fmaxf (dots[((gsize) hh * n_rows) * n + b],
+                                                          dots[((gsize) hh * n_rows + 1) * n + b]);
+    }
+  assert_memory_equal (want, one, all * sizeof (float));
+  quest_meta_free (meta);
+}
+
+/* select_blocks per kv head (each kv head's bounds, ranking and pick in
+ * one task) answers what the bounds, rankings and picks one after another
+ * answer, on 1 thread and on several: the same blocks for the same heads. */
+static void
+test_select_per_kv_head_threads (void **state)
+{
+  (void) state;
+  g_autoptr (GRand) rng = g_rand_new_with_seed (17);
+  const gint32 nq = 8, nkv = 4, bs = 2, d = 128, n_rows = 4, budget = 9, group = nq / nkv; /* parallel at 4 threads */
+  const gsize n = 3 * 128 + 5;
+  const SiftModelShape shape = { 1, nq, nkv, d, bs, 64, 0.0f };
+  g_autoptr (SiftParams) params = sift_params_new (quest_ops.params, NULL);
+  g_autofree char *top_k = g_strdup_printf ("%d", budget);
+  assert_true (sift_params_set_text (params, "top_k", top_k, NULL));
+  assert_true (sift_params_set_text (params, "dense_layers", "[]", NULL));
+  assert_true (sift_params_set_text (params, "sink_blocks", "1", NULL));
+  assert_true (sift_params_set_text (params, "recent_blocks", "2", NULL));
+  g_autoptr (SiftPolicy) policy = sift_policy_new (&quest_ops, params, &shape, NULL);
+  assert_non_null (policy);
+  Quest *quest = (Quest *) policy;
+  g_autofree float *keys = g_new (float, n * nkv * bs * d), *q = g_new (float, (gsize) nq * n_rows * d);
+  fill_normal (rng, keys, n * nkv * bs * d, 1.0);
+  fill_normal (rng, q, (gsize) nq * n_rows * d, 1.0);
+  for (gsize b = 0; b < n; b++)
+    {
+      SiftView kv = sift_view_htd (keys + b * nkv * bs * d, SIFT_DTYPE_F32, nkv, bs, d);
+      assert_true (quest_meta_update (quest->meta, 0, (gint64) b, &kv, bs, NULL));
+    }
+  g_autofree gint64 *avail = g_new (gint64, n);
+  for (gsize b = 0; b < n; b++)
+    avail[b] = (gint64) b;
+  SiftPolicyContext ctx = { .phase = SIFT_PHASE_DECODE, .layer = 0, .n_q = n_rows, .shape = &shape,
+                            .n_blocks = (gint64) n };
+  ctx.q = sift_view_htd (q, SIFT_DTYPE_F32, nq, n_rows, d);
+  /* The answer step by step. */
+  g_autofree float *bounds = g_new (float, (gsize) nq * n), *rank = g_new (float, (gsize) nkv * n);
+  g_autofree guint8 *keep = g_new (guint8, (gsize) nkv * n);
+  assert_true (quest_head_bounds (quest->meta, 0, &ctx.q, FALSE, avail, n, bounds, NULL));
+  quest_rank (bounds, nq, nkv, n, QUEST_MODE_PER_KV_HEAD, QUEST_REDUCE_MAX, rank);
+  for (gint32 g = 0; g < nkv; g++)
+    assert_int_equal (sift_top_k (rank + (gsize) g * n, n, budget, 1, 2, keep + (gsize) g * n), budget);
+  const gint before = sift_parallel_n_threads ();
+  for (gint threads = 1; threads <= 4; threads += 3)
+    {
+      sift_parallel_set_n_threads (threads);
+      g_autoptr (SiftSelection) sel = sift_selection_new (nq, nkv);
+      assert_true (quest_select_blocks (policy, &ctx, avail, n, sel, NULL));
+      assert_true (sift_selection_validate (sel, avail, n, "quest", NULL));
+      for (gint32 h = 0; h < nq; h++)
+        for (gsize b = 0; b < n; b++)
+          assert_int_equal (sift_selection_has (sel, (gint64) b, h), keep[(gsize) (h / group) * n + b]);
+    }
+  sift_parallel_set_n_threads (before);
+}
+
 /* Rankings: per kv head reduces its group's heads, shared reduces all. */
 static void
 test_rank_modes (void **state)
@@ -352,6 +467,8 @@ main (void)
     cmocka_unit_test (test_meta_keys_and_clear),
     cmocka_unit_test (test_meta_rejects_bad_blocks),
     cmocka_unit_test (test_head_bounds),
+    cmocka_unit_test (test_head_bounds_threads),
+    cmocka_unit_test (test_select_per_kv_head_threads),
     cmocka_unit_test (test_rank_modes),
     cmocka_unit_test (test_pick_matches_oracle),
     cmocka_unit_test (test_pick_keeps_sinks_and_recent),
