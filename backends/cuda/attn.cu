@@ -540,12 +540,9 @@ template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode 
   static int
   resident ()
   {
-    static int n = 0;
-    if (n == 0
-        && (configure () != cudaSuccess
-            || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, decode_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32,
-                                                              dsmem_bytes<D, DW, DS> ()) != cudaSuccess))
-      return 1;
+    static int n = 0; /* queried once */
+    if (n == 0 && configure () == cudaSuccess)
+      n = blocks_per_sm (decode_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32, dsmem_bytes<D, DW, DS> ());
     return n > 0 ? n : 1;
   }
 

@@ -13,6 +13,18 @@
 
 #include "kernels.h"
 
+/* Blocks of `kernel` that one SM holds at `threads` threads and `smem`
+ * bytes of dynamic shared memory: at least 1, and 1 when the query fails. */
+template <typename Kernel>
+static inline int
+blocks_per_sm (Kernel kernel, int threads, size_t smem)
+{
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, kernel, threads, smem) != cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
+}
+
 namespace sift_mma {
 
 /* Two floats as one register of two 16-bit operands, the lower index in the low half. */

@@ -348,11 +348,7 @@ template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED> s
   static int
   resident ()
   {
-    int n = 0;
-    if (configure () != cudaSuccess
-        || cudaOccupancyMaxActiveBlocksPerMultiprocessor (&n, fn, S::THREADS, S::SMEM) != cudaSuccess)
-      return 1;
-    return n > 0 ? n : 1;
+    return configure () == cudaSuccess ? blocks_per_sm (fn, S::THREADS, S::SMEM) : 1;
   }
 
   static cudaError_t
