@@ -431,30 +431,51 @@ copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src, guint64 k
     }
 }
 
-/* A staged load: the stored half (or both) read on the host into pinned
- * staging, converted to the compute dtype, copied from there, the kv heads
- * asked for only (a packed slot holds other blocks' rows in the others). */
+/* A staged load: the stored rows of the kv heads asked for (of the half,
+ * or both) read on the host into pinned staging, converted to the compute
+ * dtype, copied from there; the other heads' rows are neither read nor
+ * touched (a packed slot holds other blocks' rows there). *bytes: the
+ * stored bytes read, as the CPU backend counts them. */
 static gboolean
-load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, GError **error)
+load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, guint64 *bytes,
+             GError **error)
 {
   SiftStore *st = b->store;
+  const SiftModelShape *s = &b->shape;
   const gsize kb = st->k_bytes;
+  const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (st);
+  const gsize head_elems = (gsize) s->block_size * (gsize) s->head_dim;
+  const gsize half = (gsize) s->n_kv_heads * head_elems * b->es;
+  const guint64 heads = sift_transfer_some_heads (t, s->n_kv_heads) ? t->kv_heads : sift_kv_heads_all (s->n_kv_heads);
   Staging *sg = &b->staging[b->next_staging++ % N_STAGING];
   if (sg->used)
     cudaEventSynchronize (sg->free_ev); /* its previous copy read it */
-  const gsize off = want_k ? 0 : kb, n = (want_k && want_v) ? 2 * kb : kb;
-  if (!sift_store_read (st, t->store_id, off, sg->stored, n, error))
-    return FALSE;
-  const gsize elems = (gsize) b->shape.n_kv_heads * (gsize) b->shape.block_size * (gsize) b->shape.head_dim;
-  const gsize half = elems * b->es;
-  for (int h = 0, at = 0; h < 2; h++)
+  *bytes = 0;
+  for (int h = 0; h < 2; h++)
     {
       if (!(h == 0 ? want_k : want_v))
         continue;
       guint8 *block = sg->block + (gsize) h * half;
-      sift_convert (sg->stored + (gsize) at * kb, st->config.dtype, block, b->compute, elems);
+      /* Each run of wanted heads: one read, one conversion. */
+      for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+        {
+          if (s->n_kv_heads <= 64 && !((heads >> h0) & 1))
+            {
+              h0++;
+              continue;
+            }
+          gint32 h1 = h0 + 1;
+          while (h1 < s->n_kv_heads && (s->n_kv_heads > 64 || ((heads >> h1) & 1)))
+            h1++;
+          const gsize at = (gsize) h * kb + (gsize) h0 * head_stored, n = (gsize) (h1 - h0) * head_stored;
+          if (!sift_store_read (st, t->store_id, at, sg->stored + at, n, error))
+            return FALSE;
+          sift_convert (sg->stored + at, st->config.dtype, block + (gsize) h0 * head_elems * b->es, b->compute,
+                        (gsize) (h1 - h0) * head_elems);
+          *bytes += n;
+          h0 = h1;
+        }
       copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
-      at++;
     }
   cudaEventRecord (sg->free_ev, b->xs);
   sg->used = TRUE;
@@ -545,7 +566,7 @@ copy_batch (CudaBackend *b, GArray *dst, GArray *src, GArray *size)
  * slots filled from consecutive stored blocks) are one copy; runs of
  * in-place loads of some kv heads are one batch of copies, those heads'
  * rows only; other in-place loads one 2D copy per half; the rest are
- * staged (all heads). One mark is recorded after each copy call and
+ * staged (the heads asked for). One mark is recorded after each copy call and
  * given to the events of its transfers. */
 static void
 run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
@@ -556,7 +577,7 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
     {
       const SiftTransfer *ti = &t[i];
       const gboolean want_k = (ti->what & SIFT_LOAD_K) != 0, want_v = (ti->what & SIFT_LOAD_V) != 0;
-      const guint64 bytes = (want_k && want_v) ? 2 * kb : kb;
+      guint64 bytes = (want_k && want_v) ? 2 * kb : kb;
       const guint8 *p = in_place (b, ti);
       GError *err = NULL;
       gboolean ok = TRUE;
@@ -597,7 +618,7 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
             copy_half (b, ti->v, ti->cap, p + kb, 0);
         }
       else
-        ok = load_staged (b, ti, want_k, want_v, &err);
+        ok = load_staged (b, ti, want_k, want_v, &bytes, &err);
       for (gsize j = i; j < i + run; j++)
         {
           b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], ok, ok ? bytes : 0, 0.0, err);

@@ -193,11 +193,11 @@ check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
   assert_int_equal (p.hg.bytes_stored, 2 * p.hc.bytes_stored);
 
   /* Loads of id0: into a slot (cap BLOCK) and into the strided buffer at
-   * token 2 * BLOCK; K, V and both; every kv head, and (copies in place
-   * from a pinned store, where the GPU honours kv_heads) each one alone:
-   * the other head's rows stay as they were, as on the CPU. */
+   * token 2 * BLOCK; K, V and both; every kv head, and each one alone
+   * (in place or staged): the other head's rows stay as they were and the
+   * bytes read are the wanted heads' only, as on the CPU. */
   const SiftLoadWhat whats[] = { SIFT_LOAD_KV, SIFT_LOAD_K, SIFT_LOAD_V };
-  const int n_masks = stored == compute && !file ? 3 : 1;
+  const int n_masks = 3;
   g_autofree guint8 *ck = g_malloc0 (big), *cv = g_malloc0 (big), *got = g_malloc (big);
   for (gsize w = 0; w < G_N_ELEMENTS (whats); w++)
     for (int strided = 0; strided < 2; strided++)

@@ -150,7 +150,6 @@ check_call (gpointer data, const SiftPolicyContext *ctx, const SiftView *out, co
             ref_max = MAX (ref_max, fabs (r));
             diff = MAX (diff, fabs (r - o[x]));
           }
-        if (g_getenv ("DBG") && diff / MAX (ref_max, 1e-3) > 1e-5) g_printerr ("bad: phase %d layer %d qpos %ld nq %d kvlen %ld h %d i %d err %g\n", ctx->phase, ctx->layer, (long) ctx->q_pos, ctx->n_q, (long) ctx->kv_len, h, i, diff / MAX (ref_max, 1e-3));
         c->max_err = MAX (c->max_err, diff / MAX (ref_max, 1e-3));
         double ref_lse = m + log (sum);
         c->max_lse_err = MAX (c->max_lse_err, fabs (ref_lse - lse[h * ctx->n_q + i]) / MAX (1.0, fabs (ref_lse)));
