@@ -1,6 +1,7 @@
 /* GPU attention: tiled online softmax on tensor cores (mma.sync m16n8k16,
- * f16 or bf16 operands, f32 accumulators). Here: the decode kernel (up to
- * 16 rows per kv head), split over the key axis and merged by LSE
+ * f16 or bf16 operands, f32 accumulators). Here: the decode kernels (up
+ * to 8 rows per kv head by K Q^T, up to 16 by a 16-row tile), split over
+ * the key axis and merged by LSE
  * (flash-decoding), the merges and the launch dispatch; the prefill kernel
  * is in prefill.cu.
  * docs/kernels.md ("GPU kernels") describes the tiling; cuda.c checks the
@@ -65,15 +66,29 @@ dest (const SiftCudaAttnCall &c, int split)
            (int64_t) c.n_q * D, D, c.n_q };
 }
 
-/* A warp's two rows per thread (r0 + g and r0 + g + 8 of `rows`): query
- * head, token and the end of its visible keys within [lo, hi). */
+/* The keys [lo, hi) of a split of a block of `rows` rows (`group` query
+ * heads a token), causal calls stopped at the last row's last key. */
 __device__ __forceinline__ void
-row_setup (const SiftCudaAttnCall &c, int r0, int rows, int group, int kvh, int lo, int hi, int rh[2], int ri[2],
-           int rlim[2])
+split_range (const SiftCudaAttnCall &c, int split, int rows, int group, int &lo, int &hi)
+{
+  lo = split * c.split_len;
+  hi = min (c.n_kv, lo + c.split_len);
+  if (c.causal)
+    {
+      int64_t lim = c.q_offset + (rows - 1) / group + 1;
+      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
+    }
+}
+
+/* A thread's two rows (r0 and r0 + step of `rows`): query head, token and
+ * the end of its visible keys within [lo, hi). */
+__device__ __forceinline__ void
+row_setup (const SiftCudaAttnCall &c, int r0, int step, int rows, int group, int kvh, int lo, int hi, int rh[2],
+           int ri[2], int rlim[2])
 {
   for (int x = 0; x < 2; x++)
     {
-      int r = r0 + 8 * x;
+      int r = r0 + step * x;
       ri[x] = r / group;
       rh[x] = kvh * group + r % group;
       if (r >= rows)
@@ -153,8 +168,8 @@ accumulate_pv (const float s[NT][4], const uint16_t *v, int lane, float o[D / 8]
     }
 }
 
-/* Decode (up to 16 query rows of a kv head: a GQA group of one token, or
- * a few tokens): a separate kernel built for streaming K/V at the memory's
+/* Decode (9 to 16 query rows of a kv head: a few tokens of a GQA group;
+ * up to 8 take decode_kq_kernel below): a kernel built for streaming K/V at the memory's
  * rate. Each of the DW warps of a thread block owns every DW-th 16-key
  * chunk of the block's split and its own ring of DS shared-memory stages
  * (16 keys of K and V each), filled by cp.async with DS - 1 stages in
@@ -231,6 +246,34 @@ load_chunk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi
 
 template <int N> __device__ __forceinline__ void cp_async_wait () { asm volatile ("cp.async.wait_group %0;" ::"n"(N)); }
 
+/* A block's DW warp states (R rows each: max m and sum l in base 2, the
+ * unnormalised output) merged by max and rescale into the split's result. */
+template <int D, int DW, int R>
+__device__ __forceinline__ void
+merge_warps (const Dest &dst, const float *ms, int kvh, int rows, int group)
+{
+  const float *ls = ms + DW * R, *os = ls + DW * R;
+  for (int e = threadIdx.x; e < rows * D; e += DW * 32)
+    {
+      const int r = e / D, d = e % D;
+      float mm = -CUDART_INF_F;
+      for (int w = 0; w < DW; w++)
+        mm = fmaxf (mm, ms[w * R + r]);
+      float base = mm == -CUDART_INF_F ? 0.0f : mm;
+      float sum = 0.0f, acc = 0.0f;
+      for (int w = 0; w < DW; w++)
+        {
+          float f = exp2f (ms[w * R + r] - base);
+          sum += f * ls[w * R + r];
+          acc += f * os[(w * R + r) * D + d];
+        }
+      const int h = kvh * group + r % group, i = r / group;
+      dst.out[h * dst.out_hs + i * dst.out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
+      if (d == 0)
+        dst.lse[h * dst.lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
+    }
+}
+
 /* The splits of a kv head's rows merged by the block that finishes that
  * kv head's last split (a counter per kv head, reset to 0 by that block
  * for the next call): no second launch. Thread e takes 4 columns of a row
@@ -300,16 +343,10 @@ decode_kernel (SiftCudaAttnCall c)
   const int rows = group * c.n_q; /* <= 16 */
   const int kvh = blockIdx.x, split = blockIdx.y;
 
-  int lo = split * c.split_len;
-  int hi = min (c.n_kv, lo + c.split_len);
-  if (c.causal)
-    {
-      int64_t lim = c.q_offset + (rows - 1) / group + 1;
-      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
-    }
-
-  int rh[2], ri[2], rlim[2];
-  row_setup (c, g, rows, group, kvh, lo, hi, rh, ri, rlim);
+  int lo, hi;
+  split_range (c, split, rows, group, lo, hi);
+  int rh[2], ri[2], rlim[2]; /* rows g and g + 8 */
+  row_setup (c, g, 8, rows, group, kvh, lo, hi, rh, ri, rlim);
   const int lim_max = max (rlim[0], rlim[1]), lim_min = min (rlim[0], rlim[1]);
 
   uint16_t *ring = smem + warp * DS * dstage_halves<D> ();
@@ -408,25 +445,368 @@ decode_kernel (SiftCudaAttnCall c)
         }
     }
   __syncthreads ();
-  for (int e = threadIdx.x; e < rows * D; e += DW * 32)
+  merge_warps<D, DW, 16> (dst, ms, kvh, rows, group);
+  if (c.n_splits > 1 && c.counters != NULL)
+    merge_last<D, DW> (c, kvh, rows, group);
+}
+
+/* Hopper's bulk copies (sm_90; the compute_80 PTX build falls back to
+ * cp.async): one thread copies a whole row global -> shared through the
+ * TMA unit, its completion counted in bytes on an mbarrier. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kBulk = false;
+#else
+constexpr bool kBulk = true;
+#endif
+
+[[maybe_unused]] __device__ __forceinline__ void
+mbar_init (uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile ("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
+                "fence.mbarrier_init.release.cluster;" ::"r"(smem_addr (bar))
+                : "memory");
+#endif
+}
+
+/* The one arrival of the stage's phase, expecting `bytes` of copies. */
+[[maybe_unused]] __device__ __forceinline__ void
+mbar_expect (uint64_t *bar, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr (bar)), "r"(bytes)
+                : "memory");
+#endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ void
+mbar_wait (uint64_t *bar, unsigned parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done;
+  do
+    asm volatile ("{\n\t.reg .pred p;\n\t"
+                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                  "selp.u32 %0, 1, 0, p;\n\t}"
+                  : "=r"(done)
+                  : "r"(smem_addr (bar)), "r"(parity)
+                  : "memory");
+  while (!done);
+#endif
+}
+
+/* Orders this thread's earlier shared-memory accesses (generic proxy)
+ * before its later bulk copies (async proxy) into the same stage. */
+[[maybe_unused]] __device__ __forceinline__ void
+fence_proxy_async ()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile ("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ void
+bulk_copy (uint16_t *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                    smem_addr (dst)),
+                "l"(src), "r"(bytes), "r"(smem_addr (bar))
+                : "memory");
+#endif
+}
+
+/* The 8x8 16-bit matrix of a fragment transposed across the warp: thread
+ * (g, t) holds row g, columns 2t and 2t + 1, before and after. */
+__device__ __forceinline__ uint32_t
+movmatrix_trans (uint32_t x)
+{
+  uint32_t y;
+  asm volatile ("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+/* Issues the copies of keys [k0, k0 + DK) into one stage by bulk copies:
+ * lane r < 16 copies K row r, lane 16 + r V row r (one row each); a V row
+ * with no key (past hi, or masked) is zeroed instead, so that 0 x V never
+ * meets garbage. Returns bit r: key k0 + r exists for this kv head. The
+ * stage's mbarrier expects the bytes copied. */
+template <int D, bool PAGED>
+__device__ __forceinline__ uint32_t
+issue_bulk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi, uint16_t *stage, uint64_t *bar,
+            int lane)
+{
+  if (PAGED)
+    cur.advance (c, k0);
+  static_assert (DK == 16, "a row a lane");
+  const bool one = !PAGED || min (k0 + DK, hi) <= cur.cur.start + cur.cur.n;
+  const bool isv = lane >= 16;
+  const int row = lane & 15, key = k0 + row;
+  fence_proxy_async (); /* this stage's earlier reads and zero rows come first */
+  const char *src = NULL;
+  if (key < hi)
     {
-      const int r = e / D, d = e % D;
-      float mm = -CUDART_INF_F;
-      for (int w = 0; w < DW; w++)
-        mm = fmaxf (mm, ms[w * 16 + r]);
-      float base = mm == -CUDART_INF_F ? 0.0f : mm;
-      float sum = 0.0f, acc = 0.0f;
-      for (int w = 0; w < DW; w++)
+      SiftCudaKvBlock b = PAGED ? cur.cur : c.one;
+      if (!one)
         {
-          float f = exp2f (ms[w * 16 + r] - base);
-          sum += f * ls[w * 16 + r];
-          acc += f * os[(w * 16 + r) * D + d];
+          Cursor rc = cur; /* this row's block (rare: no read ahead) */
+          rc.advance (c, key);
+          b = rc.cur;
         }
-      const int h = kvh * group + r % group, i = r / group;
-      dst.out[h * dst.out_hs + i * dst.out_ts + d] = sum > 0.0f ? acc / sum : 0.0f;
-      if (d == 0)
-        dst.lse[h * dst.lse_hs + i] = sum > 0.0f ? (base + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
+      if (!c.masked || ((b.heads >> kvh) & 1))
+        {
+          const int64_t t = key - b.start;
+          src = isv ? (const char *) b.v + (kvh * b.v_hs + t * b.v_ts) * 2
+                    : (const char *) b.k + (kvh * b.k_hs + t * b.k_ts) * 2;
+        }
     }
+  uint16_t *dst = stage + (isv ? DK + row : row) * ld<D> ();
+  const uint32_t bits = __ballot_sync (0xffffffffu, src != NULL);
+  if (lane == 0)
+    mbar_expect (bar, __popc (bits) * D * 2); /* may follow some copies' completion: tx-count goes negative */
+  if (src != NULL)
+    bulk_copy (dst, src, D * 2, bar);
+  else if (isv)
+    for (int x = 0; x < D / 8; x++)
+      reinterpret_cast<uint4 *> (dst)[x] = make_uint4 (0, 0, 0, 0);
+  return bits & 0xffffu;
+}
+
+/* S^T = K Q^T of 16 keys: K rows are the A operand (16 keys x 16 columns
+ * per k-step, one ldmatrix.x4 each), Q^T the B operand (8 rows of the
+ * group); thread (g, t) gets keys g and g + 8 of rows 2t and 2t + 1. Two
+ * accumulators halve the dependent chain. */
+template <int D, bool BF16>
+__device__ __forceinline__ void
+scores_kq (const uint16_t *k, int lane, const uint32_t qf[D / 16][2], float s[4])
+{
+  float s0[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+  const uint16_t *krow = k + (lane & 15) * ld<D> () + (lane >> 4) * 8;
+  for (int ks = 0; ks < D / 16; ks += 2)
+    {
+      uint32_t a[4];
+      ldmatrix_x4 (a, krow + ks * 16);
+      mma<BF16> (s0, a, qf[ks][0], qf[ks][1]);
+      ldmatrix_x4 (a, krow + (ks + 1) * 16);
+      mma<BF16> (s1, a, qf[ks + 1][0], qf[ks + 1][1]);
+    }
+  for (int x = 0; x < 4; x++)
+    s[x] = s0[x] + s1[x];
+}
+
+/* The online softmax of "Online softmax" (docs/kernels.md) on S^T: a row
+ * is a column here (rows 2t and 2t + 1 of thread (g, t)), its max over
+ * the 8 lanes of a column; l stays a per-lane partial sum until the end. */
+template <int D>
+__device__ __forceinline__ void
+softmax_kq (float s[4], float m[2], float l[2], float o[D / 16][4])
+{
+#pragma unroll
+  for (int e = 0; e < 2; e++)
+    {
+      float mx = fmaxf (s[e], s[2 + e]);
+      mx = fmaxf (mx, __shfl_xor_sync (0xffffffffu, mx, 4));
+      mx = fmaxf (mx, __shfl_xor_sync (0xffffffffu, mx, 8));
+      mx = fmaxf (mx, __shfl_xor_sync (0xffffffffu, mx, 16));
+      const float m_new = fmaxf (m[e], mx);
+      const float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      const float alpha = fast_exp2 (m[e] - base);
+      s[e] = fast_exp2 (s[e] - base);
+      s[2 + e] = fast_exp2 (s[2 + e] - base);
+      l[e] = l[e] * alpha + s[e] + s[2 + e];
+      m[e] = m_new;
+#pragma unroll
+      for (int j = 0; j < D / 16; j++)
+        {
+          o[j][e] *= alpha;
+          o[j][2 + e] *= alpha;
+        }
+    }
+}
+
+/* O^T += V^T P^T of 16 keys: V^T's A operands (16 columns of V by the
+ * 16 keys) by ldmatrix.trans, P^T's B operands from the score fragments
+ * rounded to the K/V type and transposed by movmatrix (keys 0..7, then
+ * 8..15): thread (g, t) gets keys 2t, 2t + 1 of row g. */
+template <int D, bool BF16>
+__device__ __forceinline__ void
+accumulate_kq (const float s[4], const uint16_t *v, int lane, float o[D / 16][4])
+{
+  const uint32_t b0 = movmatrix_trans (pack2<BF16> (s[0], s[1]));
+  const uint32_t b1 = movmatrix_trans (pack2<BF16> (s[2], s[3]));
+  const uint16_t *vrow = v + ((lane & 7) + ((lane >> 4) << 3)) * ld<D> () + ((lane >> 3) & 1) * 8;
+  for (int j = 0; j < D / 16; j++)
+    {
+      uint32_t a[4];
+      ldmatrix_x4_trans (a, vrow + j * 16);
+      mma<BF16> (o[j], a, b0, b1);
+    }
+}
+
+/* Decode of up to 8 rows per kv head (one token of a GQA group of up to
+ * 8) with the group on the 8-wide side of the tensor-core tile: S^T =
+ * K Q^T and O^T = V^T P^T, keys on the 16-row side, so Q's fragments and
+ * the output accumulators are half those of decode_kernel's 16-row tile
+ * (98-100 registers against 142, 131 with a table against 168). Otherwise
+ * the same streaming design: each of DW warps takes every DW-th chunk of
+ * DK keys of the split through its own ring of DS stages, filled by bulk
+ * copies on sm_90 (one row a lane, completion counted on a stage's
+ * mbarrier; no registers or issue slots held by bytes in flight), by
+ * cp.async elsewhere. */
+template <int D, int DW, int DS> __host__ __device__ constexpr size_t kq_smem_bytes ()
+{
+  return (size_t) DW * DS * dstage_halves<D> () * sizeof (uint16_t);
+}
+
+template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED>
+__global__ void __launch_bounds__ (DW * 32, MINB)
+decode_kq_kernel (SiftCudaAttnCall c)
+{
+  constexpr int KS = D / 16;
+  constexpr int STAGE = dstage_halves<D> ();
+  constexpr bool bulk = kBulk;
+  static_assert (kq_smem_bytes<D, DW, DS> () >= (2 * DW * 8 + DW * 8 * D) * sizeof (float), "merge space");
+
+  extern __shared__ __align__ (16) uint16_t smem[];
+  __shared__ uint32_t valid[DW][DS];
+  __shared__ __align__ (8) uint64_t bars[DW][DS];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int group = c.q_heads / c.kv_heads;
+  const int rows = group * c.n_q; /* <= 8 */
+  const int kvh = blockIdx.x, split = blockIdx.y;
+
+  int lo, hi;
+  split_range (c, split, rows, group, lo, hi);
+  int rh[2], ri[2], rlim[2]; /* rows 2t and 2t + 1 */
+  row_setup (c, 2 * t, 1, rows, group, kvh, lo, hi, rh, ri, rlim);
+  const int lim_max = max (rlim[0], rlim[1]), lim_min = min (rlim[0], rlim[1]);
+
+  uint16_t *ring = smem + warp * DS * STAGE;
+  uint64_t *bar = bars[warp];
+  if (bulk)
+    {
+      if (lane < DS)
+        mbar_init (&bar[lane]);
+      __syncwarp ();
+    }
+  const int n_chunks = (hi - lo + DK - 1) / DK;
+  const int mine = n_chunks > warp ? (n_chunks - warp + DW - 1) / DW : 0; /* chunks warp, warp + DW, ... */
+  AheadCursor cur;
+  if (PAGED)
+    {
+      cur.seek_warp (c, lo, lane);
+      cur.fetch_next (c);
+    }
+  auto issue = [&] (int n) {
+    const int k0 = lo + (n * DW + warp) * DK;
+    uint16_t *stage = ring + (n % DS) * STAGE;
+    uint32_t v;
+    if constexpr (bulk)
+      v = issue_bulk<D, PAGED> (c, cur, kvh, k0, hi, stage, &bar[n % DS], lane);
+    else
+      v = load_chunk<D, PAGED> (c, cur, kvh, k0, hi, stage, lane);
+    if (lane == 0)
+      valid[warp][n % DS] = v;
+  };
+  for (int s = 0; s < DS - 1; s++)
+    {
+      if (s < mine)
+        issue (s);
+      if (!bulk)
+        cp_async_commit ();
+    }
+
+  /* Q^T as B operands: row g (padding rows zero), columns 2t, 2t + 1 and
+   * 2t + 8, 2t + 9 of each k-step, times scale * log2(e). */
+  uint32_t qf[KS][2];
+  {
+    const float *qp = c.q + (kvh * group + g % group) * c.q_hs + (g / group) * c.q_ts;
+    for (int ks = 0; ks < KS; ks++)
+      for (int x = 0; x < 2; x++)
+        {
+          const int col = ks * 16 + 2 * t + 8 * x;
+          float a = 0.0f, b = 0.0f;
+          if (g < rows)
+            {
+              a = qp[col] * c.qscale;
+              b = qp[col + 1] * c.qscale;
+            }
+          qf[ks][x] = pack2<BF16> (a, b);
+        }
+  }
+
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
+  float o[KS][4];
+  for (int j = 0; j < KS; j++)
+    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int it = 0; it < mine; it++)
+    {
+      if (it + DS - 1 < mine)
+        issue (it + DS - 1);
+      if constexpr (bulk)
+        mbar_wait (&bar[it % DS], (it / DS) & 1);
+      else
+        {
+          cp_async_commit ();
+          cp_async_wait<DS - 1> ();
+        }
+      __syncwarp (); /* and every lane's copies (cp.async) are visible */
+      const int k0 = lo + (it * DW + warp) * DK;
+      const uint16_t *ks_ = ring + (it % DS) * STAGE;
+      const uint16_t *vs_ = ks_ + DK * ld<D> ();
+      if (__any_sync (0xffffffffu, k0 < lim_max)) /* warp-uniform: mma.sync needs every lane */
+        {
+          /* thread (g, t): keys k0 + g (s[0], s[1]) and k0 + g + 8 (s[2], s[3]) of rows 2t, 2t + 1 */
+          float s[4];
+          scores_kq<D, BF16> (ks_, lane, qf, s);
+          if (k0 + DK > lim_min)
+            for (int x = 0; x < 4; x++)
+              if (k0 + g + 8 * (x >> 1) >= rlim[x & 1])
+                s[x] = -CUDART_INF_F;
+          if (c.masked) /* keys of blocks this kv head does not attend */
+            {
+              const uint32_t v = valid[warp][it % DS];
+              for (int x = 0; x < 4; x++)
+                if (!((v >> (g + 8 * (x >> 1))) & 1))
+                  s[x] = -CUDART_INF_F;
+            }
+          softmax_kq<D> (s, m, l, o);
+          accumulate_kq<D, BF16> (s, vs_, lane, o);
+        }
+      __syncwarp (); /* every lane is done with the stage before it is refilled */
+    }
+  if (!bulk)
+    cp_async_wait<0> ();
+
+  for (int e = 0; e < 2; e++)
+    {
+      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 4);
+      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 8);
+      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 16);
+    }
+  const Dest dst = dest<D> (c, split);
+  __syncthreads ();
+  float *ms = reinterpret_cast<float *> (smem); /* [DW][8] */
+  float *ls = ms + DW * 8;                       /* [DW][8] */
+  float *os = ls + DW * 8;                       /* [DW][8][D] */
+  for (int e = 0; e < 2; e++)
+    {
+      const int r = warp * 8 + 2 * t + e;
+      if (g == 0)
+        {
+          ms[r] = m[e];
+          ls[r] = l[e];
+        }
+      for (int j = 0; j < KS; j++)
+        {
+          os[r * D + 16 * j + g] = o[j][e];
+          os[r * D + 16 * j + g + 8] = o[j][2 + e];
+        }
+    }
+  __syncthreads ();
+  merge_warps<D, DW, 8> (dst, ms, kvh, rows, group);
   if (c.n_splits > 1 && c.counters != NULL)
     merge_last<D, DW> (c, kvh, rows, group);
 }
@@ -521,18 +901,16 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
     lse1[row] = mm + logf (w1 + w2);
 }
 
-/* One decode kernel shape: its shared-memory limit set once, its blocks
- * per SM, its launch. */
-template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode {
+/* One decode kernel instance: its shared-memory limit set once, its
+ * blocks per SM, its launch (a block per kv head and split). */
+template <auto KERNEL, int THREADS, size_t SMEM> struct Launcher {
   static cudaError_t
   configure ()
   {
     static bool configured = false; /* benign race: the attribute is idempotent */
     if (configured)
       return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute (decode_kernel<D, BF16, DW, DS, MINB, PAGED>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int) dsmem_bytes<D, DW, DS> ());
+    cudaError_t e = cudaFuncSetAttribute (KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) SMEM);
     configured = e == cudaSuccess;
     return e;
   }
@@ -542,7 +920,7 @@ template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode 
   {
     static int n = 0; /* queried once */
     if (n == 0 && configure () == cudaSuccess)
-      n = blocks_per_sm (decode_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32, dsmem_bytes<D, DW, DS> ());
+      n = blocks_per_sm (KERNEL, THREADS, SMEM);
     return n > 0 ? n : 1;
   }
 
@@ -552,22 +930,28 @@ template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED> struct Decode 
     cudaError_t e = configure ();
     if (e != cudaSuccess)
       return e;
-    decode_kernel<D, BF16, DW, DS, MINB, PAGED>
-        <<<dim3 (c.kv_heads, c.n_splits), DW * 32, dsmem_bytes<D, DW, DS> (), stream>>> (c);
+    KERNEL<<<dim3 (c.kv_heads, c.n_splits), THREADS, SMEM, stream>>> (c);
     return cudaGetLastError ();
   }
 };
 
-/* The decode kernel's shape for head_dim D, the K/V type and a call with
- * or without a block table: warps a block, ring stages a warp, blocks an
- * SM asked of the register allocator. Chosen by a sweep on an H200 for
- * head_dim 128, bf16 (docs/benchmarks.md, "GPU attention", 2026-11-28
- * 11:19-11:42): what limits the kernel is warps per SM, not bytes in
- * flight per warp, so two stages a warp (one chunk copied while one is
- * used) and 12 warps an SM: 2 blocks of 6 without a table (142
- * registers), 3 blocks of 4 with one (registers capped at 168: no
- * spills). Other shapes keep the earlier 4 warps, 3 stages, 2 blocks an
- * SM (not swept). */
+template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED>
+using Decode = Launcher<decode_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32, dsmem_bytes<D, DW, DS> ()>;
+template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED>
+using DecodeKq = Launcher<decode_kq_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 32, kq_smem_bytes<D, DW, DS> ()>;
+
+/* The decode kernels' shapes (warps a block, ring stages a warp, blocks
+ * an SM asked of the register allocator) for head_dim D, the K/V type and
+ * a call with or without a block table. Up to 8 rows (the K Q^T kernel):
+ * 2 blocks of 6 warps, 2 stages each, chosen by a sweep on an H200
+ * (docs/benchmarks.md, "GPU attention", 2026-11-28 13:47): 8 to 24
+ * warps an SM, 1 to 3 stages and 32-key chunks read within 3% of it or
+ * slower; the paged instance the same (131 registers: no cap needed).
+ * 9 to 16 rows (decode_kernel, 16-row tile), head_dim 128, bf16: 12
+ * warps an SM (sweep of 2026-11-28 11:19-11:42): 2 blocks of 6 without a
+ * table (142 registers), 3 blocks of 4 with one (registers capped at 168:
+ * no spills); other head dims and f16 keep 4 warps, 3 stages, 1 block. */
+template <int D, bool BF16, bool PAGED> using DecodeKqFor = DecodeKq<D, BF16, 6, 2, 2, PAGED>;
 template <int D, bool BF16, bool PAGED>
 using DecodeFor = std::conditional_t<D == 128 && BF16,
                                      std::conditional_t<PAGED, Decode<D, BF16, 4, 2, 3, true>, Decode<D, BF16, 6, 2, 2, false>>,
@@ -575,8 +959,10 @@ using DecodeFor = std::conditional_t<D == 128 && BF16,
 
 template <int D, bool BF16>
 int
-decode_resident (bool paged)
+decode_resident (int rows, bool paged)
 {
+  if (rows <= 8)
+    return paged ? DecodeKqFor<D, BF16, true>::resident () : DecodeKqFor<D, BF16, false>::resident ();
   return paged ? DecodeFor<D, BF16, true>::resident () : DecodeFor<D, BF16, false>::resident ();
 }
 
@@ -584,9 +970,13 @@ template <int D, bool BF16>
 cudaError_t
 launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
-  if (sift_cuda_attn_rows_per_block (c.q_heads / c.kv_heads * c.n_q) == 16)
-    return c.n_blocks > 1 ? DecodeFor<D, BF16, true>::launch (c, stream) : DecodeFor<D, BF16, false>::launch (c, stream);
-  return (cudaError_t) sift_cuda_prefill_launch (&c, stream);
+  const int rows = c.q_heads / c.kv_heads * c.n_q;
+  if (sift_cuda_attn_rows_per_block (rows) != 16)
+    return (cudaError_t) sift_cuda_prefill_launch (&c, stream);
+  const bool paged = c.n_blocks > 1;
+  if (rows <= 8)
+    return paged ? DecodeKqFor<D, BF16, true>::launch (c, stream) : DecodeKqFor<D, BF16, false>::launch (c, stream);
+  return paged ? DecodeFor<D, BF16, true>::launch (c, stream) : DecodeFor<D, BF16, false>::launch (c, stream);
 }
 
 } // namespace
@@ -603,8 +993,8 @@ sift_cuda_attn_blocks_per_sm (int32_t head_dim, int32_t bf16, int32_t rows, int3
   if (sift_cuda_attn_rows_per_block (rows) != 16)
     return sift_cuda_prefill_blocks_per_sm (head_dim, bf16);
   if (head_dim == 64)
-    return bf16 ? decode_resident<64, true> (paged) : decode_resident<64, false> (paged);
-  return bf16 ? decode_resident<128, true> (paged) : decode_resident<128, false> (paged);
+    return bf16 ? decode_resident<64, true> (rows, paged) : decode_resident<64, false> (rows, paged);
+  return bf16 ? decode_resident<128, true> (rows, paged) : decode_resident<128, false> (rows, paged);
 }
 
 extern "C" int

@@ -1,5 +1,7 @@
-/* GPU prefill attention (more than 16 query rows per kv head): an
- * FlashAttention-2-style kernel on mma.sync m16n8k16. A thread block takes
+/* GPU prefill attention (more than 16 query rows per kv head): on a
+ * Hopper GPU (compute capability 9.0) with head_dim 128, the wgmma kernel
+ * of namespace hopper (sm_90a machine code); elsewhere, and for head_dim
+ * 64, a FlashAttention-2-style kernel on mma.sync m16n8k16. A thread block takes
  * BM query rows of one kv head (row r is token r / group of query head
  * kv_head * group + r % group: the GQA group shares every K/V tile); each
  * warp owns 16 MT rows. Q goes to shared memory once, scaled by
@@ -11,6 +13,7 @@
  * at the last key their last row sees; the blocks with the most keys are
  * scheduled first. docs/kernels.md ("GPU kernels") has the reasoning. */
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 using namespace sift_mma;
 
@@ -40,16 +43,17 @@ row_addr (const SiftCudaKvBlock &b, int kvh, int key, int col, const char *&kp, 
 }
 
 /* The copies of keys [k0, k0 + BN) into one stage (K rows at shared
- * address ks, V rows at vs); keys at or past hi become zeros. A thread's
+ * address ks, V rows at vs, 16-byte column col of row row at byte
+ * at (row, col) of each); keys at or past hi become zeros. A thread's
  * 16-byte column is the same for all its rows (THREADS is a multiple of
  * the chunks per row). A contiguous call reads its one block from the
  * kernel's parameters (no registers held across tiles); a paged one walks
  * the block table with the cursor. */
-template <int D, int BN, int THREADS, bool PAGED>
+template <int D, int BN, int THREADS, bool PAGED, typename At>
 __device__ __forceinline__ void
-load_kv (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint32_t ks, uint32_t vs)
+load_kv (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint32_t ks, uint32_t vs, At at_)
 {
-  constexpr int CPR = D / 8, LD = D + 8;
+  constexpr int CPR = D / 8;
   static_assert (THREADS % CPR == 0 && BN * CPR % THREADS == 0, "tile and threads");
   const int col = threadIdx.x % CPR;
 #pragma unroll
@@ -70,10 +74,108 @@ load_kv (const SiftCudaAttnCall &c, Cursor &cur, int kvh, int k0, int hi, uint32
             row_addr (c.one, kvh, key, col, kp, vp);
           n = 16;
         }
-      const uint32_t at = (uint32_t) ((row * LD + col * 8) * 2);
+      const uint32_t at = at_ (row, col);
       cp_async16 (ks + at, kp, n);
       cp_async16 (vs + at, vp, n);
     }
+}
+
+/* Byte offsets in the mma.sync kernel's stages: rows of D halves padded by 8. */
+template <int D> struct Padded {
+  __device__ uint32_t operator() (int row, int col) const { return (uint32_t) ((row * (D + 8) + col * 8) * 2); }
+};
+
+/* A thread block's place in the launch and its key range. Block index:
+ * kv head fastest, row blocks from the last (causal: the most keys) to
+ * the first, so the heavy blocks start first. */
+struct Block {
+  int group, rows, kvh, r_blk, split;
+  int lo, hi; /* keys [lo, hi): the split, cut at the last key the block's last row sees */
+
+  __device__ __forceinline__
+  Block (const SiftCudaAttnCall &c, int bm)
+  {
+    group = c.q_heads / c.kv_heads;
+    rows = group * c.n_q;
+    const int n_rb = (rows + bm - 1) / bm;
+    kvh = (int) (blockIdx.x % (unsigned) c.kv_heads);
+    r_blk = (n_rb - 1 - (int) (blockIdx.x / (unsigned) c.kv_heads)) * bm;
+    split = blockIdx.y;
+    lo = split * c.split_len;
+    hi = min (c.n_kv, lo + c.split_len);
+    if (c.causal)
+      {
+        const int r_last = min (rows, r_blk + bm) - 1;
+        const int64_t lim = c.q_offset + r_last / group + 1;
+        hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
+      }
+  }
+
+  /* The end of row r's keys (padding rows see none). */
+  __device__ __forceinline__ int
+  limit (const SiftCudaAttnCall &c, int r) const
+  {
+    if (r >= rows)
+      return lo;
+    if (c.causal)
+      return (int) max ((int64_t) lo, min ((int64_t) hi, c.q_offset + r / group + 1));
+    return hi;
+  }
+};
+
+/* Q of the block's BM rows, times scale * log2(e), rounded to K's type,
+ * four columns at a time to at (row, col) (a generic pointer to shared
+ * memory); padding rows are zeros. */
+template <int D, int BM, int THREADS, bool BF16, typename At>
+__device__ __forceinline__ void
+stage_q (const SiftCudaAttnCall &c, const Block &b, At at)
+{
+  for (int e = threadIdx.x; e < BM * (D / 4); e += THREADS)
+    {
+      const int row = e / (D / 4), col = e % (D / 4) * 4;
+      const int r = b.r_blk + row;
+      float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+      if (r < b.rows)
+        {
+          const float *p = c.q + (int64_t) (b.kvh * b.group + r % b.group) * c.q_hs + (int64_t) (r / b.group) * c.q_ts + col;
+          x0 = p[0] * c.qscale, x1 = p[1] * c.qscale, x2 = p[2] * c.qscale, x3 = p[3] * c.qscale;
+        }
+      uint2 v = { pack2<BF16> (x0, x1), pack2<BF16> (x2, x3) };
+      *reinterpret_cast<uint2 *> (at (row, col)) = v;
+    }
+}
+
+/* Row r's result from a thread's part of it (every lane of the quad
+ * calls this): output fragments o[j][2x], o[j][2x + 1] at columns
+ * 8j + 2t, 8j + 2t + 1, divided by the quad's sum of l; the natural-log
+ * LSE from the base-2 max m. The output, or this split's partial. */
+template <int D>
+__device__ __forceinline__ void
+store_row (const SiftCudaAttnCall &c, const Block &b, int r, int x, int t, const float (*o)[4], float l, float m)
+{
+  const float sum = quad_sum (l);
+  if (r >= b.rows)
+    return;
+  float *out = c.out, *lse = c.lse;
+  int64_t out_hs = c.out_hs, out_ts = c.out_ts, lse_hs = c.n_q;
+  if (c.n_splits > 1)
+    {
+      out = c.part_o + (int64_t) b.split * c.q_heads * c.n_q * D;
+      lse = c.part_l + (int64_t) b.split * c.q_heads * c.n_q;
+      out_hs = (int64_t) c.n_q * D;
+      out_ts = D;
+    }
+  const int h = b.kvh * b.group + r % b.group, i = r / b.group;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float *orow = out + h * out_hs + i * out_ts;
+#pragma unroll
+  for (int j = 0; j < D / 8; j++)
+    {
+      orow[j * 8 + 2 * t] = o[j][2 * x] * inv;
+      orow[j * 8 + 2 * t + 1] = o[j][2 * x + 1] * inv;
+    }
+  if (t == 0)
+    lse[h * lse_hs + i] = sum > 0.0f ? (m + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
 }
 
 template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED>
@@ -94,25 +196,9 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
   constexpr uint32_t KV_BYTES = S::KV_HALVES * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int group = c.q_heads / c.kv_heads;
-  const int rows = group * c.n_q;
-  const int n_rb = (rows + BM - 1) / BM;
-  /* Block index: kv head fastest, row blocks from the last (causal: the
-   * most keys) to the first, so the heavy blocks start first. */
-  const int kvh = (int) (blockIdx.x % (unsigned) c.kv_heads);
-  const int rb = n_rb - 1 - (int) (blockIdx.x / (unsigned) c.kv_heads);
-  const int split = blockIdx.y;
-  const int r_blk = rb * BM, r_warp = r_blk + warp * 16 * MT;
-
-  /* Key range: the split, cut at the last key the block's last row sees. */
-  const int lo = split * c.split_len;
-  int hi = min (c.n_kv, lo + c.split_len);
-  if (c.causal)
-    {
-      const int r_last = min (rows, r_blk + BM) - 1;
-      const int64_t lim = c.q_offset + r_last / group + 1;
-      hi = (int) max ((int64_t) lo, min ((int64_t) hi, lim));
-    }
+  const Block b (c, BM);
+  const int kvh = b.kvh, lo = b.lo, hi = b.hi;
+  const int r_warp = b.r_blk + warp * 16 * MT;
 
   /* Each thread's rows r_warp + 16 mt + g + 8 x: the end of their keys
    * (padding rows see none), and the warp's least and greatest end. */
@@ -123,13 +209,7 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
 #pragma unroll
     for (int x = 0; x < 2; x++)
       {
-        const int r = r_warp + 16 * mt + 8 * x + g;
-        if (r >= rows)
-          rlim[mt][x] = lo;
-        else if (c.causal)
-          rlim[mt][x] = (int) max ((int64_t) lo, min ((int64_t) hi, c.q_offset + r / group + 1));
-        else
-          rlim[mt][x] = hi;
+        rlim[mt][x] = b.limit (c, r_warp + 16 * mt + 8 * x + g);
         lim_min = min (lim_min, rlim[mt][x]);
         lim_max = max (lim_max, rlim[mt][x]);
       }
@@ -146,25 +226,11 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
     {
       if (s < n_tiles)
         load_kv<D, BN, THREADS, PAGED> (c, cur, kvh, lo + s * BN, hi, ring + s * 2 * KV_BYTES,
-                                        ring + (s * 2 + 1) * KV_BYTES);
+                                        ring + (s * 2 + 1) * KV_BYTES, Padded<D> ());
       cp_async_commit ();
     }
 
-  /* Q of the block's rows, times scale * log2(e), rounded to K's type;
-   * padding rows are zeros. */
-  for (int e = threadIdx.x; e < BM * (D / 4); e += THREADS)
-    {
-      const int row = e / (D / 4), col = e % (D / 4) * 4;
-      const int r = r_blk + row;
-      float a = 0.0f, b = 0.0f, cc = 0.0f, d = 0.0f;
-      if (r < rows)
-        {
-          const float *p = c.q + (int64_t) (kvh * group + r % group) * c.q_hs + (int64_t) (r / group) * c.q_ts + col;
-          a = p[0] * c.qscale, b = p[1] * c.qscale, cc = p[2] * c.qscale, d = p[3] * c.qscale;
-        }
-      uint2 v = { pack2<BF16> (a, b), pack2<BF16> (cc, d) };
-      *reinterpret_cast<uint2 *> (qs + row * LD + col) = v;
-    }
+  stage_q<D, BM, THREADS, BF16> (c, b, [&] (int row, int col) { return qs + row * LD + col; });
   __syncthreads ();
 
   /* Q's A fragments: lanes 0-15 address rows 0-15 at column 0 of a
@@ -200,7 +266,7 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
         const int nx = it + STAGES - 1;
         if (nx < n_tiles)
           load_kv<D, BN, THREADS, PAGED> (c, cur, kvh, lo + nx * BN, hi, ring + (nx % STAGES) * 2 * KV_BYTES,
-                                          ring + ((nx % STAGES) * 2 + 1) * KV_BYTES);
+                                          ring + ((nx % STAGES) * 2 + 1) * KV_BYTES, Padded<D> ());
         cp_async_commit ();
       }
       const int k0 = lo + it * BN;
@@ -294,44 +360,17 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
     }
   cp_async_wait<0> ();
 
-  /* The block's result: the output (one split) or this split's partial. */
-  float *out = c.out, *lse = c.lse;
-  int64_t out_hs = c.out_hs, out_ts = c.out_ts, lse_hs = c.n_q;
-  if (c.n_splits > 1)
-    {
-      out = c.part_o + (int64_t) split * c.q_heads * c.n_q * D;
-      lse = c.part_l + (int64_t) split * c.q_heads * c.n_q;
-      out_hs = (int64_t) c.n_q * D;
-      out_ts = D;
-    }
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int x = 0; x < 2; x++)
-      {
-        const float sum = quad_sum (l[mt][x]);
-        const int r = r_warp + 16 * mt + 8 * x + g;
-        if (r >= rows)
-          continue;
-        const int h = kvh * group + r % group, i = r / group;
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        float *orow = out + h * out_hs + i * out_ts;
-#pragma unroll
-        for (int j = 0; j < DT; j++)
-          {
-            orow[j * 8 + 2 * t] = o[mt][j][2 * x] * inv;
-            orow[j * 8 + 2 * t + 1] = o[mt][j][2 * x + 1] * inv;
-          }
-        if (t == 0)
-          lse[h * lse_hs + i] = sum > 0.0f ? (m[mt][x] + log2f (sum)) * CUDART_LN2_F : -CUDART_INF_F;
-      }
+      store_row<D> (c, b, r_warp + 16 * mt + 8 * x + g, x, t, o[mt], l[mt][x], m[mt][x]);
 }
 
-/* One shape's kernel: shared-memory limit set once, blocks per SM, launch. */
-template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED> struct Kernel {
-  using S = Shape<D, MT, WARPS, BN, STAGES>;
-  static_assert (S::BM == SIFT_CUDA_PREFILL_ROWS, "cuda.c sizes the splits by SIFT_CUDA_PREFILL_ROWS");
-  static constexpr auto fn = prefill_kernel<D, BF16, MT, WARPS, BN, STAGES, PAGED>;
+/* A kernel's launches: its shared-memory limit set once, blocks per SM,
+ * the launch (BM rows a block: row blocks x kv heads, by the splits). */
+template <auto FN, int THREADS, size_t SMEM, int BM> struct Launch {
+  static_assert (BM == SIFT_CUDA_PREFILL_ROWS, "cuda.c sizes the splits by SIFT_CUDA_PREFILL_ROWS");
 
   /* Allows the kernel its dynamic shared memory (over the default 48 KB). */
   static cudaError_t
@@ -340,7 +379,7 @@ template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED> s
     static bool configured = false; /* benign race: the attribute is idempotent */
     if (configured)
       return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute (fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) S::SMEM);
+    cudaError_t e = cudaFuncSetAttribute (FN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) SMEM);
     configured = e == cudaSuccess;
     return e;
   }
@@ -348,7 +387,7 @@ template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED> s
   static int
   resident ()
   {
-    return configure () == cudaSuccess ? blocks_per_sm (fn, S::THREADS, S::SMEM) : 1;
+    return configure () == cudaSuccess ? blocks_per_sm (FN, THREADS, SMEM) : 1;
   }
 
   static cudaError_t
@@ -358,13 +397,291 @@ template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED> s
     if (e != cudaSuccess)
       return e;
     const int64_t rows = (int64_t) c.q_heads / c.kv_heads * c.n_q;
-    const int64_t blocks = (rows + S::BM - 1) / S::BM * c.kv_heads;
+    const int64_t blocks = (rows + BM - 1) / BM * c.kv_heads;
     if (blocks > 0x7fffffff)
       return cudaErrorInvalidConfiguration;
-    fn<<<dim3 ((unsigned) blocks, c.n_splits), S::THREADS, S::SMEM, stream>>> (c);
+    FN<<<dim3 ((unsigned) blocks, c.n_splits), THREADS, SMEM, stream>>> (c);
     return cudaGetLastError ();
   }
 };
+
+/* One shape of the mma.sync kernel. */
+template <int D, bool BF16, int MT, int WARPS, int BN, int STAGES, bool PAGED, typename S = Shape<D, MT, WARPS, BN, STAGES>>
+using Kernel = Launch<prefill_kernel<D, BF16, MT, WARPS, BN, STAGES, PAGED>, S::THREADS, S::SMEM, S::BM>;
+
+/* The Hopper kernel (sm_90a): 128 query rows a block (the same rows as
+ * above) in two warpgroups of 64, 128-key tiles, wgmma with the operands
+ * read by the tensor cores from 128-byte swizzled shared memory. Q
+ * (scaled and rounded as above) stays in shared memory as the A operand
+ * of S = Q K^T; K/V tiles stream through three slots by cp.async, one
+ * tile ahead, one block-wide barrier a tile. Within a warpgroup
+ * the softmax of tile j overlaps the P V product of tile j - 1: per tile
+ * the warpgroup issues S = Q K_j and O += P_{j-1} V_{j-1} together, waits
+ * for S only, masks and exponentiates it, then waits for P V and
+ * rescales O. docs/kernels.md ("GPU kernels") has the reasoning. */
+namespace hopper {
+
+constexpr int D = 128, BM = 128, BN = 128, STAGES = 3, THREADS = 256;
+constexpr uint32_t PANEL_Q = BM * 128;  /* bytes of a 64-column panel of Q ([BM][64] halves) */
+constexpr uint32_t PANEL_KV = BN * 128; /* of K or V */
+constexpr uint32_t Q_BYTES = D / 64 * PANEL_Q;
+constexpr uint32_t KV_BYTES = D / 64 * PANEL_KV; /* K or V of one tile */
+constexpr size_t SMEM = 1024 + Q_BYTES + 2 * STAGES * KV_BYTES; /* 1024: alignment of the panels */
+
+/* The device code below exists only where the arch-specific features
+ * do (sm_90a); elsewhere the kernel traps and runs_here keeps it unused. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Byte offsets in a K or V slot: 64-column panels, 128-byte swizzled. */
+struct Swizzled {
+  __device__ uint32_t operator() (int row, int col) const { return (uint32_t) (col / 8) * PANEL_KV + sift_wg::swz (row, col % 8); }
+};
+
+/* The online softmax of one tile's scores without touching O (a P V
+ * product may still be writing it): raises the row maxima, makes s the
+ * probabilities, and returns in alpha the factor O must be rescaled by.
+ * A row with no key yet subtracts 0 instead of -inf, as softmax_step. */
+__device__ __forceinline__ void
+softmax_scores (float s[16][4], float m[2], float l[2], float alpha[2])
+{
+#pragma unroll
+  for (int x = 0; x < 2; x++)
+    {
+      float mx = -CUDART_INF_F;
+#pragma unroll
+      for (int n = 0; n < 16; n++)
+        mx = fmaxf (mx, fmaxf (s[n][2 * x], s[n][2 * x + 1]));
+      const float m_new = fmaxf (m[x], quad_max (mx));
+      const float base = m_new == -CUDART_INF_F ? 0.0f : m_new;
+      alpha[x] = fast_exp2 (m[x] - base);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 16; n++)
+        {
+          s[n][2 * x] = fast_exp2 (s[n][2 * x] - base);
+          s[n][2 * x + 1] = fast_exp2 (s[n][2 * x + 1] - base);
+          sum += s[n][2 * x] + s[n][2 * x + 1];
+        }
+      l[x] = l[x] * alpha[x] + sum;
+      m[x] = m_new;
+    }
+}
+
+/* Issues S = Q K^T of a warpgroup's 64 rows (Q's panels at qa: k-step ks
+ * is panel ks / 4 at byte 32 (ks % 4)) against the K panels of the stage
+ * at st, and commits it. Every input of the wgmma is computed before
+ * the fence (else ptxas serialises them). */
+template <bool BF16>
+__device__ __forceinline__ void
+scores (float s[16][4], uint32_t qa, uint32_t st)
+{
+  uint64_t dq[D / 16], dk[D / 16];
+  int zero = 0, one = 1;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++)
+    {
+      dq[ks] = sift_wg::desc (qa + ks / 4 * PANEL_Q + ks % 4 * 32, 16, 1024);
+      dk[ks] = sift_wg::desc (st + ks / 4 * PANEL_KV + ks % 4 * 32, 16, 1024);
+      sift_wg::hold (dq[ks]);
+      sift_wg::hold (dk[ks]);
+    }
+  sift_wg::hold (zero);
+  sift_wg::hold (one);
+  sift_wg::hold (s);
+  sift_wg::fence ();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++)
+    sift_wg::mma_ss<BF16> (s, dq[ks], dk[ks], ks > 0 ? one : zero);
+  sift_wg::commit ();
+}
+
+/* Issues O += P V against the V slot at vst (keys along K, 8-key groups
+ * 1024 bytes apart; its two 64-column panels along N PANEL_KV apart)
+ * and commits it. */
+template <bool BF16>
+__device__ __forceinline__ void
+add_pv (float o[16][4], uint32_t pa[8][4], uint32_t vst)
+{
+  uint64_t dv[BN / 16];
+  int one = 1;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    {
+      dv[kk] = sift_wg::desc (vst + kk * 16 * 128, PANEL_KV, 1024);
+      sift_wg::hold (dv[kk]);
+      sift_wg::hold (pa[kk]);
+    }
+  sift_wg::hold (one);
+  sift_wg::hold (o);
+  sift_wg::fence ();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    sift_wg::mma_rs<BF16> (o, pa[kk], dv[kk], one);
+  sift_wg::commit ();
+}
+
+/* Keys past a row's limit (causal, split end, tail) score -inf: only in
+ * tiles that hold one. */
+__device__ __forceinline__ void
+mask (float s[16][4], int k0, int lim_min, const int rlim[2], int t)
+{
+  if (k0 + BN > lim_min)
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (k0 + n * 8 + 2 * t + (e & 1) >= rlim[e >> 1])
+          s[n][e] = -CUDART_INF_F;
+}
+
+/* P, rounded to K's type, as the A operand of k-step kk (keys 16 kk to
+ * 16 kk + 15): score fragments 2 kk and 2 kk + 1 as they lie. */
+template <bool BF16>
+__device__ __forceinline__ void
+pack_p (uint32_t pa[8][4], const float s[16][4])
+{
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++)
+    {
+      pa[kk][0] = pack2<BF16> (s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<BF16> (s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<BF16> (s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<BF16> (s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+#endif
+
+template <bool BF16, bool PAGED>
+__global__ void __launch_bounds__ (THREADS, 1)
+prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__ (1024) uint8_t wsmem[];
+  const uint32_t raw = smem_addr (wsmem);
+  const uint32_t qs = (raw + 1023u) & ~1023u; /* Q's panels, then the stages */
+  const uint32_t kring = qs + Q_BYTES, vring = kring + STAGES * KV_BYTES; /* STAGES slots each */
+  uint8_t *qg = wsmem + (qs - raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4, w = warp % 4; /* warpgroup, warp in it */
+  const int g = lane / 4, t = lane % 4;
+  const Block b (c, BM);
+  const int kvh = b.kvh, lo = b.lo, hi = b.hi;
+  const int r_thr = b.r_blk + wg * 64 + w * 16 + g; /* this thread's rows: r_thr, r_thr + 8 */
+  const int rlim[2] = { b.limit (c, r_thr), b.limit (c, r_thr + 8) };
+  const int lim_min = min (rlim[0], rlim[1]);
+
+  /* Tile j's K and V go to slot j % STAGES, one tile ahead (copy group
+   * j). */
+  Cursor cur;
+  if constexpr (PAGED)
+    cur.seek_warp (c, lo, lane);
+  const int n_tiles = (hi - lo + BN - 1) / BN;
+  auto copy_tile = [&] (int j) {
+    if (j < n_tiles)
+      load_kv<D, BN, THREADS, PAGED> (c, cur, kvh, lo + j * BN, hi, kring + j % STAGES * KV_BYTES,
+                                      vring + j % STAGES * KV_BYTES, Swizzled ());
+    cp_async_commit ();
+  };
+  copy_tile (0);
+  copy_tile (1);
+
+  /* Q as in the mma.sync kernel, into two swizzled 64-column panels. */
+  stage_q<D, BM, THREADS, BF16> (c, b, [&] (int row, int col) {
+    return qg + col / 64 * PANEL_Q + sift_wg::swz (row, col % 64 / 8) + col % 8 * 2;
+  });
+
+  /* A warpgroup's 64 rows of Q: k-step ks is panel ks / 4 at byte 32 (ks % 4). */
+  const uint32_t qa = qs + (uint32_t) wg * 64 * 128;
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
+  float s[16][4], o[16][4];
+  uint32_t pa[8][4]; /* P of the previous tile: the A operand of k-step kk (keys 16 kk..16 kk + 15) */
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      s[i][e] = o[i][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++)
+    pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+
+  /* Round 0: S = Q K_0 and its softmax; P V waits for the next round. */
+  if (n_tiles > 0)
+    {
+      cp_async_wait<1> ();
+      sift_wg::fence_async_smem ();
+      __syncthreads ();
+      scores<BF16> (s, qa, kring);
+      sift_wg::wait<0> ();
+      sift_wg::hold (s);
+      float alpha[2];
+      mask (s, lo, lim_min, rlim, t);
+      softmax_scores (s, m, l, alpha);
+      pack_p<BF16> (pa, s);
+    }
+  /* Round it: S = Q K_it and O += P V_{it-1} issued together, the
+   * softmax of S while P V runs. */
+  for (int it = 1; it < n_tiles; it++)
+    {
+      /* Tile it landed and is visible to the tensor cores, and every
+       * warpgroup is done with round it - 1, so with tile it - 2 (its
+       * P V waited for there), whose slot copy group it + 1 refills. */
+      cp_async_wait<0> ();
+      sift_wg::fence_async_smem ();
+      __syncthreads ();
+
+      /* The copies go out after the products are issued, not before: the
+       * tensor cores start sooner (3% on an H200). */
+      scores<BF16> (s, qa, kring + it % STAGES * KV_BYTES);
+      add_pv<BF16> (o, pa, vring + (it - 1) % STAGES * KV_BYTES);
+      copy_tile (it + 1);
+      sift_wg::wait<1> ();
+      sift_wg::hold (s);
+      float alpha[2];
+      mask (s, lo + it * BN, lim_min, rlim, t);
+      softmax_scores (s, m, l, alpha);
+      sift_wg::wait<0> ();
+      sift_wg::hold (o);
+#pragma unroll
+      for (int n = 0; n < 16; n++)
+        {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      pack_p<BF16> (pa, s);
+    }
+  if (n_tiles > 0)
+    {
+      add_pv<BF16> (o, pa, vring + (n_tiles - 1) % STAGES * KV_BYTES);
+      sift_wg::wait<0> ();
+      sift_wg::hold (o);
+    }
+
+#pragma unroll
+  for (int x = 0; x < 2; x++)
+    store_row<D> (c, b, r_thr + 8 * x, x, t, o, l[x], m[x]);
+#else
+  __trap (); /* launched only where the sm_90a code runs (runs_here) */
+#endif
+}
+
+/* Whether the current device runs this file's sm_90a code: compute
+ * capability 9.0 exactly (the only one sm_90a machine code loads on;
+ * elsewhere the driver compiles the compute_80 PTX, without it). */
+bool
+runs_here ()
+{
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice (&dev) != cudaSuccess || cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
+      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
+template <bool BF16, bool PAGED> using Kernel = Launch<prefill_kernel<BF16, PAGED>, THREADS, SMEM, BM>;
+
+} // namespace hopper
 
 /* The shape used: 32 rows a warp, 4 warps, 64-key tiles, 2 stages (102 KB
  * of shared memory for head_dim 128: two blocks an SM). On an H200 at 16K
@@ -377,6 +694,8 @@ template <int D, bool BF16>
 cudaError_t
 launch (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
+  if (D == hopper::D && hopper::runs_here ())
+    return c.n_blocks > 1 ? hopper::Kernel<BF16, true>::launch (c, stream) : hopper::Kernel<BF16, false>::launch (c, stream);
   if (c.n_blocks > 1)
     return Prefill<D, BF16, true>::launch (c, stream);
   return Prefill<D, BF16, false>::launch (c, stream);
@@ -387,6 +706,8 @@ launch (const SiftCudaAttnCall &c, cudaStream_t stream)
 extern "C" int
 sift_cuda_prefill_blocks_per_sm (int32_t head_dim, int32_t bf16)
 {
+  if (head_dim == hopper::D && hopper::runs_here ())
+    return bf16 ? hopper::Kernel<true, false>::resident () : hopper::Kernel<false, false>::resident ();
   if (head_dim == 64)
     return bf16 ? Prefill<64, true, false>::resident ()
                 : Prefill<64, false, false>::resident ();
