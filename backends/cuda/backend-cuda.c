@@ -451,7 +451,8 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
   if (sg->used)
     cudaEventSynchronize (sg->free_ev); /* its previous copy read it */
   *bytes = 0;
-  for (int h = 0; h < 2; h++)
+  gboolean ok = TRUE;
+  for (int h = 0; h < 2 && ok; h++)
     {
       if (!(h == 0 ? want_k : want_v))
         continue;
@@ -468,18 +469,20 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
           while (h1 < s->n_kv_heads && (s->n_kv_heads > 64 || ((heads >> h1) & 1)))
             h1++;
           const gsize at = (gsize) h * kb + (gsize) h0 * head_stored, n = (gsize) (h1 - h0) * head_stored;
-          if (!sift_store_read (st, t->store_id, at, sg->stored + at, n, error))
-            return FALSE;
+          if (!(ok = sift_store_read (st, t->store_id, at, sg->stored + at, n, error)))
+            break;
           sift_convert (sg->stored + at, st->config.dtype, block + (gsize) h0 * head_elems * b->es, b->compute,
                         (gsize) (h1 - h0) * head_elems);
           *bytes += n;
           h0 = h1;
         }
-      copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
+      if (ok)
+        copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
     }
+  /* Also after a failed read of V: K's copy may still be reading staging. */
   cudaEventRecord (sg->free_ev, b->xs);
   sg->used = TRUE;
-  return TRUE;
+  return ok;
 }
 
 /* The stored bytes of a load's block when the copy can read them in

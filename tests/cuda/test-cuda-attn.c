@@ -245,16 +245,20 @@ test_dense (void **state)
           }
 }
 
-/* Decode: 1..16 rows against short and long contexts (many splits). */
+/* Decode: 1..16 rows against short and long contexts (many splits);
+ * groups that are not powers of two (3, 6) and 2 as well, so the K Q^T
+ * kernel (up to 8 rows) sees 1, 2, 3, 4, 6 and 8 rows and padding
+ * columns in its 8-wide tile. */
 static void
 test_decode (void **state)
 {
   (void) state;
+  static const gint32 decode_groups[] = { 1, 2, 3, 4, 6, 8 };
   static const gint64 rows[] = { 1, 3, 16 };
   static const gint64 keys[] = { 1, 100, 5003, 20011 };
   guint32 seed = 1000;
   for (gsize a = 0; a < G_N_ELEMENTS (dims); a++)
-    for (gsize b = 0; b < G_N_ELEMENTS (groups); b++)
+    for (gsize b = 0; b < G_N_ELEMENTS (decode_groups); b++)
       for (gsize t = 0; t < G_N_ELEMENTS (dtypes); t++)
         for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
           for (gsize j = 0; j < G_N_ELEMENTS (keys); j++)
@@ -262,7 +266,7 @@ test_decode (void **state)
               if (keys[j] < rows[i])
                 continue;
               gboolean causal = (seed % 2) == 0;
-              Case c = { dims[a], 8 / groups[b], groups[b], rows[i], keys[j], dtypes[t], causal,
+              Case c = { dims[a], MAX (8 / decode_groups[b], 1), decode_groups[b], rows[i], keys[j], dtypes[t], causal,
                          keys[j] - rows[i], (seed % 3) == 0 };
               check_contiguous (&c, seed++, 1);
             }
@@ -279,6 +283,14 @@ test_empty_rows (void **state)
   check_contiguous (&d, 8, 1);
   Case e = { 64, 1, 8, 33, 0, SIFT_DTYPE_F16, FALSE, 0, FALSE };
   check_contiguous (&e, 9, 0);
+  /* The same for the K Q^T decode kernel (4 and 8 rows a kv head) and
+   * the Hopper prefill kernel (head_dim 128, bf16). */
+  Case f = { 64, 2, 4, 1, 20, SIFT_DTYPE_F16, TRUE, -3, FALSE };
+  check_contiguous (&f, 10, 1);
+  Case g = { 128, 2, 4, 2, 0, SIFT_DTYPE_BF16, FALSE, 0, FALSE };
+  check_contiguous (&g, 11, 0);
+  Case h = { 128, 1, 8, 33, 0, SIFT_DTYPE_BF16, FALSE, 0, FALSE };
+  check_contiguous (&h, 12, 0);
 }
 
 /* Paged: the keys in random blocks ([kv_heads][n_b][d], some empty, some
@@ -360,8 +372,8 @@ test_paged (void **state)
     for (gsize b = 0; b < G_N_ELEMENTS (groups); b++)
       for (gsize s = 0; s < G_N_ELEMENTS (shapes); s++)
         {
-          gboolean causal = (seed % 2) == 0;
-          Case c = { dims[a], 2, groups[b], shapes[s][0], shapes[s][1], dtypes[seed % 2], causal,
+          gboolean causal = (seed % 2) == 0; /* and the dtype from the next bit: every pairing */
+          Case c = { dims[a], 2, groups[b], shapes[s][0], shapes[s][1], dtypes[(seed / 2) % 2], causal,
                      shapes[s][1] - shapes[s][0], FALSE };
           check_paged (&c, seed++);
         }
