@@ -88,6 +88,26 @@ sift_transfer_some_heads (const SiftTransfer *t, gint32 n)
   return t->kv_heads != 0 && n <= 64 && (t->kv_heads & sift_kv_heads_all (n)) != sift_kv_heads_all (n);
 }
 
+/* The next run of consecutive kv heads of mask at or after *h1 (0 to
+ * begin): sets [*h0, *h1) and returns TRUE, or FALSE when none is left.
+ * mask as SiftTransfer's kv_heads: 0, or more than 64 heads, is every
+ * head (one run). Loop: for (gint32 h0, h1 = 0; sift_kv_heads_next (m, n, &h0, &h1);) */
+static inline gboolean
+sift_kv_heads_next (guint64 mask, gint32 n, gint32 *h0, gint32 *h1)
+{
+  const gboolean all = mask == 0 || n > 64;
+  gint32 h = *h1;
+  while (h < n && !all && !((mask >> h) & 1))
+    h++;
+  if (h >= n)
+    return FALSE;
+  *h0 = h;
+  while (++h < n && (all || ((mask >> h) & 1)))
+    ;
+  *h1 = h;
+  return TRUE;
+}
+
 /* What a backend reports to its engine. `done` is called once per
  * transfer, on whichever thread finished it, before its event completes:
  * ok, the bytes read (loads) or written (stores; 0 when skipped after an

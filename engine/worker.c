@@ -117,16 +117,8 @@ load_heads (CpuBackend *b, const SiftTransfer *j, gboolean want_k, gboolean want
   const gsize head_dst = (gsize) j->cap * (gsize) s->head_dim * b->es;
   const gboolean same = st->config.dtype == b->compute && j->cap == s->block_size;
   *bytes = 0;
-  for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+  for (gint32 h0, h1 = 0; sift_kv_heads_next (j->kv_heads, s->n_kv_heads, &h0, &h1);)
     {
-      if (!((j->kv_heads >> h0) & 1))
-        {
-          h0++;
-          continue;
-        }
-      gint32 h1 = h0 + 1;
-      while (h1 < s->n_kv_heads && ((j->kv_heads >> h1) & 1))
-        h1++;
       const gsize nh = (gsize) (h1 - h0);
       for (int half = 0; half < 2; half++)
         {
@@ -155,7 +147,6 @@ load_heads (CpuBackend *b, const SiftTransfer *j, gboolean want_k, gboolean want
           for (gsize h = 0; h < nh; h++)
             sift_convert (src + h * head_stored, st->config.dtype, dst + h * head_dst, b->compute, n);
         }
-      h0 = h1;
     }
   return TRUE;
 }

@@ -904,16 +904,7 @@ merge_kernel (float *o1, int64_t o1_hs, int64_t o1_ts, float *lse1, const float 
 /* One decode kernel instance: its shared-memory limit set once, its
  * blocks per SM, its launch (a block per kv head and split). */
 template <auto KERNEL, int THREADS, size_t SMEM> struct Launcher {
-  static cudaError_t
-  configure ()
-  {
-    static bool configured = false; /* benign race: the attribute is idempotent */
-    if (configured)
-      return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute (KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) SMEM);
-    configured = e == cudaSuccess;
-    return e;
-  }
+  static cudaError_t configure () { return allow_smem<KERNEL, SMEM> (); }
 
   static int
   resident ()

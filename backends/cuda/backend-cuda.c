@@ -412,23 +412,10 @@ copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src, guint64 k
   const SiftModelShape *s = &b->shape;
   const gsize width = (gsize) s->block_size * (gsize) s->head_dim * b->es;
   const gsize pitch = (gsize) cap * (gsize) s->head_dim * b->es;
-  const gint32 n = s->n_kv_heads;
-  const gboolean all = kv_heads == 0 || n > 64;
-  for (gint32 h0 = 0; h0 < n;)
-    {
-      if (!all && !((kv_heads >> h0) & 1))
-        {
-          h0++;
-          continue;
-        }
-      gint32 h1 = h0 + 1;
-      while (h1 < n && (all || ((kv_heads >> h1) & 1)))
-        h1++;
-      note_failure (b, cudaMemcpy2DAsync (dst + (gsize) h0 * pitch, pitch, src + (gsize) h0 * width, width, width,
-                                          (gsize) (h1 - h0), cudaMemcpyHostToDevice, b->xs),
-                    "copy to the GPU (a half, 2D)");
-      h0 = h1;
-    }
+  for (gint32 h0, h1 = 0; sift_kv_heads_next (kv_heads, s->n_kv_heads, &h0, &h1);)
+    note_failure (b, cudaMemcpy2DAsync (dst + (gsize) h0 * pitch, pitch, src + (gsize) h0 * width, width, width,
+                                        (gsize) (h1 - h0), cudaMemcpyHostToDevice, b->xs),
+                  "copy to the GPU (a half, 2D)");
 }
 
 /* A staged load: the stored rows of the kv heads asked for (of the half,
@@ -446,7 +433,6 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
   const gsize head_stored = (gsize) s->block_size * sift_store_row_bytes (st);
   const gsize head_elems = (gsize) s->block_size * (gsize) s->head_dim;
   const gsize half = (gsize) s->n_kv_heads * head_elems * b->es;
-  const guint64 heads = sift_transfer_some_heads (t, s->n_kv_heads) ? t->kv_heads : sift_kv_heads_all (s->n_kv_heads);
   Staging *sg = &b->staging[b->next_staging++ % N_STAGING];
   if (sg->used)
     cudaEventSynchronize (sg->free_ev); /* its previous copy read it */
@@ -458,23 +444,14 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
         continue;
       guint8 *block = sg->block + (gsize) h * half;
       /* Each run of wanted heads: one read, one conversion. */
-      for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+      for (gint32 h0, h1 = 0; sift_kv_heads_next (t->kv_heads, s->n_kv_heads, &h0, &h1);)
         {
-          if (s->n_kv_heads <= 64 && !((heads >> h0) & 1))
-            {
-              h0++;
-              continue;
-            }
-          gint32 h1 = h0 + 1;
-          while (h1 < s->n_kv_heads && (s->n_kv_heads > 64 || ((heads >> h1) & 1)))
-            h1++;
           const gsize at = (gsize) h * kb + (gsize) h0 * head_stored, n = (gsize) (h1 - h0) * head_stored;
           if (!(ok = sift_store_read (st, t->store_id, at, sg->stored + at, n, error)))
             break;
           sift_convert (sg->stored + at, st->config.dtype, block + (gsize) h0 * head_elems * b->es, b->compute,
                         (gsize) (h1 - h0) * head_elems);
           *bytes += n;
-          h0 = h1;
         }
       if (ok)
         copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
@@ -513,16 +490,10 @@ head_pieces (CudaBackend *b, const SiftTransfer *t, const guint8 *p, GArray *dst
   const gsize head_dst = (gsize) t->cap * (gsize) s->head_dim * b->es;
   const gboolean slot = t->cap == s->block_size;
   guint64 bytes = 0;
-  for (gint32 h0 = 0; h0 < s->n_kv_heads;)
+  for (gint32 h0, h1 = 0; sift_kv_heads_next (t->kv_heads, s->n_kv_heads, &h0, &h1);)
     {
-      if (!((t->kv_heads >> h0) & 1))
-        {
-          h0++;
-          continue;
-        }
-      gint32 h1 = h0 + 1;
-      while (slot && h1 < s->n_kv_heads && ((t->kv_heads >> h1) & 1))
-        h1++;
+      if (!slot)
+        h1 = h0 + 1; /* a piece per head (the next call resumes at h0 + 1) */
       for (int half = 0; half < 2; half++)
         {
           if (!((t->what & (half == 0 ? SIFT_LOAD_K : SIFT_LOAD_V)) != 0))
@@ -535,7 +506,6 @@ head_pieces (CudaBackend *b, const SiftTransfer *t, const guint8 *p, GArray *dst
           g_array_append_val (size, n);
           bytes += n;
         }
-      h0 = h1;
     }
   return bytes;
 }

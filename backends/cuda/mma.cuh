@@ -25,6 +25,20 @@ blocks_per_sm (Kernel kernel, int threads, size_t smem)
   return n > 0 ? n : 1;
 }
 
+/* Allows kernel FN `smem` bytes of dynamic shared memory (over the
+ * default 48 KB), asked of the runtime once per kernel. */
+template <auto FN, size_t SMEM>
+static inline cudaError_t
+allow_smem ()
+{
+  static bool allowed = false; /* benign race: the attribute is idempotent */
+  if (allowed)
+    return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute (FN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) SMEM);
+  allowed = e == cudaSuccess;
+  return e;
+}
+
 namespace sift_mma {
 
 /* Two floats as one register of two 16-bit operands, the lower index in the low half. */

@@ -372,17 +372,7 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
 template <auto FN, int THREADS, size_t SMEM, int BM> struct Launch {
   static_assert (BM == SIFT_CUDA_PREFILL_ROWS, "cuda.c sizes the splits by SIFT_CUDA_PREFILL_ROWS");
 
-  /* Allows the kernel its dynamic shared memory (over the default 48 KB). */
-  static cudaError_t
-  configure ()
-  {
-    static bool configured = false; /* benign race: the attribute is idempotent */
-    if (configured)
-      return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute (FN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) SMEM);
-    configured = e == cudaSuccess;
-    return e;
-  }
+  static cudaError_t configure () { return allow_smem<FN, SMEM> (); }
 
   static int
   resident ()

@@ -37,13 +37,7 @@ gboolean quest_meta_update (QuestMeta *meta, gint32 layer, gint64 id, const Sift
 /* The bound of q.k over every key in the box [kmin, kmax] (head_dim
  * channels): the plain reference of quest_head_bounds. */
 float quest_bound (const float *q, const float *kmin, const float *kmax, gint32 head_dim);
-/* Bounds of every query head of q against every available block of
- * `layer`, out [n_q_heads][n]: the largest over q's rows, or with
- * mean_query the bound of their mean (prefill: the chunk's mean query).
- * Fails naming the first block without a box. Scored on sift's thread
- * pool in tasks of (kv head, BOUNDS_CHUNK blocks): each bound is the same
- * dot product whatever the split, so the result does not depend on the
- * thread count. */
+
 /* quest_head_bounds in parts, for a caller that splits the work itself
  * (quest.c: a kv head's bounds, ranking and pick in one task). */
 typedef struct {
@@ -66,5 +60,12 @@ gboolean quest_bounds_prepare (QuestMeta *meta, gint32 layer, const SiftView *q,
 void quest_bounds_score (const QuestBounds *qb, gint32 g, gsize b0, gsize nb, gint worker);
 #define QUEST_BOUNDS_CHUNK 128
 
+/* Bounds of every query head of q against every available block of
+ * `layer`, out [n_q_heads][n]: the largest over q's rows, or with
+ * mean_query the bound of their mean (prefill: the chunk's mean query).
+ * Fails naming the first block without a box. Scored on sift's thread
+ * pool in tasks of (kv head, BOUNDS_CHUNK blocks): each bound is the same
+ * dot product whatever the split, so the result does not depend on the
+ * thread count. */
 gboolean quest_head_bounds (QuestMeta *meta, gint32 layer, const SiftView *q, gboolean mean_query,
                             const gint64 *available, gsize n, float *out, GError **error);
