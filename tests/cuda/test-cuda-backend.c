@@ -22,7 +22,7 @@
 #include "backend.h"
 #include "store-private.h"
 
-enum { QH = 8, KVH = 2, BLOCK = 64 };
+enum { QH = 8, KVH = 2, BLOCK = 64 }; /* attention's heads; transfers also use 4 kv heads */
 
 typedef struct {
   gint n_loads, n_stores, n_failed;
@@ -47,20 +47,22 @@ typedef struct {
   Heard hc, hg;
   SiftModelShape shape;
   SiftDType compute;
+  gint32 kvh;   /* kv heads */
   gsize half;   /* bytes of K (or V) of one block, compute dtype */
 } Pair;
 
 static void
-pair_open (Pair *p, gint32 dim, SiftDType compute, SiftDType stored, const char *file)
+pair_open (Pair *p, gint32 kvh, gint32 dim, SiftDType compute, SiftDType stored, const char *file)
 {
   memset (p, 0, sizeof *p);
   g_autoptr (GError) error = NULL;
-  SiftStoreConfig sc = { .dtype = stored, .n_kv_heads = KVH, .block_size = BLOCK, .head_dim = dim, .path = file };
+  SiftStoreConfig sc = { .dtype = stored, .n_kv_heads = kvh, .block_size = BLOCK, .head_dim = dim, .path = file };
   p->store = file ? sift_store_file_new (&sc, &error) : sift_store_host_new (&sc, &error);
   g_assert_no_error (error);
-  p->shape = (SiftModelShape) { 1, QH, KVH, dim, BLOCK, BLOCK, 0 };
+  p->shape = (SiftModelShape) { 1, QH, kvh, dim, BLOCK, BLOCK, 0 };
   p->compute = compute;
-  p->half = (gsize) KVH * BLOCK * (gsize) dim * sift_dtype_size (compute);
+  p->kvh = kvh;
+  p->half = (gsize) kvh * BLOCK * (gsize) dim * sift_dtype_size (compute);
   /* The GPU backend first: it makes the host store's chunks pinned. */
   SiftBackendSetup sg = { p->shape, compute, p->store, { heard, &p->hg } };
   p->gpu = sift_backend_cuda_new (&sg, &error);
@@ -100,7 +102,7 @@ test_memory (void **state)
 {
   (void) state;
   Pair p;
-  pair_open (&p, 64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, NULL);
+  pair_open (&p, KVH, 64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, NULL);
   const SiftBackendOps *o = p.gpu->ops;
   assert_int_equal (o->version, SIFT_BACKEND_VERSION);
   assert_true (o->struct_size >= sizeof (SiftBackendOps));
@@ -147,16 +149,16 @@ test_memory (void **state)
 /* Stores one block through each backend, then loads it through each, in
  * each way, and compares bytes. */
 static void
-check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
+check_transfers (gint32 kvh, gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
 {
   g_autofree char *path = file ? g_build_filename (g_get_tmp_dir (), "sift-cuda-backend.store", NULL) : NULL;
   Pair p;
-  pair_open (&p, dim, compute, stored, path);
-  GRand *r = g_rand_new_with_seed ((guint32) (dim + compute * 7 + stored * 31 + file));
+  pair_open (&p, kvh, dim, compute, stored, path);
+  GRand *r = g_rand_new_with_seed ((guint32) (kvh * 1000 + dim + compute * 7 + stored * 31 + file));
   const gsize es = sift_dtype_size (compute), elems = p.half / es;
-  /* Compute-side source: [KVH][cap 3 * BLOCK][dim], the block at token BLOCK. */
+  /* Compute-side source: [kvh][cap 3 * BLOCK][dim], the block at token BLOCK. */
   const gint64 cap = 3 * BLOCK;
-  const gsize big = (gsize) KVH * (gsize) cap * (gsize) dim * es;
+  const gsize big = (gsize) kvh * (gsize) cap * (gsize) dim * es;
   const gsize at = (gsize) BLOCK * (gsize) dim * es;
   g_autofree guint8 *hk = g_malloc (big), *hv = g_malloc (big);
   fill_random (r, hk, compute, big / es);
@@ -194,10 +196,12 @@ check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
 
   /* Loads of id0: into a slot (cap BLOCK) and into the strided buffer at
    * token 2 * BLOCK; K, V and both; every kv head, and each one alone
-   * (in place or staged): the other head's rows stay as they were and the
-   * bytes read are the wanted heads' only, as on the CPU. */
+   * (in place or staged), and with 4 kv heads every subset, 0b0101 and
+   * 0b1011 among them (runs of heads apart): the other heads' rows stay
+   * as they were and each load's bytes are the wanted heads' only, as on
+   * the CPU. */
   const SiftLoadWhat whats[] = { SIFT_LOAD_KV, SIFT_LOAD_K, SIFT_LOAD_V };
-  const int n_masks = 3;
+  const int n_masks = 1 << kvh; /* 0: every head */
   g_autofree guint8 *ck = g_malloc0 (big), *cv = g_malloc0 (big), *got = g_malloc (big);
   for (gsize w = 0; w < G_N_ELEMENTS (whats); w++)
     for (int strided = 0; strided < 2; strided++)
@@ -211,6 +215,7 @@ check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
         SiftTransfer ld = { .kind = SIFT_TRANSFER_LOAD, .store_id = id[0], .what = whats[w], .cap = lcap,
                             .kv_heads = (guint64) mask };
         ld.k = ck + off, ld.v = cv + off, ld.event = ec;
+        const guint64 cpu0 = p.hc.bytes_loaded, gpu0 = p.hg.bytes_loaded;
         p.cpu->ops->submit (p.cpu, &ld, 1);
         assert_true (p.cpu->ops->event_wait (p.cpu, &ec, 1, NULL, NULL));
         ld.k = gk.data + off, ld.v = gv.data + off, ld.event = eg;
@@ -221,6 +226,10 @@ check_transfers (gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
         read_back (p.gpu, got, gv.data, big);
         assert_memory_equal (got, cv, big);
         assert_int_equal (p.gpu->ops->event_query (p.gpu, eg), SIFT_EVENT_DONE);
+        const guint64 heads = mask ? (guint64) __builtin_popcount ((unsigned) mask) : (guint64) kvh;
+        const guint64 per = whats[w] == SIFT_LOAD_KV ? 2 : 1;
+        assert_int_equal (p.hc.bytes_loaded - cpu0, sift_store_block_bytes (p.store) / (guint64) kvh / 2 * heads * per);
+        assert_int_equal (p.hg.bytes_loaded - gpu0, p.hc.bytes_loaded - cpu0);
       }
   assert_int_equal (p.hg.bytes_loaded, p.hc.bytes_loaded);
   assert_int_equal (p.hg.n_loads, p.hc.n_loads);
@@ -256,12 +265,15 @@ static void
 test_transfers (void **state)
 {
   (void) state;
-  check_transfers (64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, FALSE); /* pinned host store, in place */
-  check_transfers (128, SIFT_DTYPE_F16, SIFT_DTYPE_F16, FALSE);
-  check_transfers (64, SIFT_DTYPE_F16, SIFT_DTYPE_F32, FALSE);   /* converted on load and store */
-  check_transfers (128, SIFT_DTYPE_BF16, SIFT_DTYPE_Q8_0, FALSE);
-  check_transfers (64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, TRUE);  /* a file store: staged */
-  check_transfers (128, SIFT_DTYPE_F16, SIFT_DTYPE_F32, TRUE);
+  check_transfers (KVH, 64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, FALSE); /* pinned host store, in place */
+  check_transfers (KVH, 128, SIFT_DTYPE_F16, SIFT_DTYPE_F16, FALSE);
+  check_transfers (KVH, 64, SIFT_DTYPE_F16, SIFT_DTYPE_F32, FALSE);   /* converted on load and store */
+  check_transfers (KVH, 128, SIFT_DTYPE_BF16, SIFT_DTYPE_Q8_0, FALSE);
+  check_transfers (KVH, 64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, TRUE);  /* a file store: staged */
+  check_transfers (KVH, 128, SIFT_DTYPE_F16, SIFT_DTYPE_F32, TRUE);
+  check_transfers (4, 64, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, FALSE);   /* heads in runs apart */
+  check_transfers (4, 64, SIFT_DTYPE_F16, SIFT_DTYPE_F32, FALSE);
+  check_transfers (4, 128, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, TRUE);
 }
 
 static double
@@ -298,7 +310,7 @@ static void
 check_attend (gint32 dim, SiftDType compute, gint32 n_q, guint32 seed)
 {
   Pair p;
-  pair_open (&p, dim, compute, compute, NULL);
+  pair_open (&p, KVH, dim, compute, compute, NULL);
   GRand *r = g_rand_new_with_seed (seed);
   enum { NB = 5 };
   const gint32 valid[NB] = { BLOCK, 17, BLOCK, 40, 33 }; /* the last: the local tokens */
