@@ -886,15 +886,19 @@ launch_tma (const SiftCudaAttnCall &c, cudaStream_t stream)
 
 /* Whether the current device runs this file's sm_90a code: compute
  * capability 9.0 exactly (the only one sm_90a machine code loads on;
- * elsewhere the driver compiles the compute_80 PTX, without it). */
+ * elsewhere the driver compiles the compute_80 PTX, without it), and the
+ * kernel loaded from that machine code rather than JIT-compiled from the
+ * PTX (CUDA_FORCE_PTX_JIT=1 does that even on 9.0, where the PTX's
+ * kernel is the trap above): its ptxVersion then reads 80, not 90. */
 bool
 runs_here ()
 {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice (&dev) != cudaSuccess || cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
-      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 || minor != 0)
     return false;
-  return major == 9 && minor == 0;
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes (&a, prefill_kernel<true, false>) == cudaSuccess && a.ptxVersion >= 90;
 }
 
 template <bool BF16, bool PAGED> using Kernel = Launch<prefill_kernel<BF16, PAGED>, THREADS, SMEM, BM>;
