@@ -1,6 +1,7 @@
 /* GPU prefill attention (more than 16 query rows per kv head): on a
- * Hopper GPU (compute capability 9.0) with head_dim 128, the wgmma kernel
- * of namespace hopper (sm_90a machine code); elsewhere, and for head_dim
+ * Hopper GPU (compute capability 9.0) with head_dim 128, the wgmma kernels
+ * of namespace hopper (sm_90a machine code; TMA loads for contiguous
+ * calls); elsewhere, and for head_dim
  * 64, a FlashAttention-2-style kernel on mma.sync m16n8k16. A thread block takes
  * BM query rows of one kv head (row r is token r / group of query head
  * kv_head * group + r % group: the GQA group shares every K/V tile); each
@@ -416,8 +417,10 @@ using Kernel = Launch<prefill_kernel<D, BF16, MT, WARPS, BN, STAGES, PAGED>, S::
  * above) in two warpgroups of 64, 128-key tiles, wgmma with the operands
  * read by the tensor cores from 128-byte swizzled shared memory. Q
  * (scaled and rounded as above) stays in shared memory as the A operand
- * of S = Q K^T; K/V tiles stream through three slots by cp.async, one
- * tile ahead, one block-wide barrier a tile. Within a warpgroup
+ * of S = Q K^T; K/V tiles stream through three slots: copied by the TMA
+ * unit from a producer warpgroup (contiguous calls, tma_prefill_kernel)
+ * or by cp.async one tile ahead with one block-wide barrier a tile
+ * (through a block table, prefill_kernel). Within a warpgroup
  * the softmax of tile j overlaps the P V product of tile j - 1: per tile
  * the warpgroup issues S = Q K_j and O += P_{j-1} V_{j-1} together, waits
  * for S only, masks and exponentiates it, then waits for P V and
