@@ -1,6 +1,7 @@
 /* GPU prefill attention (more than 16 query rows per kv head): on a
- * Hopper GPU (compute capability 9.0) with head_dim 128, the wgmma kernel
- * of namespace hopper (sm_90a machine code); elsewhere, and for head_dim
+ * Hopper GPU (compute capability 9.0) with head_dim 128, the wgmma kernels
+ * of namespace hopper (sm_90a machine code; TMA loads for contiguous
+ * calls); elsewhere, and for head_dim
  * 64, a FlashAttention-2-style kernel on mma.sync m16n8k16. A thread block takes
  * BM query rows of one kv head (row r is token r / group of query head
  * kv_head * group + r % group: the GQA group shares every K/V tile); each
@@ -12,6 +13,9 @@
  * fragments as the A operand straight from registers. Causal blocks stop
  * at the last key their last row sees; the blocks with the most keys are
  * scheduled first. docs/kernels.md ("GPU kernels") has the reasoning. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -367,6 +371,17 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
       store_row<D> (c, b, r_warp + 16 * mt + 8 * x + g, x, t, o[mt], l[mt][x], m[mt][x]);
 }
 
+/* The launch's blocks of BM rows: row blocks x kv heads, by the splits;
+ * false past the grid's limit. */
+static bool
+grid (const SiftCudaAttnCall &c, int bm, dim3 &blocks)
+{
+  const int64_t rows = (int64_t) c.q_heads / c.kv_heads * c.n_q;
+  const int64_t n = (rows + bm - 1) / bm * c.kv_heads;
+  blocks = dim3 ((unsigned) n, c.n_splits);
+  return n <= 0x7fffffff;
+}
+
 /* A kernel's launches: its shared-memory limit set once, blocks per SM,
  * the launch (BM rows a block: row blocks x kv heads, by the splits). */
 template <auto FN, int THREADS, size_t SMEM, int BM> struct Launch {
@@ -386,11 +401,10 @@ template <auto FN, int THREADS, size_t SMEM, int BM> struct Launch {
     cudaError_t e = configure ();
     if (e != cudaSuccess)
       return e;
-    const int64_t rows = (int64_t) c.q_heads / c.kv_heads * c.n_q;
-    const int64_t blocks = (rows + BM - 1) / BM * c.kv_heads;
-    if (blocks > 0x7fffffff)
+    dim3 blocks;
+    if (!grid (c, BM, blocks))
       return cudaErrorInvalidConfiguration;
-    FN<<<dim3 ((unsigned) blocks, c.n_splits), THREADS, SMEM, stream>>> (c);
+    FN<<<blocks, THREADS, SMEM, stream>>> (c);
     return cudaGetLastError ();
   }
 };
@@ -403,8 +417,10 @@ using Kernel = Launch<prefill_kernel<D, BF16, MT, WARPS, BN, STAGES, PAGED>, S::
  * above) in two warpgroups of 64, 128-key tiles, wgmma with the operands
  * read by the tensor cores from 128-byte swizzled shared memory. Q
  * (scaled and rounded as above) stays in shared memory as the A operand
- * of S = Q K^T; K/V tiles stream through three slots by cp.async, one
- * tile ahead, one block-wide barrier a tile. Within a warpgroup
+ * of S = Q K^T; K/V tiles stream through three slots: copied by the TMA
+ * unit from a producer warpgroup (contiguous calls, tma_prefill_kernel)
+ * or by cp.async one tile ahead with one block-wide barrier a tile
+ * (through a block table, prefill_kernel). Within a warpgroup
  * the softmax of tile j overlaps the P V product of tile j - 1: per tile
  * the warpgroup issues S = Q K_j and O += P_{j-1} V_{j-1} together, waits
  * for S only, masks and exponentiates it, then waits for P V and
@@ -539,6 +555,102 @@ pack_p (uint32_t pa[8][4], const float s[16][4])
     }
 }
 
+/* Q as in the mma.sync kernel, into two swizzled 64-column panels at qg
+ * (by the first THREADS threads). */
+template <bool BF16>
+__device__ __forceinline__ void
+stage_q_panels (const SiftCudaAttnCall &c, const Block &b, uint8_t *qg)
+{
+  stage_q<D, BM, THREADS, BF16> (c, b, [&] (int row, int col) {
+    return qg + col / 64 * PANEL_Q + sift_wg::swz (row, col % 64 / 8) + col % 8 * 2;
+  });
+}
+
+/* What a warpgroup's rounds tell the code that brings the tiles:
+ * round it may issue (READY: K of tile it and V of tile it - 1 are in
+ * their slots; it == n_tiles is the last P V alone), its products are
+ * issued (ISSUED), this warp's S = Q K_it has read K (K_READ), its
+ * P V has read V of tile it - 1 (V_READ). */
+enum Step { READY, ISSUED, K_READ, V_READ };
+
+/* A warpgroup's pass over the block's n_tiles tiles (tile j in slot
+ * j % STAGES of kring and vring; Q's panels at qa): round 0 is S = Q K_0
+ * and its softmax, round it issues S = Q K_it and O += P_{it-1} V_{it-1}
+ * together, waits for S only, masks and exponentiates it while P V
+ * runs, then waits for P V and rescales O; the last P V follows. Leaves
+ * the unnormalised output in o and the softmax state in m, l. */
+template <bool BF16, typename Feed>
+__device__ __forceinline__ void
+rounds (float o[16][4], float m[2], float l[2], uint32_t qa, uint32_t kring, uint32_t vring, int n_tiles, int lo,
+        int lim_min, const int rlim[2], int t, Feed feed)
+{
+  float s[16][4];
+  uint32_t pa[8][4]; /* P of the previous tile: the A operand of k-step kk (keys 16 kk..16 kk + 15) */
+#pragma unroll
+  for (int i = 0; i < 16; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      s[i][e] = o[i][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++)
+    pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+
+  if (n_tiles > 0)
+    {
+      feed (READY, 0);
+      scores<BF16> (s, qa, kring);
+      feed (ISSUED, 0);
+      sift_wg::wait<0> ();
+      sift_wg::hold (s);
+      feed (K_READ, 0);
+      float alpha[2];
+      mask (s, lo, lim_min, rlim, t);
+      softmax_scores (s, m, l, alpha);
+      pack_p<BF16> (pa, s);
+    }
+  for (int it = 1; it < n_tiles; it++)
+    {
+      feed (READY, it);
+      scores<BF16> (s, qa, kring + it % STAGES * KV_BYTES);
+      add_pv<BF16> (o, pa, vring + (it - 1) % STAGES * KV_BYTES);
+      feed (ISSUED, it);
+      sift_wg::wait<1> ();
+      sift_wg::hold (s);
+      feed (K_READ, it);
+      float alpha[2];
+      mask (s, lo + it * BN, lim_min, rlim, t);
+      softmax_scores (s, m, l, alpha);
+      sift_wg::wait<0> ();
+      sift_wg::hold (o);
+      feed (V_READ, it);
+#pragma unroll
+      for (int n = 0; n < 16; n++)
+        {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      pack_p<BF16> (pa, s);
+    }
+  if (n_tiles > 0)
+    {
+      feed (READY, n_tiles);
+      add_pv<BF16> (o, pa, vring + (n_tiles - 1) % STAGES * KV_BYTES);
+      sift_wg::wait<0> ();
+      sift_wg::hold (o);
+    }
+}
+
+/* This thread's two rows r_thr, r_thr + 8 of the result. */
+__device__ __forceinline__ void
+store_rows (const SiftCudaAttnCall &c, const Block &b, int r_thr, int t, const float o[16][4], const float l[2], const float m[2])
+{
+#pragma unroll
+  for (int x = 0; x < 2; x++)
+    store_row<D> (c, b, r_thr + 8 * x, x, t, o, l[x], m[x]);
+}
+
 #endif
 
 template <bool BF16, bool PAGED>
@@ -575,98 +687,221 @@ prefill_kernel (const __grid_constant__ SiftCudaAttnCall c)
   copy_tile (0);
   copy_tile (1);
 
-  /* Q as in the mma.sync kernel, into two swizzled 64-column panels. */
-  stage_q<D, BM, THREADS, BF16> (c, b, [&] (int row, int col) {
-    return qg + col / 64 * PANEL_Q + sift_wg::swz (row, col % 64 / 8) + col % 8 * 2;
-  });
+  stage_q_panels<BF16> (c, b, qg);
 
   /* A warpgroup's 64 rows of Q: k-step ks is panel ks / 4 at byte 32 (ks % 4). */
   const uint32_t qa = qs + (uint32_t) wg * 64 * 128;
-  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
-  float s[16][4], o[16][4];
-  uint32_t pa[8][4]; /* P of the previous tile: the A operand of k-step kk (keys 16 kk..16 kk + 15) */
-#pragma unroll
-  for (int i = 0; i < 16; i++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      s[i][e] = o[i][e] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < 8; kk++)
-    pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-
-  /* Round 0: S = Q K_0 and its softmax; P V waits for the next round. */
-  if (n_tiles > 0)
-    {
-      cp_async_wait<1> ();
-      sift_wg::fence_async_smem ();
-      __syncthreads ();
-      scores<BF16> (s, qa, kring);
-      sift_wg::wait<0> ();
-      sift_wg::hold (s);
-      float alpha[2];
-      mask (s, lo, lim_min, rlim, t);
-      softmax_scores (s, m, l, alpha);
-      pack_p<BF16> (pa, s);
-    }
-  /* Round it: S = Q K_it and O += P V_{it-1} issued together, the
-   * softmax of S while P V runs. */
-  for (int it = 1; it < n_tiles; it++)
-    {
-      /* Tile it landed and is visible to the tensor cores, and every
-       * warpgroup is done with round it - 1, so with tile it - 2 (its
-       * P V waited for there), whose slot copy group it + 1 refills. */
-      cp_async_wait<0> ();
-      sift_wg::fence_async_smem ();
-      __syncthreads ();
-
-      /* The copies go out after the products are issued, not before: the
-       * tensor cores start sooner (3% on an H200). */
-      scores<BF16> (s, qa, kring + it % STAGES * KV_BYTES);
-      add_pv<BF16> (o, pa, vring + (it - 1) % STAGES * KV_BYTES);
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f }, o[16][4];
+  /* Before round it: tile it landed and is visible to the tensor cores,
+   * and every warpgroup is done with round it - 1, so with tile it - 2
+   * (its P V waited for there), whose slot copy group it + 1 refills.
+   * The copies go out after the products are issued, not before: the
+   * tensor cores start sooner (3% on an H200). */
+  rounds<BF16> (o, m, l, qa, kring, vring, n_tiles, lo, lim_min, rlim, t, [&] (Step step, int it) {
+    if (step == READY && it < n_tiles)
+      {
+        if (it == 0)
+          cp_async_wait<1> ();
+        else
+          cp_async_wait<0> ();
+        sift_wg::fence_async_smem ();
+        __syncthreads ();
+      }
+    else if (step == ISSUED && it > 0)
       copy_tile (it + 1);
-      sift_wg::wait<1> ();
-      sift_wg::hold (s);
-      float alpha[2];
-      mask (s, lo + it * BN, lim_min, rlim, t);
-      softmax_scores (s, m, l, alpha);
-      sift_wg::wait<0> ();
-      sift_wg::hold (o);
-#pragma unroll
-      for (int n = 0; n < 16; n++)
-        {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
-        }
-      pack_p<BF16> (pa, s);
-    }
-  if (n_tiles > 0)
-    {
-      add_pv<BF16> (o, pa, vring + (n_tiles - 1) % STAGES * KV_BYTES);
-      sift_wg::wait<0> ();
-      sift_wg::hold (o);
-    }
+  });
 
-#pragma unroll
-  for (int x = 0; x < 2; x++)
-    store_row<D> (c, b, r_thr + 8 * x, x, t, o, l[x], m[x]);
+  store_rows (c, b, r_thr, t, o, l, m);
 #else
   __trap (); /* launched only where the sm_90a code runs (runs_here) */
 #endif
 }
 
+/* The same products and softmax with K/V tiles brought by the TMA unit
+ * (contiguous calls): a third, producer warpgroup, one thread of which copies
+ * each K and V tile as two 64-column boxes of a 3D tensor map ([kv
+ * heads][keys][128], built on the host) into 128-byte swizzled panels,
+ * the layout the wgmma descriptors read. K and V have three slots each,
+ * each slot a "full" mbarrier (the copies' bytes) and an "empty" one (an
+ * arrival of each of the 8 consumer warps once its products have read
+ * the slot). No block-wide barrier in the loop: the consumers issue no
+ * copy instruction and wait for data only, and the two warpgroups run
+ * apart (one's softmax under the other's products). The producer
+ * warpgroup gives its registers to the consumers (setmaxnreg 24 / 240). */
+constexpr int TMA_THREADS = THREADS + 128;
+constexpr size_t TMA_SMEM = SMEM + 4 * STAGES * 8; /* the slots' mbarriers after the V slots */
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Mbarrier `s` of kind `kind` (0: K full, 1: V full, 2: K empty, 3: V empty). */
+__device__ __forceinline__ uint32_t
+slot_bar (uint32_t bars, int kind, int s)
+{
+  return bars + (uint32_t) (kind * STAGES + s) * 8;
+}
+#endif
+
+template <bool BF16>
+__global__ void __launch_bounds__ (TMA_THREADS, 1)
+tma_prefill_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_constant__ CUtensorMap tk,
+                    const __grid_constant__ CUtensorMap tv)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__ (1024) uint8_t wsmem[];
+  const uint32_t raw = smem_addr (wsmem);
+  const uint32_t qs = (raw + 1023u) & ~1023u;
+  const uint32_t kring = qs + Q_BYTES, vring = kring + STAGES * KV_BYTES;
+  const uint32_t bars = vring + STAGES * KV_BYTES; /* [4][STAGES] mbarriers */
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Block b (c, BM);
+  const int lo = b.lo, hi = b.hi;
+  const int n_tiles = (hi - lo + BN - 1) / BN;
+
+  if (threadIdx.x == 0)
+    {
+      for (int s = 0; s < STAGES; s++)
+        {
+          sift_wg::mbar_init (slot_bar (bars, 0, s), 1);
+          sift_wg::mbar_init (slot_bar (bars, 1, s), 1);
+          sift_wg::mbar_init (slot_bar (bars, 2, s), THREADS / 32);
+          sift_wg::mbar_init (slot_bar (bars, 3, s), THREADS / 32);
+        }
+      sift_wg::mbar_init_fence ();
+    }
+  __syncthreads ();
+
+  if (warp >= THREADS / 32)
+    {
+      sift_wg::regs_down<24> ();
+      /* The producer: tile j to slot j % STAGES once use j / STAGES - 1
+       * of the slot is released (phase parity of use u: u % 2). */
+      if (threadIdx.x == THREADS)
+        for (int j = 0; j < n_tiles; j++)
+          {
+            const int s = j % STAGES, y = lo + j * BN - c.one.start;
+            const uint32_t ph = (uint32_t) (j / STAGES) & 1u;
+            if (j >= STAGES)
+              sift_wg::mbar_wait (slot_bar (bars, 2, s), ph ^ 1u);
+            sift_wg::mbar_expect (slot_bar (bars, 0, s), KV_BYTES);
+            sift_wg::tma_load (kring + s * KV_BYTES, &tk, 0, y, b.kvh, slot_bar (bars, 0, s));
+            sift_wg::tma_load (kring + s * KV_BYTES + PANEL_KV, &tk, 64, y, b.kvh, slot_bar (bars, 0, s));
+            if (j >= STAGES)
+              sift_wg::mbar_wait (slot_bar (bars, 3, s), ph ^ 1u);
+            sift_wg::mbar_expect (slot_bar (bars, 1, s), KV_BYTES);
+            sift_wg::tma_load (vring + s * KV_BYTES, &tv, 0, y, b.kvh, slot_bar (bars, 1, s));
+            sift_wg::tma_load (vring + s * KV_BYTES + PANEL_KV, &tv, 64, y, b.kvh, slot_bar (bars, 1, s));
+          }
+      return;
+    }
+
+  sift_wg::regs_up<240> ();
+  uint8_t *qg = wsmem + (qs - raw);
+  const int wg = warp / 4, w = warp % 4;
+  const int g = lane / 4, t = lane % 4;
+  const int r_thr = b.r_blk + wg * 64 + w * 16 + g;
+  const int rlim[2] = { b.limit (c, r_thr), b.limit (c, r_thr + 8) };
+  const int lim_min = min (rlim[0], rlim[1]);
+
+  stage_q_panels<BF16> (c, b, qg);
+  sift_wg::fence_async_smem ();
+  sift_wg::bar_sync (1, THREADS); /* the consumers only */
+
+  const uint32_t qa = qs + (uint32_t) wg * 64 * 128;
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f }, o[16][4];
+  /* Waits for the copies of a tile, and gives its slots back one arrival
+   * a warp once this warp's products have read them. */
+  rounds<BF16> (o, m, l, qa, kring, vring, n_tiles, lo, lim_min, rlim, t, [&] (Step step, int it) {
+    if (step == READY)
+      {
+        if (it < n_tiles)
+          sift_wg::mbar_wait (slot_bar (bars, 0, it % STAGES), (uint32_t) (it / STAGES) & 1u);
+        if (it > 0)
+          sift_wg::mbar_wait (slot_bar (bars, 1, (it - 1) % STAGES), (uint32_t) ((it - 1) / STAGES) & 1u);
+      }
+    else if (step == K_READ && lane == 0)
+      sift_wg::mbar_arrive (slot_bar (bars, 2, it % STAGES));
+    else if (step == V_READ && lane == 0)
+      sift_wg::mbar_arrive (slot_bar (bars, 3, (it - 1) % STAGES));
+  });
+
+  store_rows (c, b, r_thr, t, o, l, m);
+#else
+  __trap (); /* launched only where the sm_90a code runs (runs_here) */
+#endif
+}
+
+/* cuTensorMapEncodeTiled, from the driver the runtime has loaded (no
+ * link against libcuda); NULL where it is missing. */
+PFN_cuTensorMapEncodeTiled_v12000
+encode_fn ()
+{
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool looked = false; /* benign race: every caller finds the same */
+  if (!looked)
+    {
+      void *p = nullptr;
+      cudaDriverEntryPointQueryResult q;
+      if (cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess
+          && q == cudaDriverEntryPointSuccess)
+        fn = (PFN_cuTensorMapEncodeTiled_v12000) p;
+      looked = true;
+    }
+  return fn;
+}
+
+/* The tensor map of K or V of a contiguous call: [kv_heads][n][128]
+ * 16-bit values with strides hs, ts (elements), boxes of 64 columns by BN
+ * keys in the 128-byte swizzle. False where the driver refuses it. */
+bool
+kv_map (CUtensorMap *map, const void *base, int64_t hs, int64_t ts, int32_t n, int32_t kv_heads, bool bf16)
+{
+  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn ();
+  if (fn == nullptr || n <= 0 || hs <= 0 || ts <= 0)
+    return false;
+  const cuuint64_t dims[3] = { (cuuint64_t) D, (cuuint64_t) n, (cuuint64_t) kv_heads };
+  const cuuint64_t strides[2] = { (cuuint64_t) ts * 2, (cuuint64_t) hs * 2 };
+  const cuuint32_t box[3] = { 64, BN, 1 }, unit[3] = { 1, 1, 1 };
+  return fn (map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *> (base), dims,
+             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+         == CUDA_SUCCESS;
+}
+
+/* Launches the TMA kernel for a contiguous call; cudaErrorNotSupported
+ * where the tensor maps cannot describe its K/V (the caller falls back). */
+template <bool BF16>
+cudaError_t
+launch_tma (const SiftCudaAttnCall &c, cudaStream_t stream)
+{
+  CUtensorMap tk, tv;
+  if (!kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16)
+      || !kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16))
+    return cudaErrorNotSupported;
+  constexpr auto FN = tma_prefill_kernel<BF16>;
+  cudaError_t e = allow_smem<FN, TMA_SMEM> ();
+  if (e != cudaSuccess)
+    return e;
+  dim3 blocks;
+  if (!grid (c, BM, blocks))
+    return cudaErrorInvalidConfiguration;
+  FN<<<blocks, TMA_THREADS, TMA_SMEM, stream>>> (c, tk, tv);
+  return cudaGetLastError ();
+}
+
 /* Whether the current device runs this file's sm_90a code: compute
  * capability 9.0 exactly (the only one sm_90a machine code loads on;
- * elsewhere the driver compiles the compute_80 PTX, without it). */
+ * elsewhere the driver compiles the compute_80 PTX, without it), and the
+ * kernel loaded from that machine code rather than JIT-compiled from the
+ * PTX (CUDA_FORCE_PTX_JIT=1 does that even on 9.0, where the PTX's
+ * kernel is the trap above): its ptxVersion then reads 80, not 90. */
 bool
 runs_here ()
 {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice (&dev) != cudaSuccess || cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
-      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 || minor != 0)
     return false;
-  return major == 9 && minor == 0;
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes (&a, prefill_kernel<true, false>) == cudaSuccess && a.ptxVersion >= 90;
 }
 
 template <bool BF16, bool PAGED> using Kernel = Launch<prefill_kernel<BF16, PAGED>, THREADS, SMEM, BM>;
@@ -685,7 +920,14 @@ cudaError_t
 launch (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   if (D == hopper::D && hopper::runs_here ())
-    return c.n_blocks > 1 ? hopper::Kernel<BF16, true>::launch (c, stream) : hopper::Kernel<BF16, false>::launch (c, stream);
+    {
+      if (c.n_blocks > 1)
+        return hopper::Kernel<BF16, true>::launch (c, stream);
+      const cudaError_t e = hopper::launch_tma<BF16> (c, stream);
+      if (e != cudaErrorNotSupported)
+        return e;
+      return hopper::Kernel<BF16, false>::launch (c, stream);
+    }
   if (c.n_blocks > 1)
     return Prefill<D, BF16, true>::launch (c, stream);
   return Prefill<D, BF16, false>::launch (c, stream);

@@ -145,4 +145,56 @@ mma_rs<false> (float d[16][4], const uint32_t a[4], uint64_t b, int accumulate)
  * it extends that to the block. */
 __device__ __forceinline__ void fence_async_smem () { asm volatile ("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+/* mbarriers (shared addresses) and the TMA unit's tensor copies: a
+ * phase completes when its arrivals are in and, after an arrival that
+ * expects bytes, the copies have written them. */
+__device__ __forceinline__ void
+mbar_init (uint32_t bar, unsigned count)
+{
+  asm volatile ("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes the initialised mbarriers visible to the async proxy; a barrier after it to the block. */
+__device__ __forceinline__ void mbar_init_fence () { asm volatile ("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void
+mbar_expect (uint32_t bar, uint32_t bytes)
+{
+  asm volatile ("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void
+mbar_arrive (uint32_t bar)
+{
+  asm volatile ("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* Waits for the completion of the phase of parity `parity`. */
+__device__ __forceinline__ void
+mbar_wait (uint32_t bar, uint32_t parity)
+{
+  uint32_t done;
+  do
+    asm volatile ("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                  : "=r"(done)
+                  : "r"(bar), "r"(parity)
+                  : "memory");
+  while (!done);
+}
+
+/* The box of a 3D tensor map (a CUtensorMap kernel parameter) at
+ * coordinates (x, y, z) to shared address dst, counted on mbarrier bar;
+ * elements outside the tensor read as zeros. */
+__device__ __forceinline__ void
+tma_load (uint32_t dst, const void *map, int x, int y, int z, uint32_t bar)
+{
+  asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
+                : "memory");
+}
+
+/* The warpgroup's register budget a thread, lowered or raised (the
+ * registers one warpgroup gives up go to the others of the block). */
+template <int N> __device__ __forceinline__ void regs_down () { asm volatile ("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_up () { asm volatile ("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+
+/* Named barrier `id` of n threads (id 0 is __syncthreads'). */
+__device__ __forceinline__ void bar_sync (int id, int n) { asm volatile ("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
 } // namespace sift_wg
