@@ -676,6 +676,18 @@ decode_kq_kernel (SiftCudaAttnCall c)
   const int rows = group * c.n_q; /* <= 8 */
   const int kvh = blockIdx.x, split = blockIdx.y;
 
+  /* Q^T's values (row g, padding rows zero; columns 2t, 2t + 1 and 2t + 8,
+   * 2t + 9 of each k-step), read before the first copies are issued: behind
+   * them these reads waited for the launch's whole first wave of copies,
+   * and no warp could start on its first chunk meanwhile. */
+  float qv[KS][4];
+  {
+    const float *qp = c.q + (kvh * group + g % group) * c.q_hs + (g / group) * c.q_ts;
+    for (int ks = 0; ks < KS; ks++)
+      for (int x = 0; x < 4; x++)
+        qv[ks][x] = g < rows ? qp[ks * 16 + 2 * t + 8 * (x >> 1) + (x & 1)] : 0.0f;
+  }
+
   int lo, hi;
   split_range (c, split, rows, group, lo, hi);
   int rh[2], ri[2], rlim[2]; /* rows 2t and 2t + 1 */
@@ -717,24 +729,11 @@ decode_kq_kernel (SiftCudaAttnCall c)
         cp_async_commit ();
     }
 
-  /* Q^T as B operands: row g (padding rows zero), columns 2t, 2t + 1 and
-   * 2t + 8, 2t + 9 of each k-step, times scale * log2(e). */
+  /* Q^T as B operands, times scale * log2(e). */
   uint32_t qf[KS][2];
-  {
-    const float *qp = c.q + (kvh * group + g % group) * c.q_hs + (g / group) * c.q_ts;
-    for (int ks = 0; ks < KS; ks++)
-      for (int x = 0; x < 2; x++)
-        {
-          const int col = ks * 16 + 2 * t + 8 * x;
-          float a = 0.0f, b = 0.0f;
-          if (g < rows)
-            {
-              a = qp[col] * c.qscale;
-              b = qp[col + 1] * c.qscale;
-            }
-          qf[ks][x] = pack2<BF16> (a, b);
-        }
-  }
+  for (int ks = 0; ks < KS; ks++)
+    for (int x = 0; x < 2; x++)
+      qf[ks][x] = pack2<BF16> (qv[ks][2 * x] * c.qscale, qv[ks][2 * x + 1] * c.qscale);
 
   float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
   float o[KS][4];
@@ -934,15 +933,19 @@ using DecodeKq = Launcher<decode_kq_kernel<D, BF16, DW, DS, MINB, PAGED>, DW * 3
 /* The decode kernels' shapes (warps a block, ring stages a warp, blocks
  * an SM asked of the register allocator) for head_dim D, the K/V type and
  * a call with or without a block table. Up to 8 rows (the K Q^T kernel):
- * 2 blocks of 6 warps, 2 stages each, chosen by a sweep on an H200
- * (docs/benchmarks.md, "GPU attention", 2026-11-28 13:47): 8 to 24
- * warps an SM, 1 to 3 stages and 32-key chunks read within 3% of it or
- * slower; the paged instance the same (131 registers: no cap needed).
+ * without a table one block of 8 warps an SM, 2 stages each (139 KB:
+ * A100s hold it too), 3-5% faster from 16K to 128K keys on an H200
+ * than 2 blocks of 6 (docs/benchmarks.md, "K Q^T decode: where the time
+ * goes"); through a table 2 blocks of 6 warps, 2 stages each, as chosen
+ * by the earlier sweep ("GPU attention", 2026-11-28 13:47: 8 to 24
+ * warps an SM, 1 to 3 stages and 32-key chunks within 3%; 131
+ * registers, no cap needed).
  * 9 to 16 rows (decode_kernel, 16-row tile), head_dim 128, bf16: 12
  * warps an SM (sweep of 2026-11-28 11:19-11:42): 2 blocks of 6 without a
  * table (142 registers), 3 blocks of 4 with one (registers capped at 168:
  * no spills); other head dims and f16 keep 4 warps, 3 stages, 1 block. */
-template <int D, bool BF16, bool PAGED> using DecodeKqFor = DecodeKq<D, BF16, 6, 2, 2, PAGED>;
+template <int D, bool BF16, bool PAGED>
+using DecodeKqFor = std::conditional_t<PAGED, DecodeKq<D, BF16, 6, 2, 2, true>, DecodeKq<D, BF16, 8, 2, 1, false>>;
 template <int D, bool BF16, bool PAGED>
 using DecodeFor = std::conditional_t<D == 128 && BF16,
                                      std::conditional_t<PAGED, Decode<D, BF16, 4, 2, 3, true>, Decode<D, BF16, 6, 2, 2, false>>,
