@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -151,7 +152,7 @@ test_memory (void **state)
 static void
 check_transfers (gint32 kvh, gint32 dim, SiftDType compute, SiftDType stored, gboolean file)
 {
-  g_autofree char *path = file ? g_build_filename (g_get_tmp_dir (), "sift-cuda-backend.store", NULL) : NULL;
+  g_autofree char *path = file ? g_strdup_printf ("%s/sift-cuda-backend-%d.store", g_get_tmp_dir (), (int) getpid ()) : NULL;
   Pair p;
   pair_open (&p, kvh, dim, compute, stored, path);
   GRand *r = g_rand_new_with_seed ((guint32) (kvh * 1000 + dim + compute * 7 + stored * 31 + file));
