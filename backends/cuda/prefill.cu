@@ -15,6 +15,8 @@
  * scheduled first. docs/kernels.md ("GPU kernels") has the reasoning. */
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -830,22 +832,31 @@ tma_prefill_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_con
 }
 
 /* cuTensorMapEncodeTiled, from the driver the runtime has loaded (no
- * link against libcuda); NULL where it is missing. */
+ * link against libcuda), looked up once; NULL where it is missing, and
+ * with SIFT_CUDA_NO_TMA=1 in the environment (a test hook: contiguous
+ * calls then take the cp.async kernel, as where the driver lacks it). */
 PFN_cuTensorMapEncodeTiled_v12000
 encode_fn ()
 {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static bool looked = false; /* benign race: every caller finds the same */
-  if (!looked)
+  static void *fn = nullptr;
+  static bool looked = false; /* set after fn (two first callers find the same) */
+  if (!__atomic_load_n (&looked, __ATOMIC_ACQUIRE))
     {
       void *p = nullptr;
-      cudaDriverEntryPointQueryResult q;
-      if (cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess
-          && q == cudaDriverEntryPointSuccess)
-        fn = (PFN_cuTensorMapEncodeTiled_v12000) p;
-      looked = true;
+      const char *off = getenv ("SIFT_CUDA_NO_TMA");
+      if (off == nullptr || strcmp (off, "1") != 0)
+        {
+          cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+          const bool ok = cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess;
+          if (!ok)
+            cudaGetLastError (); /* else the fallback launch's cudaGetLastError () reports it */
+          if (!ok || q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        }
+      __atomic_store_n (&fn, p, __ATOMIC_RELAXED);
+      __atomic_store_n (&looked, true, __ATOMIC_RELEASE);
     }
-  return fn;
+  return (PFN_cuTensorMapEncodeTiled_v12000) __atomic_load_n (&fn, __ATOMIC_RELAXED);
 }
 
 /* The tensor map of K or V of a contiguous call: [kv_heads][n][128]
