@@ -421,8 +421,9 @@ copy_half (CudaBackend *b, guint8 *dst, gint64 cap, const guint8 *src, guint64 k
 /* A staged load: the stored rows of the kv heads asked for (of the half,
  * or both) read on the host into pinned staging, converted to the compute
  * dtype, copied from there; the other heads' rows are neither read nor
- * touched (a packed slot holds other blocks' rows there). *bytes: the
- * stored bytes read, as the CPU backend counts them. */
+ * touched (a packed slot holds other blocks' rows there). Ranges that
+ * meet are read as one (every head of K and V: one read of the block).
+ * *bytes: the stored bytes read, as the CPU backend counts them. */
 static gboolean
 load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean want_v, guint64 *bytes,
              GError **error)
@@ -437,29 +438,34 @@ load_staged (CudaBackend *b, const SiftTransfer *t, gboolean want_k, gboolean wa
   if (sg->used)
     cudaEventSynchronize (sg->free_ev); /* its previous copy read it */
   *bytes = 0;
+  gsize r_at = 0, r_n = 0; /* the read being gathered */
   gboolean ok = TRUE;
   for (int h = 0; h < 2 && ok; h++)
+    for (gint32 h0, h1 = 0; ok && (h == 0 ? want_k : want_v) && sift_kv_heads_next (t->kv_heads, s->n_kv_heads, &h0, &h1);)
+      {
+        const gsize at = (gsize) h * kb + (gsize) h0 * head_stored, n = (gsize) (h1 - h0) * head_stored;
+        if (r_n > 0 && at != r_at + r_n)
+          ok = sift_store_read (st, t->store_id, r_at, sg->stored + r_at, r_n, error), r_n = 0;
+        if (r_n == 0)
+          r_at = at;
+        r_n += n;
+        *bytes += n;
+      }
+  if (!ok || (r_n > 0 && !sift_store_read (st, t->store_id, r_at, sg->stored + r_at, r_n, error)))
+    return FALSE; /* nothing was copied from this staging */
+  for (int h = 0; h < 2; h++)
     {
       if (!(h == 0 ? want_k : want_v))
         continue;
       guint8 *block = sg->block + (gsize) h * half;
-      /* Each run of wanted heads: one read, one conversion. */
       for (gint32 h0, h1 = 0; sift_kv_heads_next (t->kv_heads, s->n_kv_heads, &h0, &h1);)
-        {
-          const gsize at = (gsize) h * kb + (gsize) h0 * head_stored, n = (gsize) (h1 - h0) * head_stored;
-          if (!(ok = sift_store_read (st, t->store_id, at, sg->stored + at, n, error)))
-            break;
-          sift_convert (sg->stored + at, st->config.dtype, block + (gsize) h0 * head_elems * b->es, b->compute,
-                        (gsize) (h1 - h0) * head_elems);
-          *bytes += n;
-        }
-      if (ok)
-        copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
+        sift_convert (sg->stored + (gsize) h * kb + (gsize) h0 * head_stored, st->config.dtype,
+                      block + (gsize) h0 * head_elems * b->es, b->compute, (gsize) (h1 - h0) * head_elems);
+      copy_half (b, h == 0 ? t->k : t->v, t->cap, block, t->kv_heads);
     }
-  /* Also after a failed read of V: K's copy may still be reading staging. */
   cudaEventRecord (sg->free_ev, b->xs);
   sg->used = TRUE;
-  return ok;
+  return TRUE;
 }
 
 /* The stored bytes of a load's block when the copy can read them in
