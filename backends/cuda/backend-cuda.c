@@ -22,6 +22,7 @@
 
 #include "backend.h"
 #include "cuda-private.h"
+#include "trace.h"
 #include "store-private.h"
 
 /* Pinned staging buffers for loads that cannot copy from the store in place. */
@@ -33,7 +34,8 @@
  * a batch of kv-head pieces, one staged block), shared by the transfers
  * of that call: one record for the call and, in event_wait, one stream
  * wait for its transfers, instead of one of each per transfer. Counted:
- * back to the backend's pool when no transfer event holds it. */
+ * back to the backend's pool when no transfer event and no load timing
+ * holds it. Timed: the loads' seconds are read from the marks. */
 typedef struct {
   cudaEvent_t ev;
   gint refs;
@@ -54,10 +56,18 @@ typedef struct {
   gboolean used;
 } Staging;
 
-/* Two events around work on a stream, timed once both completed. */
+/* Two events around work on a stream, timed once both completed. A
+ * submit's loads (TIME_LOAD) add no event of their own to the copy stream
+ * (two records between every two copies cost 0.06-0.16 ms a step of 64
+ * copies, offloaded decode at 128K: docs/benchmarks.md): a is the
+ * submit's "compute done" event on the compute stream, which the copies
+ * wait for, `end` the mark after its last copy and `prev` the copy
+ * stream's mark before its first (NULL: none); the copies ran from the
+ * later of a and prev to end. Both marks are held until read. */
 typedef struct {
-  cudaEvent_t a, b;
+  cudaEvent_t a, b;    /* TIME_LOAD: b is end->ev */
   int kind;            /* TIME_STALL, TIME_LOAD, TIME_COMPUTE */
+  Mark *prev, *end;
 } Timed;
 
 enum { TIME_STALL, TIME_LOAD, TIME_COMPUTE };
@@ -70,7 +80,7 @@ typedef struct {
   gsize es;
   cudaStream_t cs;           /* compute: kernels, buffer_* */
   cudaStream_t xs;           /* copy: loads */
-  cudaEvent_t compute_done;  /* recorded on cs before each batch of loads */
+  Mark *xs_mark;             /* the last mark recorded on xs (held) */
   SiftCudaScratch scratch;
   gboolean store_pinned;     /* every block of the host store is pinned memory */
   gboolean store_failed;     /* a store failed: later ones are skipped until drain (forget) */
@@ -86,6 +96,7 @@ typedef struct {
   GPtrArray *marks_free;     /* Mark, held by no event */
   GArray *timed;             /* Timed, not yet read */
   GArray *event_pool;        /* cudaEvent_t with timing, free */
+  SiftCudaTrace *trace;      /* SIFT_CUDA_TRACE (trace.h); NULL: off */
   GError *sticky;            /* the first CUDA failure of an asynchronous call */
 } CudaBackend;
 
@@ -125,7 +136,7 @@ timing_event (CudaBackend *b)
 static Timed
 time_begin (CudaBackend *b, cudaStream_t s, int kind)
 {
-  Timed t = { timing_event (b), timing_event (b), kind };
+  Timed t = { .a = timing_event (b), .b = timing_event (b), .kind = kind };
   cudaEventRecord (t.a, s);
   return t;
 }
@@ -137,26 +148,38 @@ time_end (CudaBackend *b, Timed *t, cudaStream_t s)
   g_array_append_val (b->timed, *t);
 }
 
+static void mark_drop (CudaBackend *b, Mark *m);
+
 static void
 cuda_timings (SiftBackend *backend, SiftBackendTimes *out)
 {
   CudaBackend *b = (CudaBackend *) backend;
+  const gint64 t0 = g_get_monotonic_time ();
   *out = (SiftBackendTimes) { 0 };
   guint kept = 0;
   for (guint i = 0; i < b->timed->len; i++)
     {
       Timed t = g_array_index (b->timed, Timed, i);
-      float ms = 0;
-      if (cudaEventQuery (t.b) != cudaSuccess || cudaEventElapsedTime (&ms, t.a, t.b) != cudaSuccess)
+      float ms = 0, since_prev = 0;
+      if (cudaEventQuery (t.b) != cudaSuccess || cudaEventElapsedTime (&ms, t.a, t.b) != cudaSuccess
+          || (t.prev != NULL && cudaEventElapsedTime (&since_prev, t.prev->ev, t.b) != cudaSuccess))
         {
           g_array_index (b->timed, Timed, kept++) = t; /* later */
+          continue;
+        }
+      if (t.kind == TIME_LOAD)
+        {
+          if (t.prev != NULL)
+            ms = MIN (ms, since_prev); /* from the later of a and prev */
+          mark_drop (b, t.prev);
+          mark_drop (b, t.end);
+          g_array_append_val (b->event_pool, t.a);
+          out->load += ms / 1000.0;
           continue;
         }
       gdouble s = ms / 1000.0;
       if (t.kind == TIME_STALL)
         out->stalled += s;
-      else if (t.kind == TIME_LOAD)
-        out->load += s;
       else
         out->compute += s;
       g_array_append_val (b->event_pool, t.a);
@@ -164,6 +187,7 @@ cuda_timings (SiftBackend *backend, SiftBackendTimes *out)
     }
   cudaGetLastError (); /* a query's cudaErrorNotReady is no failure */
   g_array_set_size (b->timed, kept);
+  sift_cuda_trace_host (b->trace, SIFT_TRACE_TIMINGS, t0);
 }
 
 /* ---- Memory -------------------------------------------------------------- */
@@ -303,8 +327,10 @@ cuda_buffer_write (SiftBackend *backend, guint8 *dst, const void *src, gsize n)
     return;
   guint8 *p = arena_take (b, n);
   memcpy (p, src, n);
+  const guint tr = sift_cuda_trace_begin (b->trace, SIFT_TRACE_WRITE, b->cs);
   note_failure (b, cudaMemcpyAsync (dst, p, n, cudaMemcpyHostToDevice, b->cs), "copy to the GPU (buffer write)");
   cudaEventRecord (b->arena_ev, b->cs);
+  sift_cuda_trace_end (b->trace, tr, b->cs, n);
 }
 
 static void
@@ -339,8 +365,11 @@ static gboolean
 cuda_buffer_read (SiftBackend *backend, void *dst, const guint8 *src, gsize n, GError **error)
 {
   CudaBackend *b = (CudaBackend *) backend;
+  const guint tr = sift_cuda_trace_begin (b->trace, SIFT_TRACE_READ, b->cs);
   note_failure (b, cudaMemcpyAsync (dst, src, n, cudaMemcpyDeviceToHost, b->cs), "copy from the GPU");
   note_failure (b, cudaStreamSynchronize (b->cs), "a GPU kernel failed");
+  sift_cuda_trace_end (b->trace, tr, b->cs, n);
+  sift_cuda_trace_anchor (b->trace);
   if (b->sticky == NULL)
     return TRUE;
   g_set_error (error, b->sticky->domain, b->sticky->code, "%s", b->sticky->message);
@@ -373,10 +402,13 @@ mark_record (CudaBackend *b)
   else
     {
       m = g_new0 (Mark, 1);
-      note_failure (b, cudaEventCreateWithFlags (&m->ev, cudaEventDisableTiming), "cudaEventCreate");
+      note_failure (b, cudaEventCreate (&m->ev), "cudaEventCreate"); /* timed: loads' seconds */
       g_ptr_array_add (b->marks, m);
     }
   cudaEventRecord (m->ev, b->xs);
+  m->refs++; /* xs_mark's hold */
+  mark_drop (b, b->xs_mark);
+  b->xs_mark = m;
   return m;
 }
 
@@ -561,6 +593,7 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
       GError *err = NULL;
       gboolean ok = TRUE;
       gsize run = 1;
+      const guint trc = sift_cuda_trace_begin (b->trace, SIFT_TRACE_COPY, b->xs);
       if (p != NULL && sift_transfer_some_heads (ti, b->shape.n_kv_heads))
         {
           guint64 each[64];
@@ -573,8 +606,13 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
               run++;
             }
           copy_batch (b, b->piece_dst, b->piece_src, b->piece_size);
+          guint64 all = 0;
           for (gsize j = i; j < i + run; j++)
-            b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], TRUE, each[j - i], 0.0, NULL);
+            {
+              b->parent.setup.sink.done (b->parent.setup.sink.user, &t[j], TRUE, each[j - i], 0.0, NULL);
+              all += each[j - i];
+            }
+          sift_cuda_trace_end (b->trace, trc, b->xs, all);
           mark_events (b, t + i, run, mark_record (b));
           i += run;
           continue;
@@ -604,6 +642,7 @@ run_loads (CudaBackend *b, const SiftTransfer *t, gsize n)
           if (!ok)
             event_fail (t[j].event, err);
         }
+      sift_cuda_trace_end (b->trace, trc, b->xs, ok ? run * bytes : 0);
       mark_events (b, t + i, run, mark_record (b));
       i += run;
     }
@@ -667,14 +706,17 @@ cuda_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
   gboolean loads = FALSE;
   for (gsize i = 0; i < n && !loads; i++)
     loads = t[i].kind == SIFT_TRANSFER_LOAD;
-  Timed tm = { 0 };
+  Timed tm = { NULL, NULL, TIME_LOAD, NULL, NULL };
+  const gint64 t0 = g_get_monotonic_time ();
   if (loads)
     {
       /* Compute done: nothing attended before this call still reads the
        * memory these loads overwrite. */
-      cudaEventRecord (b->compute_done, b->cs);
-      cudaStreamWaitEvent (b->xs, b->compute_done, 0);
-      tm = time_begin (b, b->xs, TIME_LOAD);
+      tm.a = timing_event (b);
+      cudaEventRecord (tm.a, b->cs);
+      cudaStreamWaitEvent (b->xs, tm.a, 0);
+      if ((tm.prev = b->xs_mark) != NULL)
+        tm.prev->refs++;
     }
   for (gsize i = 0; i < n;)
     {
@@ -687,7 +729,14 @@ cuda_submit (SiftBackend *backend, const SiftTransfer *t, gsize n)
         run_store (b, &t[i++]);
     }
   if (loads)
-    time_end (b, &tm, b->xs);
+    {
+      /* Every load made a copy call, which recorded a mark. */
+      tm.end = b->xs_mark;
+      tm.end->refs++;
+      tm.b = tm.end->ev;
+      g_array_append_val (b->timed, tm);
+      sift_cuda_trace_host (b->trace, SIFT_TRACE_SUBMIT, t0);
+    }
 }
 
 static SiftEvent *
@@ -728,8 +777,9 @@ cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize 
   CudaBackend *b = (CudaBackend *) backend;
   gsize i = 0;
   gboolean ok = TRUE;
-  Timed tm = { 0 };
+  Timed tm = { .kind = TIME_STALL };
   gboolean timing = FALSE;
+  guint tr = 0;
   const Mark *waited = NULL; /* the last mark waited for: transfers of one copy call come together */
   for (; i < n; i++)
     {
@@ -744,12 +794,18 @@ cuda_event_wait (SiftBackend *backend, SiftEvent *const *events, gsize n, gsize 
       if (ev->mark == NULL || ev->mark == waited)
         continue;
       if (!timing)
-        tm = time_begin (b, b->cs, TIME_STALL), timing = TRUE;
+        {
+          tm = time_begin (b, b->cs, TIME_STALL), timing = TRUE;
+          tr = sift_cuda_trace_begin (b->trace, SIFT_TRACE_STALL, b->cs);
+        }
       cudaStreamWaitEvent (b->cs, ev->mark->ev, 0);
       waited = ev->mark;
     }
   if (timing)
-    time_end (b, &tm, b->cs);
+    {
+      time_end (b, &tm, b->cs);
+      sift_cuda_trace_end (b->trace, tr, b->cs, 0);
+    }
   if (n_ok != NULL)
     *n_ok = i;
   return ok;
@@ -774,11 +830,13 @@ static gboolean
 timed_paged (CudaBackend *b, const guint64 *kv_heads, const SiftView *q, const SiftView *k, const SiftView *v, gsize n,
              const SiftAttnOpts *opts, SiftView *out, float *lse, GError **error)
 {
-  Timed tm = { timing_event (b), timing_event (b), TIME_COMPUTE };
+  Timed tm = { .a = timing_event (b), .b = timing_event (b), .kind = TIME_COMPUTE };
+  const guint tr = sift_cuda_trace_begin (b->trace, SIFT_TRACE_ATTN, b->cs);
   gboolean ok = sift_cuda_attn_paged_on (b->cs, &b->scratch, tm.a, kv_heads, q, k, v, n, opts, out, lse, error);
   if (!ok)
     cudaEventRecord (tm.a, b->cs);
   time_end (b, &tm, b->cs);
+  sift_cuda_trace_end (b->trace, tr, b->cs, n);
   return ok;
 }
 
@@ -828,8 +886,10 @@ cuda_merge (SiftBackend *backend, SiftView *out, float *lse, const SiftView *par
 {
   CudaBackend *b = (CudaBackend *) backend;
   Timed tm = time_begin (b, b->cs, TIME_COMPUTE);
+  const guint tr = sift_cuda_trace_begin (b->trace, SIFT_TRACE_MERGE, b->cs);
   gboolean ok = sift_cuda_attn_merge_on (b->cs, out, lse, part, part_lse, error);
   time_end (b, &tm, b->cs);
+  sift_cuda_trace_end (b->trace, tr, b->cs, 0);
   return ok;
 }
 
@@ -851,10 +911,14 @@ cuda_free (SiftBackend *backend)
   pinned_free (b->arena, 0);
   SiftBackendTimes t;
   cuda_timings (backend, &t);
+  sift_cuda_trace_free (b->trace);
+  b->trace = NULL;
   for (guint i = 0; i < b->timed->len; i++)
     {
-      cudaEventDestroy (g_array_index (b->timed, Timed, i).a);
-      cudaEventDestroy (g_array_index (b->timed, Timed, i).b);
+      const Timed *t = &g_array_index (b->timed, Timed, i);
+      cudaEventDestroy (t->a);
+      if (t->kind != TIME_LOAD) /* else a mark's, destroyed below */
+        cudaEventDestroy (t->b);
     }
   for (guint i = 0; i < b->event_pool->len; i++)
     cudaEventDestroy (g_array_index (b->event_pool, cudaEvent_t, i));
@@ -871,8 +935,6 @@ cuda_free (SiftBackend *backend)
   g_array_unref (b->piece_dst);
   g_array_unref (b->piece_src);
   g_array_unref (b->piece_size);
-  if (b->compute_done != NULL)
-    cudaEventDestroy (b->compute_done);
   if (b->arena_ev != NULL)
     cudaEventDestroy (b->arena_ev);
   sift_cuda_scratch_clear (&b->scratch);
@@ -947,12 +1009,12 @@ sift_backend_cuda_new (const SiftBackendSetup *setup, GError **error)
   b->piece_size = g_array_new (FALSE, FALSE, sizeof (gsize));
   if (!check (cudaStreamCreateWithFlags (&b->cs, cudaStreamNonBlocking), "cudaStreamCreate", error)
       || !check (cudaStreamCreateWithFlags (&b->xs, cudaStreamNonBlocking), "cudaStreamCreate", error)
-      || !check (cudaEventCreateWithFlags (&b->compute_done, cudaEventDisableTiming), "cudaEventCreate", error)
       || !check (cudaEventCreateWithFlags (&b->arena_ev, cudaEventDisableTiming), "cudaEventCreate", error))
     {
       cuda_free (&b->parent);
       return NULL;
     }
+  b->trace = sift_cuda_trace_new (b->cs);
   /* The host store's blocks in pinned memory: loads copy straight from them. */
   b->store_pinned = sift_store_host_use_memory (b->store, pinned_alloc, pinned_free);
   const gsize block = b->store->block_bytes;
