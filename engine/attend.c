@@ -842,6 +842,14 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
   const gsize G = (gsize) sift_engine_ring_group (e, ctx->n_q);
   g_autofree SiftStreamBlock *blocks = g_new (SiftStreamBlock, G);
   SiftStream *stream = sift_engine_stream_begin_ring (e, ctx->layer, ids, kv_heads, (gsize) m);
+  /* Prefetch across calls (ring.c): a decode call over every block loads,
+   * after its last load, the first blocks of the next layer (the next
+   * step's first layer after the last) when that layer's last call was
+   * such a call too. */
+  const gint32 L = e->config.shape.n_layers, next = (ctx->layer + 1) % L;
+  e->ring_all[ctx->layer] = e->prefetch && selection == NULL && ctx->phase == SIFT_PHASE_DECODE;
+  if (e->ring_all[ctx->layer] && e->ring_all[next])
+    sift_engine_stream_prefetch (stream, next);
   gboolean ok = TRUE;
   gsize n;
   while (ok && (n = sift_engine_stream_next (stream, blocks, G, error)) > 0)
@@ -853,6 +861,8 @@ attend_ring (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *s
       ok = batch_attend (e, ctx, b, last ? lk : NULL, last ? lv : NULL, out, lse, written, attended, error);
       *compute_us += g_get_monotonic_time () - t0;
     }
+  if (!ok)
+    sift_engine_stream_prefetch (stream, -1);
   if (!sift_engine_stream_end (stream) || !ok)
     return FALSE;
   if (m > 0)
@@ -891,6 +901,7 @@ attend (SiftEngine *e, const SiftPolicyContext *ctx, const SiftSelection *select
   SiftBatch *b = batch_get (e);
   batch_clear (b);
   gboolean ok;
+  e->ring_all[ctx->layer] = FALSE; /* attend_ring sets it */
   if (e->resident && m > 0)
     ok = attend_resident (e, ctx, selection, m, b, &lk, &lv, cout, clse, written, &attended, &compute_us, error);
   else if (e->maps && m > 0)

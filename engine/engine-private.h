@@ -36,6 +36,11 @@ typedef struct {
    * Compute thread only. */
   const guint8 *map_k, *map_v;
   gint64 map_id;
+  /* Loaded ahead for the next call (ring.c, "Prefetch across calls"):
+   * logical block ahead_block of `layer`, store id ahead_id, every kv head,
+   * K and V; the next ring_load asking for it takes the load as it is. */
+  gboolean ahead;
+  gint64 ahead_block, ahead_id;
 } Slot;
 
 /* One half of the cross-layer double buffer: a layer's selected blocks
@@ -58,6 +63,7 @@ struct _SiftEngine {
   gboolean maps;              /* ring loads map slots onto the store (zero-copy) */
   gint32 ring_group;          /* blocks per ring group; 0: chosen per call (sift_engine_ring_group) */
   guint64 n_packed;           /* calls whose selection went through the slots packed by kv head (attend.c), for tests */
+  guint64 n_ahead_taken;      /* slots a ring_load took as loaded ahead (ring.c), for tests */
   gint64 block_elems;         /* n_kv_heads * block_size * head_dim */
   gint32 decode_cap;          /* decode buffer tokens: block_size + SIFT_ATTN_DECODE_MAX_ROWS */
 
@@ -84,6 +90,11 @@ struct _SiftEngine {
   gboolean host_compute;      /* compute memory is host memory (the CPU backend) */
   guint8 *slots_mem;          /* [n_slots][2 (K, V)][n_kv_heads][block_size][head_dim] */
   Slot *slots;                /* [n_slots] */
+  /* Prefetch across calls (ring.c): on (a GPU backend, unless
+   * SIFT_ENGINE_NO_PREFETCH=1), and per layer whether its last decode call
+   * streamed every stored block through the ring without a selection. */
+  gboolean prefetch;
+  gboolean *ring_all;         /* [n_layers] */
   /* Prefill buffers: n_prefill_pairs pairs shared by the layers, layer l
    * using pair l % n_prefill_pairs (a layer's chunk is offloaded before the
    * next layer's arrives; put_prefill waits for the previous user's stores). */
@@ -199,6 +210,16 @@ gboolean sift_engine_ring_wait (SiftEngine *engine, const gint32 *slots, gint32 
                                 gint32 *n_ready, GError **error);
 void sift_engine_ring_done (SiftEngine *engine, const gint32 *slots, gint32 n);
 
+/* Prefetch across calls (GPU): loads logical block j of `layer` into slot j
+ * for each free slot j of slots[0..n) that the layer has a block for, where
+ * the next call's ring stream puts its block j, and marks them ahead;
+ * ring_load takes such a load as it is when asked for that block, and frees
+ * the slot first when asked for another. */
+void sift_engine_ring_prefetch (SiftEngine *engine, gint32 layer, const gint32 *slots, gint32 n);
+/* Frees every slot loaded ahead, after its copy finished (before the
+ * store's memory of those blocks may change: eviction). */
+void sift_engine_ring_drop_ahead (SiftEngine *engine);
+
 /* Whether a slot is loaded (no wait); n_valid_out gets its valid tokens. */
 gboolean sift_engine_slot_ready (SiftEngine *engine, gint32 slot, gint32 *n_valid_out);
 /* Views of the local tokens (sift_engine_local_kv) in the host image. */
@@ -231,6 +252,10 @@ guint8 *sift_engine_resident_block (SiftEngine *engine, gint64 store_id);
  * kv heads to load of each block, as sift_engine_ring_load's. */
 SiftStream *sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *block_ids,
                                            const guint64 *kv_heads, gsize n);
+/* Once a ring stream has queued its last load, the slots it frees load
+ * `layer`'s first blocks for the next call (sift_engine_ring_prefetch);
+ * -1: not (the default; set it back before ending a stream that failed). */
+void sift_engine_stream_prefetch (SiftStream *stream, gint32 layer);
 
 /* ---- The cross-layer pipeline (cross-layer.c) ------------------------------ */
 

@@ -210,6 +210,10 @@ sift_engine_new (const SiftEngineConfig *config, SiftStore *store, GError **erro
       e->call_lse = (float *) (void *) buffer_new (e, sizeof (float) * rows, &local);
     }
   sift_engine_ring_init (e);
+  /* Prefetch across calls: on a GPU (SIFT_ENGINE_NO_PREFETCH=1 turns it
+   * off, a test and benchmark hook, read here). */
+  e->prefetch = !e->host_compute && g_strcmp0 (g_getenv ("SIFT_ENGINE_NO_PREFETCH"), "1") != 0;
+  e->ring_all = g_new0 (gboolean, L);
   sift_engine_xl_init (e);
   sift_engine_evict_init (e);
   sift_engine_resident_init (e);
@@ -230,6 +234,7 @@ sift_engine_free (SiftEngine *e)
   SiftBackend *b = e->backend;
   b->ops->drain (b, FALSE);
   sift_engine_ring_free (e);
+  g_free (e->ring_all);
   sift_engine_xl_free (e);
   sift_engine_resident_free (e);
   g_clear_error (&e->store_error);
@@ -271,6 +276,7 @@ sift_engine_reset (SiftEngine *e)
   /* Every transfer finished, and stores run again after a failed one. */
   e->backend->ops->drain (e->backend, TRUE);
   sift_engine_ring_clear (e);
+  memset (e->ring_all, 0, sizeof (gboolean) * (gsize) s->n_layers);
   sift_engine_blocks_clear (e);
   sift_engine_evict_clear (e);
   sift_engine_resident_clear (e);

@@ -421,7 +421,9 @@ sift_engine_evict (SiftEngine *e, const SiftPolicyContext *ctx, SiftPolicy *scor
           return FALSE;
         }
     }
-  /* Compaction reads and rewrites the layer's blocks: its stores first. */
+  /* Compaction reads and rewrites the layer's blocks: its stores first,
+   * and no copy still reading a block loaded ahead (ring.c). */
+  sift_engine_ring_drop_ahead (e);
   if (!sift_engine_wait_layer (e, l, error))
     return FALSE;
   GArray *ids = e->store_ids[l];

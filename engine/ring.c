@@ -172,6 +172,7 @@ slot_free (SiftEngine *e, Slot *s, gboolean clear)
   if (clear && s->busy && s->map_k == NULL && s->error == NULL)
     e->backend->ops->event_wait (e->backend, &s->event, 1, NULL, NULL);
   s->busy = FALSE;
+  s->ahead = FALSE;
   g_clear_error (&s->error);
   unmap_slot (s);
 }
@@ -202,6 +203,8 @@ sift_engine_load_block (SiftEngine *e, gint32 layer, gint64 block_id, gint32 slo
     return sift_engine_invalid (error, "slot %d is outside the %d ring slots", slot, e->config.n_slots);
   if (what != SIFT_LOAD_K && what != SIFT_LOAD_V && what != SIFT_LOAD_KV)
     return sift_engine_invalid (error, "load of %d is not K, V or KV", (int) what);
+  if (e->slots[slot].ahead)
+    slot_free (e, &e->slots[slot], TRUE);
   GArray *ids = e->store_ids[layer];
   if (block_id < 0 || block_id >= (gint64) ids->len)
     return sift_engine_invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
@@ -250,20 +253,83 @@ sift_engine_ring_load (SiftEngine *e, gint32 layer, const gint64 *block_ids, con
     if (block_ids[i] < 0 || block_ids[i] >= (gint64) ids->len)
       return sift_engine_invalid (error, "layer %d has %u stored blocks; block %" G_GINT64_FORMAT " does not exist", layer,
                       ids->len, block_ids[i]);
+  /* A slot loaded ahead with this very block (every kv head) is taken as
+   * it is; one loaded ahead with another is freed. */
+  gboolean *taken = g_newa (gboolean, MAX (n, 1));
+  const guint64 all = sift_kv_heads_all (e->config.shape.n_kv_heads);
   for (gint32 i = 0; i < n; i++)
-    if (e->slots[slots[i]].busy)
+    {
+      Slot *sl = &e->slots[slots[i]];
+      const guint64 want = kv_heads != NULL ? kv_heads[i] : 0;
+      taken[i] = sl->ahead && sl->layer == layer && sl->ahead_block == block_ids[i]
+                 && sl->ahead_id == g_array_index (ids, gint64, block_ids[i]) && (want == 0 || want == all);
+      if (taken[i])
+        sl->ahead = FALSE, e->n_ahead_taken++;
+      else if (sl->ahead)
+        slot_free (e, sl, TRUE);
+    }
+  for (gint32 i = 0; i < n; i++)
+    if (!taken[i] && e->slots[slots[i]].busy)
       {
         g_set_error (error, SIFT_ENGINE_ERROR, SIFT_ENGINE_ERROR_STATE, "engine: slot %d is still in use", slots[i]);
         return FALSE;
       }
   SiftTransfer *t = g_newa (SiftTransfer, MAX (n, 1));
+  gsize k = 0;
+  for (gint32 i = 0; i < n; i++)
+    if (!taken[i])
+      {
+        slot_take (e, layer, block_ids[i], slots[i]);
+        t[k++] = slot_load (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV, kv_heads != NULL ? kv_heads[i] : 0);
+      }
+  if (k > 0)
+    e->backend->ops->submit (e->backend, t, k);
+  return TRUE;
+}
+
+/* ---- Prefetch across calls (GPU) ------------------------------------------
+ * A decode step's layer that streams every stored block through the ring
+ * leaves the copy stream idle from its last load until the next call's
+ * first: the last groups' attention, the output read back, the host's
+ * work between the calls (the model, the next q, k, v). The slots its last
+ * groups free are loaded meanwhile with the next call's first blocks (the
+ * next layer's, which streams every block too when its last call did):
+ * block j into slot j, where the next stream puts it (docs/engine.md). */
+
+void
+sift_engine_ring_prefetch (SiftEngine *e, gint32 layer, const gint32 *slots, gint32 n)
+{
+  GArray *ids = e->store_ids[layer];
+  SiftTransfer *t = g_newa (SiftTransfer, MAX (n, 1));
+  gsize k = 0;
   for (gint32 i = 0; i < n; i++)
     {
-      slot_take (e, layer, block_ids[i], slots[i]);
-      t[i] = slot_load (e, layer, block_ids[i], slots[i], SIFT_LOAD_KV, kv_heads != NULL ? kv_heads[i] : 0);
+      const gint32 j = slots[i];
+      Slot *sl = &e->slots[j];
+      if ((gint64) j >= (gint64) ids->len || sl->busy)
+        continue;
+      slot_take (e, layer, j, j);
+      sl->ahead = TRUE;
+      sl->ahead_block = j;
+      sl->ahead_id = g_array_index (ids, gint64, j);
+      t[k++] = slot_load (e, layer, j, j, SIFT_LOAD_KV, 0);
     }
-  e->backend->ops->submit (e->backend, t, (gsize) n);
-  return TRUE;
+  if (k > 0)
+    e->backend->ops->submit (e->backend, t, k);
+}
+
+void
+sift_engine_ring_drop_ahead (SiftEngine *e)
+{
+  gboolean any = FALSE;
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    any = any || e->slots[i].ahead;
+  if (!any)
+    return;
+  e->backend->ops->drain (e->backend, FALSE);
+  for (gint32 i = 0; i < e->config.n_slots; i++)
+    if (e->slots[i].ahead)
+      slot_free (e, &e->slots[i], TRUE);
 }
 
 gboolean

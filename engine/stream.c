@@ -24,6 +24,7 @@ struct _SiftStream {
   gsize queued, done;    /* loads started; blocks released (or failed) */
   gsize held;            /* blocks [done, done + held) are the caller's */
   gboolean failed;
+  gint32 ahead_layer;    /* whose first blocks the slots freed after the last load get (-1: none) */
   gint32 *slots, *nv;    /* [n_slots] scratch of the group calls */
   gint64 *batch;         /* [n_slots] */
   guint64 *batch_heads;  /* [n_slots] */
@@ -38,6 +39,7 @@ stream_new (SiftEngine *engine, gint32 layer, const gint64 *block_ids, const gui
   s->layer = layer;
   s->what = what;
   s->ring = ring;
+  s->ahead_layer = -1;
   s->n_slots = sift_engine_n_slots (engine);
   s->n = n;
   s->ids = g_new (gint64, MAX (n, 1));
@@ -65,6 +67,12 @@ sift_engine_stream_begin_ring (SiftEngine *engine, gint32 layer, const gint64 *b
   return stream_new (engine, layer, block_ids, kv_heads, n, SIFT_LOAD_KV, TRUE);
 }
 
+void
+sift_engine_stream_prefetch (SiftStream *s, gint32 layer)
+{
+  s->ahead_layer = layer;
+}
+
 static gint32
 slot_of (const SiftStream *s, gsize i)
 {
@@ -82,6 +90,9 @@ release_held (SiftStream *s)
       for (gsize i = 0; i < s->held; i++)
         s->slots[i] = slot_of (s, s->done + i);
       sift_engine_ring_done (s->engine, s->slots, (gint32) s->held);
+      /* Every load queued: no later block of this stream takes these slots. */
+      if (s->ahead_layer >= 0 && s->queued == s->n && !s->failed)
+        sift_engine_ring_prefetch (s->engine, s->ahead_layer, s->slots, (gint32) s->held);
     }
   else
     for (gsize i = 0; i < s->held; i++)

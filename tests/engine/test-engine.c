@@ -490,6 +490,65 @@ test_random_source (void **state)
   assert_int_equal (error->code, SIFT_MODEL_ERROR_INVALID);
 }
 
+#ifdef SIFT_TEST_CUDA
+/* Prefetch across calls (engine/ring.c): a decode call that streams every
+ * block through the ring loads the next call's first blocks after its last
+ * load, and the next call takes them as they are. The outputs are those of
+ * an engine without it (SIFT_ENGINE_NO_PREFETCH=1) bit for bit; each step
+ * loads its blocks once, so the bytes differ by what was loaded ahead
+ * after the last step only (at most the ring's slots); a selection (even of
+ * every block) loads nothing ahead. */
+static void
+test_prefetch (void **state)
+{
+  (void) state;
+  static const TestCase cases[] = {
+    /* L  q  kv  d   block chunk slots file  stored          compute          pipeline            prompt steps policy */
+    { 1, 4, 2, 64, 16, 32, 4, FALSE, SIFT_DTYPE_F16, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 203, 40, TEST_POL_NULL },
+    { 3, 4, 2, 64, 16, 32, 5, TRUE, SIFT_DTYPE_F32, SIFT_DTYPE_F16, SIFT_PIPELINE_RING, 150, 30, TEST_POL_FULL },
+    { 2, 8, 2, 128, 32, 64, 6, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 300, 30, TEST_POL_FULL },
+    { 2, 8, 2, 128, 32, 64, 6, FALSE, SIFT_DTYPE_BF16, SIFT_DTYPE_BF16, SIFT_PIPELINE_RING, 300, 30,
+      TEST_POL_SELECT_ALL },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const TestCase *c = &cases[i];
+      TestRun a, b;
+      test_run_open (&a, c, 42, NULL, FALSE);
+      g_setenv ("SIFT_ENGINE_NO_PREFETCH", "1", TRUE);
+      test_run_open (&b, c, 42, NULL, FALSE);
+      g_unsetenv ("SIFT_ENGINE_NO_PREFETCH");
+      assert_true (a.engine->prefetch);
+      assert_false (b.engine->prefetch);
+      test_run_sequence (&a, c);
+      test_run_sequence (&b, c);
+      g_assert_cmpmem (a.check->outputs->data, a.check->outputs->len * sizeof (float), b.check->outputs->data,
+                       b.check->outputs->len * sizeof (float));
+      SiftCounters ad, bd;
+      sift_engine_counters (a.engine, -1, SIFT_PHASE_DECODE, &ad);
+      sift_engine_counters (b.engine, -1, SIFT_PHASE_DECODE, &bd);
+      const guint64 block = sift_store_block_bytes (a.store);
+      assert_int_equal (b.engine->n_ahead_taken, 0);
+      if (c->policy == TEST_POL_SELECT_ALL)
+        {
+          assert_int_equal (a.engine->n_ahead_taken, 0);
+          assert_int_equal (ad.bytes_loaded, bd.bytes_loaded);
+        }
+      else
+        {
+          /* Every step after the first (the first layer's, after the last
+           * layer's first call) takes its first blocks as loaded ahead. */
+          assert_true (a.engine->n_ahead_taken >= (guint64) (c->steps - 1) * (guint64) MIN (c->slots, 2));
+          assert_true (ad.bytes_loaded > bd.bytes_loaded);
+          assert_true (ad.bytes_loaded - bd.bytes_loaded <= (guint64) c->slots * block);
+          assert_int_equal ((ad.bytes_loaded - bd.bytes_loaded) % block, 0);
+        }
+      test_run_close (&a, TRUE);
+      test_run_close (&b, TRUE);
+    }
+}
+#endif
+
 int
 main (void)
 {
@@ -505,6 +564,7 @@ main (void)
     cmocka_unit_test (test_reset_leaves_no_trace),
     cmocka_unit_test (test_multi_sequence),
     cmocka_unit_test (test_own_compute_refused),
+    cmocka_unit_test (test_prefetch),
   };
   if (g_getenv ("SIFT_TEST_FILTER") != NULL) /* a cmocka test-name filter (for the sanitizers) */
     cmocka_set_test_filter (g_getenv ("SIFT_TEST_FILTER"));
