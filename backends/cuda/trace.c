@@ -4,6 +4,7 @@
  * clock: a span's times are its anchor's host time plus the event time
  * since the anchor, the anchor being the last one made before the span was
  * issued. Everything is kept until the backend is freed, then written. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -111,6 +112,8 @@ sift_cuda_trace_free (SiftCudaTrace *tr)
   if (tr == NULL)
     return;
   FILE *f = fopen (tr->path, "w");
+  if (f == NULL) /* a debugging switch: the run goes on, but says so */
+    g_printerr ("sift: SIFT_CUDA_TRACE: cannot write '%s': %s; no trace written\n", tr->path, g_strerror (errno));
   const gint64 origin = g_array_index (tr->anchors, Anchor, 0).host_us;
   if (f != NULL)
     fprintf (f, "# kind gpu_start_us gpu_end_us host_issue_us host_return_us bytes (us from the first anchor; "
@@ -127,8 +130,9 @@ sift_cuda_trace_free (SiftCudaTrace *tr)
       if (r->b != NULL)
         cudaEventDestroy (r->b);
     }
-  if (f != NULL)
-    fclose (f);
+  if (f != NULL && (ferror (f) | fclose (f)) != 0)
+    g_printerr ("sift: SIFT_CUDA_TRACE: writing '%s' failed: %s; the trace is incomplete\n", tr->path,
+                g_strerror (errno));
   for (guint i = 0; i < tr->anchors->len; i++)
     cudaEventDestroy (g_array_index (tr->anchors, Anchor, i).ev);
   cudaGetLastError ();
