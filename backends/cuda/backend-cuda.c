@@ -167,23 +167,23 @@ cuda_timings (SiftBackend *backend, SiftBackendTimes *out)
           g_array_index (b->timed, Timed, kept++) = t; /* later */
           continue;
         }
+      if (t.prev != NULL)
+        ms = MIN (ms, since_prev); /* loads: from the later of a and prev */
+      const gdouble s = ms / 1000.0;
       if (t.kind == TIME_LOAD)
-        {
-          if (t.prev != NULL)
-            ms = MIN (ms, since_prev); /* from the later of a and prev */
-          mark_drop (b, t.prev);
-          mark_drop (b, t.end);
-          g_array_append_val (b->event_pool, t.a);
-          out->load += ms / 1000.0;
-          continue;
-        }
-      gdouble s = ms / 1000.0;
-      if (t.kind == TIME_STALL)
+        out->load += s;
+      else if (t.kind == TIME_STALL)
         out->stalled += s;
       else
         out->compute += s;
       g_array_append_val (b->event_pool, t.a);
-      g_array_append_val (b->event_pool, t.b);
+      if (t.kind == TIME_LOAD) /* b is the end mark's event */
+        {
+          mark_drop (b, t.prev);
+          mark_drop (b, t.end);
+        }
+      else
+        g_array_append_val (b->event_pool, t.b);
     }
   cudaGetLastError (); /* a query's cudaErrorNotReady is no failure */
   g_array_set_size (b->timed, kept);
