@@ -6,6 +6,7 @@
  * is in prefill.cu.
  * docs/kernels.md ("GPU kernels") describes the tiling; cuda.c checks the
  * arguments before anything here runs. */
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 
 #include "kernels.h"
 #include "mma.cuh"
+#include "tma.h"
 
 using namespace sift_mma;
 
@@ -248,12 +250,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait () { asm volatile
 
 /* A block's DW warp states (R rows each: max m and sum l in base 2, the
  * unnormalised output) merged by max and rescale into the split's result. */
-template <int D, int DW, int R>
+template <int D, int DW, int R, int NTH = DW * 32>
 __device__ __forceinline__ void
 merge_warps (const Dest &dst, const float *ms, int kvh, int rows, int group)
 {
   const float *ls = ms + DW * R, *os = ls + DW * R;
-  for (int e = threadIdx.x; e < rows * D; e += DW * 32)
+  for (int e = threadIdx.x; e < rows * D; e += NTH)
     {
       const int r = e / D, d = e % D;
       float mm = -CUDART_INF_F;
@@ -278,7 +280,7 @@ merge_warps (const Dest &dst, const float *ms, int kvh, int rows, int group)
  * kv head's last split (a counter per kv head, reset to 0 by that block
  * for the next call): no second launch. Thread e takes 4 columns of a row
  * at a time; partials are read past L1 (written by other SMs). */
-template <int D, int DW>
+template <int D, int DW, int NTH = DW * 32>
 __device__ __forceinline__ void
 merge_last (const SiftCudaAttnCall &c, int kvh, int rows, int group)
 {
@@ -295,7 +297,7 @@ merge_last (const SiftCudaAttnCall &c, int kvh, int rows, int group)
     return;
   __threadfence ();
   const int64_t per_split = (int64_t) c.q_heads * c.n_q;
-  for (int e = threadIdx.x; e < rows * (D / 4); e += DW * 32)
+  for (int e = threadIdx.x; e < rows * (D / 4); e += NTH)
     {
       const int r = e / (D / 4), d = (e % (D / 4)) * 4;
       const int h = kvh * group + r % group, i = r / group;
@@ -576,22 +578,30 @@ issue_bulk (const SiftCudaAttnCall &c, AheadCursor &cur, int kvh, int k0, int hi
  * per k-step, one ldmatrix.x4 each), Q^T the B operand (8 rows of the
  * group); thread (g, t) gets keys g and g + 8 of rows 2t and 2t + 1. Two
  * accumulators halve the dependent chain. */
-template <int D, bool BF16>
+template <int D, bool BF16, typename At>
 __device__ __forceinline__ void
-scores_kq (const uint16_t *k, int lane, const uint32_t qf[D / 16][2], float s[4])
+scores_kq_at (At at, const uint32_t qf[D / 16][2], float s[4])
 {
   float s0[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-  const uint16_t *krow = k + (lane & 15) * ld<D> () + (lane >> 4) * 8;
   for (int ks = 0; ks < D / 16; ks += 2)
     {
       uint32_t a[4];
-      ldmatrix_x4 (a, krow + ks * 16);
+      ldmatrix_x4 (a, at (2 * ks));
       mma<BF16> (s0, a, qf[ks][0], qf[ks][1]);
-      ldmatrix_x4 (a, krow + (ks + 1) * 16);
+      ldmatrix_x4 (a, at (2 * ks + 2));
       mma<BF16> (s1, a, qf[ks + 1][0], qf[ks + 1][1]);
     }
   for (int x = 0; x < 4; x++)
     s[x] = s0[x] + s1[x];
+}
+/* at (p): the shared address of 16-byte piece p + lane / 16 of this
+ * lane's K row (key lane % 16 of the chunk); here the padded rows. */
+template <int D, bool BF16>
+__device__ __forceinline__ void
+scores_kq (const uint16_t *k, int lane, const uint32_t qf[D / 16][2], float s[4])
+{
+  const uint32_t krow = smem_addr (k + (lane & 15) * ld<D> () + (lane >> 4) * 8);
+  scores_kq_at<D, BF16> ([&] (int p) { return krow + p * 16; }, qf, s);
 }
 
 /* The online softmax of "Online softmax" (docs/kernels.md) on S^T: a row
@@ -628,19 +638,27 @@ softmax_kq (float s[4], float m[2], float l[2], float o[D / 16][4])
  * 16 keys) by ldmatrix.trans, P^T's B operands from the score fragments
  * rounded to the K/V type and transposed by movmatrix (keys 0..7, then
  * 8..15): thread (g, t) gets keys 2t, 2t + 1 of row g. */
+template <int D, bool BF16, typename At>
+__device__ __forceinline__ void
+accumulate_kq_at (const float s[4], At at, float o[D / 16][4])
+{
+  const uint32_t b0 = movmatrix_trans (pack2<BF16> (s[0], s[1]));
+  const uint32_t b1 = movmatrix_trans (pack2<BF16> (s[2], s[3]));
+  for (int j = 0; j < D / 16; j++)
+    {
+      uint32_t a[4];
+      ldmatrix_x4_trans (a, at (2 * j));
+      mma<BF16> (o[j], a, b0, b1);
+    }
+}
+/* at (p): the shared address of piece p + (lane / 8) % 2 of V row
+ * lane % 8 + 8 (lane / 16) of the chunk; here the padded rows. */
 template <int D, bool BF16>
 __device__ __forceinline__ void
 accumulate_kq (const float s[4], const uint16_t *v, int lane, float o[D / 16][4])
 {
-  const uint32_t b0 = movmatrix_trans (pack2<BF16> (s[0], s[1]));
-  const uint32_t b1 = movmatrix_trans (pack2<BF16> (s[2], s[3]));
-  const uint16_t *vrow = v + ((lane & 7) + ((lane >> 4) << 3)) * ld<D> () + ((lane >> 3) & 1) * 8;
-  for (int j = 0; j < D / 16; j++)
-    {
-      uint32_t a[4];
-      ldmatrix_x4_trans (a, vrow + j * 16);
-      mma<BF16> (o[j], a, b0, b1);
-    }
+  const uint32_t vrow = smem_addr (v + ((lane & 7) + ((lane >> 4) << 3)) * ld<D> () + ((lane >> 3) & 1) * 8);
+  accumulate_kq_at<D, BF16> (s, [&] (int p) { return vrow + p * 16; }, o);
 }
 
 /* Decode of up to 8 rows per kv head (one token of a GQA group of up to
@@ -656,6 +674,74 @@ accumulate_kq (const float s[4], const uint16_t *v, int lane, float o[D / 16][4]
 template <int D, int DW, int DS> __host__ __device__ constexpr size_t kq_smem_bytes ()
 {
   return (size_t) DW * DS * dstage_halves<D> () * sizeof (uint16_t);
+}
+
+/* Q^T's values of thread (g, t) of a K Q^T decode block: row g
+ * (padding rows zero), columns 2t, 2t + 1 and 2t + 8, 2t + 9 of each
+ * k-step. */
+template <int KS>
+__device__ __forceinline__ void
+q_values (const SiftCudaAttnCall &c, int kvh, int group, int rows, int g, int t, float qv[KS][4])
+{
+  const float *qp = c.q + (kvh * group + g % group) * c.q_hs + (g / group) * c.q_ts;
+  for (int ks = 0; ks < KS; ks++)
+    for (int x = 0; x < 4; x++)
+      qv[ks][x] = g < rows ? qp[ks * 16 + 2 * t + 8 * (x >> 1) + (x & 1)] : 0.0f;
+}
+
+/* Q^T as B operands, times scale * log2(e). */
+template <int KS, bool BF16>
+__device__ __forceinline__ void
+q_fragments (const SiftCudaAttnCall &c, const float qv[KS][4], uint32_t qf[KS][2])
+{
+  for (int ks = 0; ks < KS; ks++)
+    for (int x = 0; x < 2; x++)
+      qf[ks][x] = pack2<BF16> (qv[ks][2 * x] * c.qscale, qv[ks][2 * x + 1] * c.qscale);
+}
+
+/* The end of a K Q^T decode block: each consumer warp's state (rows 2t,
+ * 2t + 1 of thread (g, t)) to shared memory ms (the ring, free once every
+ * stage is read), the warps merged into the split's result, and with
+ * several splits the kv head's splits merged by its last block. Every one
+ * of the block's NTH threads calls it (the barriers); `mine` is false for
+ * a warp that holds no state (the TMA kernel's producer). */
+template <int D, int DW, int NTH = DW * 32>
+__device__ __forceinline__ void
+finish_kq (const SiftCudaAttnCall &c, float *ms, int kvh, int split, int rows, int group, bool mine, float m[2],
+           float l[2], const float o[D / 16][4])
+{
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  if (mine) /* warp-uniform */
+    for (int e = 0; e < 2; e++)
+      {
+        l[e] += __shfl_xor_sync (0xffffffffu, l[e], 4);
+        l[e] += __shfl_xor_sync (0xffffffffu, l[e], 8);
+        l[e] += __shfl_xor_sync (0xffffffffu, l[e], 16);
+      }
+  const Dest dst = dest<D> (c, split);
+  __syncthreads ();
+  float *ls = ms + DW * 8;  /* [DW][8]; ms [DW][8] */
+  float *os = ls + DW * 8;  /* [DW][8][D] */
+  if (mine)
+    for (int e = 0; e < 2; e++)
+      {
+        const int r = warp * 8 + 2 * t + e;
+        if (g == 0)
+          {
+            ms[r] = m[e];
+            ls[r] = l[e];
+          }
+        for (int j = 0; j < D / 16; j++)
+          {
+            os[r * D + 16 * j + g] = o[j][e];
+            os[r * D + 16 * j + g + 8] = o[j][2 + e];
+          }
+      }
+  __syncthreads ();
+  merge_warps<D, DW, 8, NTH> (dst, ms, kvh, rows, group);
+  if (c.n_splits > 1 && c.counters != NULL)
+    merge_last<D, DW, NTH> (c, kvh, rows, group);
 }
 
 template <int D, bool BF16, int DW, int DS, int MINB, bool PAGED>
@@ -676,17 +762,11 @@ decode_kq_kernel (SiftCudaAttnCall c)
   const int rows = group * c.n_q; /* <= 8 */
   const int kvh = blockIdx.x, split = blockIdx.y;
 
-  /* Q^T's values (row g, padding rows zero; columns 2t, 2t + 1 and 2t + 8,
-   * 2t + 9 of each k-step), read before the first copies are issued: behind
-   * them these reads waited for the launch's whole first wave of copies,
-   * and no warp could start on its first chunk meanwhile. */
+  /* Q^T's values, read before the first copies are issued: behind them
+   * these reads waited for the launch's whole first wave of copies, and no
+   * warp could start on its first chunk meanwhile. */
   float qv[KS][4];
-  {
-    const float *qp = c.q + (kvh * group + g % group) * c.q_hs + (g / group) * c.q_ts;
-    for (int ks = 0; ks < KS; ks++)
-      for (int x = 0; x < 4; x++)
-        qv[ks][x] = g < rows ? qp[ks * 16 + 2 * t + 8 * (x >> 1) + (x & 1)] : 0.0f;
-  }
+  q_values<KS> (c, kvh, group, rows, g, t, qv);
 
   int lo, hi;
   split_range (c, split, rows, group, lo, hi);
@@ -729,11 +809,8 @@ decode_kq_kernel (SiftCudaAttnCall c)
         cp_async_commit ();
     }
 
-  /* Q^T as B operands, times scale * log2(e). */
   uint32_t qf[KS][2];
-  for (int ks = 0; ks < KS; ks++)
-    for (int x = 0; x < 2; x++)
-      qf[ks][x] = pack2<BF16> (qv[ks][2 * x] * c.qscale, qv[ks][2 * x + 1] * c.qscale);
+  q_fragments<KS, BF16> (c, qv, qf);
 
   float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
   float o[KS][4];
@@ -779,35 +856,149 @@ decode_kq_kernel (SiftCudaAttnCall c)
   if (!bulk)
     cp_async_wait<0> ();
 
-  for (int e = 0; e < 2; e++)
+  finish_kq<D, DW> (c, reinterpret_cast<float *> (smem), kvh, split, rows, group, true, m, l, o);
+}
+
+/* Decode of up to 8 rows per kv head over contiguous K/V on sm_90 with
+ * block-wide tiles (docs/kernels.md, "TMA decode"). A producer warp
+ * copies tiles of TK = 16 DW keys by the TMA unit from tensor maps, K and
+ * V each as two 64-column panels in the 128-byte swizzle (four copy
+ * instructions a tile where decode_kq_kernel issues one a row), into S
+ * stages, each counted on its "full" mbarrier; consumer warp w takes keys
+ * 16 w .. 16 w + 15 of every tile with decode_kq_kernel's K Q^T step
+ * (ldmatrix addresses swizzled as the copies wrote them) and gives the
+ * stage back on its "empty" mbarrier (DW arrivals). The warps' states
+ * and the splits merge as in decode_kq_kernel (finish_kq). Keys past the
+ * split's end are masked; past the tensor's end the copies read zeros. */
+template <int DW, int S> __host__ __device__ constexpr size_t tma_decode_smem ()
+{
+  return 1024 + (size_t) S * 16 * DW * 4 * 128; /* 1024: the panels' alignment; a stage: K and V, 2 panels each */
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void
+tma_load_3d (uint32_t dst, const CUtensorMap *map, int x, int y, int z, uint64_t *bar)
+{
+  asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr (bar))
+                : "memory");
+}
+__device__ __forceinline__ void
+mbar_init_n (uint64_t *bar, unsigned count)
+{
+  asm volatile ("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr (bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void
+mbar_arrive (uint64_t *bar)
+{
+  asm volatile ("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr (bar)) : "memory");
+}
+#endif
+
+/* Byte offset of 16-byte piece `piece` (0..15: columns 8 piece ..) of key
+ * row r in a tile of TK rows stored as two swizzled 64-column panels. */
+template <int TK>
+__device__ __forceinline__ uint32_t
+swz (int r, int piece)
+{
+  return (uint32_t) ((piece >> 3) * TK * 128 + r * 128 + (((piece & 7) ^ (r & 7)) << 4));
+}
+
+template <bool BF16, int DW, int S>
+__global__ void __launch_bounds__ ((DW + 1) * 32, 1)
+decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int D = 128, KS = D / 16, TK = 16 * DW, NTH = (DW + 1) * 32;
+  constexpr uint32_t HALF = TK * 2 * 128, STAGE = 2 * HALF; /* K (or V) of a tile; a stage */
+  static_assert (S * STAGE >= (2 * DW * 8 + DW * 8 * D) * sizeof (float), "merge space");
+  extern __shared__ __align__ (1024) uint8_t tsmem[];
+  __shared__ __align__ (8) uint64_t full[S], empty[S];
+  const uint32_t raw = smem_addr (tsmem), ring = (raw + 1023u) & ~1023u;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int group = c.q_heads / c.kv_heads;
+  const int rows = group * c.n_q; /* <= 8 */
+  const int kvh = blockIdx.x, split = blockIdx.y;
+  int lo, hi;
+  split_range (c, split, rows, group, lo, hi);
+  const int n_tiles = (hi - lo + TK - 1) / TK;
+
+  if (threadIdx.x == 0)
     {
-      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 4);
-      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 8);
-      l[e] += __shfl_xor_sync (0xffffffffu, l[e], 16);
+      for (int s = 0; s < S; s++)
+        {
+          mbar_init_n (&full[s], 1);
+          mbar_init_n (&empty[s], DW);
+        }
+      asm volatile ("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-  const Dest dst = dest<D> (c, split);
   __syncthreads ();
-  float *ms = reinterpret_cast<float *> (smem); /* [DW][8] */
-  float *ls = ms + DW * 8;                       /* [DW][8] */
-  float *os = ls + DW * 8;                       /* [DW][8][D] */
-  for (int e = 0; e < 2; e++)
+
+  float m[2] = { -CUDART_INF_F, -CUDART_INF_F }, l[2] = { 0.0f, 0.0f };
+  float o[KS][4];
+  for (int j = 0; j < KS; j++)
+    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  if (warp == DW)
     {
-      const int r = warp * 8 + 2 * t + e;
-      if (g == 0)
+      /* The producer: tile j to stage j % S once use j / S - 1 of the
+       * stage is given back (the phase of parity (j / S - 1) % 2). */
+      if (lane == 0)
+        for (int j = 0; j < n_tiles; j++)
+          {
+            const int s = j % S, y = lo + j * TK - c.one.start;
+            if (j >= S)
+              mbar_wait (&empty[s], (unsigned) ((j / S) & 1) ^ 1u);
+            mbar_expect (&full[s], STAGE);
+            const uint32_t at = ring + s * STAGE;
+            tma_load_3d (at, &tk, 0, y, kvh, &full[s]);
+            tma_load_3d (at + TK * 128, &tk, 64, y, kvh, &full[s]);
+            tma_load_3d (at + HALF, &tv, 0, y, kvh, &full[s]);
+            tma_load_3d (at + HALF + TK * 128, &tv, 64, y, kvh, &full[s]);
+          }
+      __syncwarp ();
+    }
+  else
+    {
+      float qv[KS][4];
+      q_values<KS> (c, kvh, group, rows, g, t, qv);
+      int rh[2], ri[2], rlim[2]; /* rows 2t and 2t + 1 */
+      row_setup (c, 2 * t, 1, rows, group, kvh, lo, hi, rh, ri, rlim);
+      const int lim_max = max (rlim[0], rlim[1]), lim_min = min (rlim[0], rlim[1]);
+      uint32_t qf[KS][2];
+      q_fragments<KS, BF16> (c, qv, qf);
+
+      /* this lane's ldmatrix rows: K (non-transposed) and V (transposed), as in scores_kq and accumulate_kq */
+      const int kr = 16 * warp + (lane & 15), kp = lane >> 4;
+      const int vr = 16 * warp + (lane & 7) + ((lane >> 4) << 3), vp = (lane >> 3) & 1;
+      for (int it = 0; it < n_tiles; it++)
         {
-          ms[r] = m[e];
-          ls[r] = l[e];
-        }
-      for (int j = 0; j < KS; j++)
-        {
-          os[r * D + 16 * j + g] = o[j][e];
-          os[r * D + 16 * j + g + 8] = o[j][2 + e];
+          const int s = it % S;
+          mbar_wait (&full[s], (unsigned) (it / S) & 1u);
+          const int k0 = lo + it * TK + 16 * warp;
+          const uint32_t kt = ring + s * STAGE, vt = kt + HALF;
+          if (__any_sync (0xffffffffu, k0 < lim_max)) /* warp-uniform: mma.sync needs every lane */
+            {
+              float sc[4];
+              scores_kq_at<D, BF16> ([&] (int p) { return kt + swz<TK> (kr, p + kp); }, qf, sc);
+              if (k0 + 16 > lim_min)
+                for (int x = 0; x < 4; x++)
+                  if (k0 + g + 8 * (x >> 1) >= rlim[x & 1])
+                    sc[x] = -CUDART_INF_F;
+              softmax_kq<D> (sc, m, l, o);
+              accumulate_kq_at<D, BF16> (sc, [&] (int p) { return vt + swz<TK> (vr, p + vp); }, o);
+            }
+          __syncwarp (); /* every lane is done with the stage */
+          if (lane == 0)
+            mbar_arrive (&empty[s]);
         }
     }
-  __syncthreads ();
-  merge_warps<D, DW, 8> (dst, ms, kvh, rows, group);
-  if (c.n_splits > 1 && c.counters != NULL)
-    merge_last<D, DW> (c, kvh, rows, group);
+  finish_kq<D, DW, NTH> (c, reinterpret_cast<float *> (tsmem + (ring - raw)), kvh, split, rows, group, warp < DW, m, l,
+                         o);
+#else
+  __trap (); /* launched only where the sm_90 machine code runs (tma_decode_runs) */
+#endif
 }
 
 /* The splits of each row merged by LSE, in split order: one thread block
@@ -951,13 +1142,79 @@ using DecodeFor = std::conditional_t<D == 128 && BF16,
                                      std::conditional_t<PAGED, Decode<D, BF16, 4, 2, 3, true>, Decode<D, BF16, 6, 2, 2, false>>,
                                      Decode<D, BF16, 4, 3, 1, PAGED>>;
 
+bool tma_decode_runs ();
+template <bool BF16> int tma_decode_resident ();
+
 template <int D, bool BF16>
 int
 decode_resident (int rows, bool paged)
 {
+  if (D == 128 && rows <= 8 && !paged && tma_decode_runs ())
+    return tma_decode_resident<BF16> ();
   if (rows <= 8)
     return paged ? DecodeKqFor<D, BF16, true>::resident () : DecodeKqFor<D, BF16, false>::resident ();
   return paged ? DecodeFor<D, BF16, true>::resident () : DecodeFor<D, BF16, false>::resident ();
+}
+
+/* The TMA decode kernel's shape: 8 consumer warps (128-key tiles), 3
+ * stages (193 KB: one block an SM). On an H200 (docs/benchmarks.md,
+ * session 9) it beat 2 stages, 4 warps with 3, 4 or 6 stages, 2 warps
+ * with 4, more than one block an SM, several waves of splits, tiles in a
+ * rotated or interleaved order and whole-row boxes. */
+constexpr int TMA_DW = 8, TMA_S = 3;
+
+/* Whether contiguous decode of up to 8 rows at head_dim 128 takes
+ * decode_tma_kernel: its sm_90 machine code runs on the current device
+ * (compute capability 9.0, not JIT-compiled from the compute_80 PTX,
+ * where it traps) and SIFT_CUDA_DECODE_TMA=0 (a hook for comparisons and
+ * tests: decode_kq_kernel instead) is not set; asked once. */
+bool
+tma_decode_runs ()
+{
+  static int runs = -1; /* benign race: every caller finds the same */
+  if (runs < 0)
+    {
+      const char *off = getenv ("SIFT_CUDA_DECODE_TMA");
+      int dev = 0, major = 0, minor = 0;
+      cudaFuncAttributes a;
+      runs = (off == nullptr || strcmp (off, "0") != 0) && cudaGetDevice (&dev) == cudaSuccess
+             && cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
+             && cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9
+             && minor == 0 && cudaFuncGetAttributes (&a, decode_tma_kernel<true, TMA_DW, TMA_S>) == cudaSuccess
+             && a.ptxVersion >= 90;
+    }
+  return runs == 1;
+}
+
+template <bool BF16>
+int
+tma_decode_resident ()
+{
+  constexpr auto FN = decode_tma_kernel<BF16, TMA_DW, TMA_S>;
+  constexpr size_t SMEM = tma_decode_smem<TMA_DW, TMA_S> ();
+  return allow_smem<FN, SMEM> () == cudaSuccess ? blocks_per_sm (FN, (TMA_DW + 1) * 32, SMEM) : 1;
+}
+
+/* Launches decode_tma_kernel for a call it serves; cudaErrorNotSupported
+ * where it does not (a table, masked blocks, or strides the tensor maps
+ * cannot describe): the caller takes decode_kq_kernel. */
+template <bool BF16>
+cudaError_t
+launch_tma_decode (const SiftCudaAttnCall &c, cudaStream_t stream)
+{
+  constexpr int TK = 16 * TMA_DW;
+  CUtensorMap tk, tv;
+  if (c.masked || c.n_blocks != 1 || c.one.n <= 0 || !tma_decode_runs ()
+      || !sift_tma::kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16, TK)
+      || !sift_tma::kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16, TK))
+    return cudaErrorNotSupported;
+  constexpr auto FN = decode_tma_kernel<BF16, TMA_DW, TMA_S>;
+  constexpr size_t SMEM = tma_decode_smem<TMA_DW, TMA_S> ();
+  const cudaError_t e = allow_smem<FN, SMEM> ();
+  if (e != cudaSuccess)
+    return e;
+  FN<<<dim3 (c.kv_heads, c.n_splits), (TMA_DW + 1) * 32, SMEM, stream>>> (c, tk, tv);
+  return cudaGetLastError ();
 }
 
 template <int D, bool BF16>
@@ -968,6 +1225,12 @@ launch_rows (const SiftCudaAttnCall &c, cudaStream_t stream)
   if (sift_cuda_attn_rows_per_block (rows) != 16)
     return (cudaError_t) sift_cuda_prefill_launch (&c, stream);
   const bool paged = c.n_blocks > 1;
+  if (D == 128 && rows <= 8 && !paged)
+    {
+      const cudaError_t e = launch_tma_decode<BF16> (c, stream);
+      if (e != cudaErrorNotSupported)
+        return e;
+    }
   if (rows <= 8)
     return paged ? DecodeKqFor<D, BF16, true>::launch (c, stream) : DecodeKqFor<D, BF16, false>::launch (c, stream);
   return paged ? DecodeFor<D, BF16, true>::launch (c, stream) : DecodeFor<D, BF16, false>::launch (c, stream);

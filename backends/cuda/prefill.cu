@@ -19,9 +19,58 @@
 #include <string.h>
 
 #include "mma.cuh"
+#include "tma.h"
 #include "wgmma.cuh"
 
 using namespace sift_mma;
+
+namespace sift_tma {
+
+/* cuTensorMapEncodeTiled, from the driver the runtime has loaded (no
+ * link against libcuda), looked up once; NULL where it is missing, and
+ * with SIFT_CUDA_NO_TMA=1 in the environment (a test hook: contiguous
+ * calls then take the cp.async kernel, as where the driver lacks it). */
+static PFN_cuTensorMapEncodeTiled_v12000
+encode_fn ()
+{
+  static void *fn = nullptr;
+  static bool looked = false; /* set after fn (two first callers find the same) */
+  if (!__atomic_load_n (&looked, __ATOMIC_ACQUIRE))
+    {
+      void *p = nullptr;
+      const char *off = getenv ("SIFT_CUDA_NO_TMA");
+      if (off == nullptr || strcmp (off, "1") != 0)
+        {
+          cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+          const bool ok = cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess;
+          if (!ok)
+            cudaGetLastError (); /* else the fallback launch's cudaGetLastError () reports it */
+          if (!ok || q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        }
+      __atomic_store_n (&fn, p, __ATOMIC_RELAXED);
+      __atomic_store_n (&looked, true, __ATOMIC_RELEASE);
+    }
+  return (PFN_cuTensorMapEncodeTiled_v12000) __atomic_load_n (&fn, __ATOMIC_RELAXED);
+}
+
+bool
+kv_map (CUtensorMap *map, const void *base, int64_t hs, int64_t ts, int32_t n, int32_t kv_heads, bool bf16,
+        uint32_t box_keys)
+{
+  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn ();
+  if (fn == nullptr || n <= 0 || hs <= 0 || ts <= 0)
+    return false;
+  const cuuint64_t dims[3] = { 128, (cuuint64_t) n, (cuuint64_t) kv_heads };
+  const cuuint64_t strides[2] = { (cuuint64_t) ts * 2, (cuuint64_t) hs * 2 };
+  const cuuint32_t box[3] = { 64, box_keys, 1 }, unit[3] = { 1, 1, 1 };
+  return fn (map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *> (base), dims,
+             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+         == CUDA_SUCCESS;
+}
+
+} // namespace sift_tma
 
 namespace {
 
@@ -831,52 +880,6 @@ tma_prefill_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_con
 #endif
 }
 
-/* cuTensorMapEncodeTiled, from the driver the runtime has loaded (no
- * link against libcuda), looked up once; NULL where it is missing, and
- * with SIFT_CUDA_NO_TMA=1 in the environment (a test hook: contiguous
- * calls then take the cp.async kernel, as where the driver lacks it). */
-PFN_cuTensorMapEncodeTiled_v12000
-encode_fn ()
-{
-  static void *fn = nullptr;
-  static bool looked = false; /* set after fn (two first callers find the same) */
-  if (!__atomic_load_n (&looked, __ATOMIC_ACQUIRE))
-    {
-      void *p = nullptr;
-      const char *off = getenv ("SIFT_CUDA_NO_TMA");
-      if (off == nullptr || strcmp (off, "1") != 0)
-        {
-          cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-          const bool ok = cudaGetDriverEntryPointByVersion ("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess;
-          if (!ok)
-            cudaGetLastError (); /* else the fallback launch's cudaGetLastError () reports it */
-          if (!ok || q != cudaDriverEntryPointSuccess)
-            p = nullptr;
-        }
-      __atomic_store_n (&fn, p, __ATOMIC_RELAXED);
-      __atomic_store_n (&looked, true, __ATOMIC_RELEASE);
-    }
-  return (PFN_cuTensorMapEncodeTiled_v12000) __atomic_load_n (&fn, __ATOMIC_RELAXED);
-}
-
-/* The tensor map of K or V of a contiguous call: [kv_heads][n][128]
- * 16-bit values with strides hs, ts (elements), boxes of 64 columns by BN
- * keys in the 128-byte swizzle. False where the driver refuses it. */
-bool
-kv_map (CUtensorMap *map, const void *base, int64_t hs, int64_t ts, int32_t n, int32_t kv_heads, bool bf16)
-{
-  PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn ();
-  if (fn == nullptr || n <= 0 || hs <= 0 || ts <= 0)
-    return false;
-  const cuuint64_t dims[3] = { (cuuint64_t) D, (cuuint64_t) n, (cuuint64_t) kv_heads };
-  const cuuint64_t strides[2] = { (cuuint64_t) ts * 2, (cuuint64_t) hs * 2 };
-  const cuuint32_t box[3] = { 64, BN, 1 }, unit[3] = { 1, 1, 1 };
-  return fn (map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *> (base), dims,
-             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-         == CUDA_SUCCESS;
-}
-
 /* Launches the TMA kernel for a contiguous call; cudaErrorNotSupported
  * where the tensor maps cannot describe its K/V (the caller falls back). */
 template <bool BF16>
@@ -884,8 +887,8 @@ cudaError_t
 launch_tma (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   CUtensorMap tk, tv;
-  if (!kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16)
-      || !kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16))
+  if (!sift_tma::kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16, BN)
+      || !sift_tma::kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16, BN))
     return cudaErrorNotSupported;
   constexpr auto FN = tma_prefill_kernel<BF16>;
   cudaError_t e = allow_smem<FN, TMA_SMEM> ();

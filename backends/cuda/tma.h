@@ -1,0 +1,19 @@
+/* Tensor maps for the TMA unit (prefill.cu defines them; the TMA prefill
+ * and decode kernels use them). C++, nvcc only. */
+#pragma once
+
+#include <cuda.h>
+#include <stdint.h>
+
+namespace sift_tma {
+
+/* The tensor map of K or V of a contiguous call: [kv_heads][n][128]
+ * 16-bit values with strides hs, ts (elements), boxes of 64 columns by
+ * box_keys keys in the 128-byte swizzle (a box: box_keys rows of 128
+ * bytes, 16-byte piece p of row r at piece p ^ (r % 8)). False where the
+ * driver lacks cuTensorMapEncodeTiled, SIFT_CUDA_NO_TMA=1 is set, or the
+ * driver refuses the strides. */
+bool kv_map (CUtensorMap *map, const void *base, int64_t hs, int64_t ts, int32_t n, int32_t kv_heads, bool bf16,
+             uint32_t box_keys);
+
+} // namespace sift_tma
