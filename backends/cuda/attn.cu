@@ -1162,6 +1162,10 @@ decode_resident (int rows, bool paged)
  * with 4, more than one block an SM, several waves of splits, tiles in a
  * rotated or interleaved order and whole-row boxes. */
 constexpr int TMA_DW = 8, TMA_S = 3;
+/* Calls of more keys take decode_kq_kernel: at 128K keys the TMA kernel
+ * was 0.5-1 us slower than it in three calls that alternated the two
+ * (and about 1 us faster at 16K to 64K in all of them). */
+constexpr int32_t TMA_MAX_KEYS = 98304;
 
 /* Whether contiguous decode of up to 8 rows at head_dim 128 takes
  * decode_tma_kernel: its sm_90 machine code runs on the current device
@@ -1196,15 +1200,16 @@ tma_decode_resident ()
 }
 
 /* Launches decode_tma_kernel for a call it serves; cudaErrorNotSupported
- * where it does not (a table, masked blocks, or strides the tensor maps
- * cannot describe): the caller takes decode_kq_kernel. */
+ * where it does not (a table, masked blocks, more than TMA_MAX_KEYS keys,
+ * or strides the tensor maps cannot describe): the caller takes
+ * decode_kq_kernel. */
 template <bool BF16>
 cudaError_t
 launch_tma_decode (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   constexpr int TK = 16 * TMA_DW;
   CUtensorMap tk, tv;
-  if (c.masked || c.n_blocks != 1 || c.one.n <= 0 || !tma_decode_runs ()
+  if (c.masked || c.n_blocks != 1 || c.one.n <= 0 || c.n_kv > TMA_MAX_KEYS || !tma_decode_runs ()
       || !sift_tma::kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16, TK)
       || !sift_tma::kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16, TK))
     return cudaErrorNotSupported;
