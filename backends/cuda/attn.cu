@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "mma.cuh"
 #include "tma.h"
+#include "wgmma.cuh"
 
 using namespace sift_mma;
 
@@ -875,25 +876,6 @@ template <int DW, int S> __host__ __device__ constexpr size_t tma_decode_smem ()
   return 1024 + (size_t) S * 16 * DW * 4 * 128; /* 1024: the panels' alignment; a stage: K and V, 2 panels each */
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void
-tma_load_3d (uint32_t dst, const CUtensorMap *map, int x, int y, int z, uint64_t *bar)
-{
-  asm volatile ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_addr (bar))
-                : "memory");
-}
-__device__ __forceinline__ void
-mbar_init_n (uint64_t *bar, unsigned count)
-{
-  asm volatile ("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr (bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void
-mbar_arrive (uint64_t *bar)
-{
-  asm volatile ("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr (bar)) : "memory");
-}
-#endif
 
 /* Byte offset of 16-byte piece `piece` (0..15: columns 8 piece ..) of key
  * row r in a tile of TK rows stored as two swizzled 64-column panels. */
@@ -901,7 +883,7 @@ template <int TK>
 __device__ __forceinline__ uint32_t
 swz (int r, int piece)
 {
-  return (uint32_t) ((piece >> 3) * TK * 128 + r * 128 + (((piece & 7) ^ (r & 7)) << 4));
+  return (uint32_t) ((piece >> 3) * TK * 128) + sift_wg::swz (r, piece & 7);
 }
 
 template <bool BF16, int DW, int S>
@@ -914,8 +896,9 @@ decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_cons
   constexpr uint32_t HALF = TK * 2 * 128, STAGE = 2 * HALF; /* K (or V) of a tile; a stage */
   static_assert (S * STAGE >= (2 * DW * 8 + DW * 8 * D) * sizeof (float), "merge space");
   extern __shared__ __align__ (1024) uint8_t tsmem[];
-  __shared__ __align__ (8) uint64_t full[S], empty[S];
+  __shared__ __align__ (8) uint64_t bars[2][S];
   const uint32_t raw = smem_addr (tsmem), ring = (raw + 1023u) & ~1023u;
+  const uint32_t full = smem_addr (bars[0]), empty = smem_addr (bars[1]); /* stage s's: + 8 s */
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int group = c.q_heads / c.kv_heads;
@@ -929,10 +912,10 @@ decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_cons
     {
       for (int s = 0; s < S; s++)
         {
-          mbar_init_n (&full[s], 1);
-          mbar_init_n (&empty[s], DW);
+          sift_wg::mbar_init (full + 8 * s, 1);
+          sift_wg::mbar_init (empty + 8 * s, DW);
         }
-      asm volatile ("fence.mbarrier_init.release.cluster;" ::: "memory");
+      sift_wg::mbar_init_fence ();
     }
   __syncthreads ();
 
@@ -948,14 +931,14 @@ decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_cons
         for (int j = 0; j < n_tiles; j++)
           {
             const int s = j % S, y = lo + j * TK - c.one.start;
+            const uint32_t f = full + 8 * s, at = ring + s * STAGE;
             if (j >= S)
-              mbar_wait (&empty[s], (unsigned) ((j / S) & 1) ^ 1u);
-            mbar_expect (&full[s], STAGE);
-            const uint32_t at = ring + s * STAGE;
-            tma_load_3d (at, &tk, 0, y, kvh, &full[s]);
-            tma_load_3d (at + TK * 128, &tk, 64, y, kvh, &full[s]);
-            tma_load_3d (at + HALF, &tv, 0, y, kvh, &full[s]);
-            tma_load_3d (at + HALF + TK * 128, &tv, 64, y, kvh, &full[s]);
+              sift_wg::mbar_wait (empty + 8 * s, (uint32_t) ((j / S) & 1) ^ 1u);
+            sift_wg::mbar_expect (f, STAGE);
+            sift_wg::tma_load (at, &tk, 0, y, kvh, f);
+            sift_wg::tma_load (at + TK * 128, &tk, 64, y, kvh, f);
+            sift_wg::tma_load (at + HALF, &tv, 0, y, kvh, f);
+            sift_wg::tma_load (at + HALF + TK * 128, &tv, 64, y, kvh, f);
           }
       __syncwarp ();
     }
@@ -975,7 +958,7 @@ decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_cons
       for (int it = 0; it < n_tiles; it++)
         {
           const int s = it % S;
-          mbar_wait (&full[s], (unsigned) (it / S) & 1u);
+          sift_wg::mbar_wait (full + 8 * s, (uint32_t) (it / S) & 1u);
           const int k0 = lo + it * TK + 16 * warp;
           const uint32_t kt = ring + s * STAGE, vt = kt + HALF;
           if (__any_sync (0xffffffffu, k0 < lim_max)) /* warp-uniform: mma.sync needs every lane */
@@ -991,7 +974,7 @@ decode_tma_kernel (const __grid_constant__ SiftCudaAttnCall c, const __grid_cons
             }
           __syncwarp (); /* every lane is done with the stage */
           if (lane == 0)
-            mbar_arrive (&empty[s]);
+            sift_wg::mbar_arrive (empty + 8 * s);
         }
     }
   finish_kq<D, DW, NTH> (c, reinterpret_cast<float *> (tsmem + (ring - raw)), kvh, split, rows, group, warp < DW, m, l,
@@ -1179,13 +1162,8 @@ tma_decode_runs ()
   if (runs < 0)
     {
       const char *off = getenv ("SIFT_CUDA_DECODE_TMA");
-      int dev = 0, major = 0, minor = 0;
-      cudaFuncAttributes a;
-      runs = (off == nullptr || strcmp (off, "0") != 0) && cudaGetDevice (&dev) == cudaSuccess
-             && cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
-             && cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9
-             && minor == 0 && cudaFuncGetAttributes (&a, decode_tma_kernel<true, TMA_DW, TMA_S>) == cudaSuccess
-             && a.ptxVersion >= 90;
+      runs = (off == nullptr || strcmp (off, "0") != 0)
+             && sift_tma::machine_code_runs (reinterpret_cast<const void *> (decode_tma_kernel<true, TMA_DW, TMA_S>));
     }
   return runs == 1;
 }

@@ -70,6 +70,17 @@ kv_map (CUtensorMap *map, const void *base, int64_t hs, int64_t ts, int32_t n, i
          == CUDA_SUCCESS;
 }
 
+bool
+machine_code_runs (const void *kernel)
+{
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice (&dev) != cudaSuccess || cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
+      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 || minor != 0)
+    return false;
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes (&a, kernel) == cudaSuccess && a.ptxVersion >= 90;
+}
+
 } // namespace sift_tma
 
 namespace {
@@ -901,21 +912,12 @@ launch_tma (const SiftCudaAttnCall &c, cudaStream_t stream)
   return cudaGetLastError ();
 }
 
-/* Whether the current device runs this file's sm_90a code: compute
- * capability 9.0 exactly (the only one sm_90a machine code loads on;
- * elsewhere the driver compiles the compute_80 PTX, without it), and the
- * kernel loaded from that machine code rather than JIT-compiled from the
- * PTX (CUDA_FORCE_PTX_JIT=1 does that even on 9.0, where the PTX's
- * kernel is the trap above): its ptxVersion then reads 80, not 90. */
+/* Whether the current device runs this file's sm_90a code (see
+ * sift_tma::machine_code_runs). */
 bool
 runs_here ()
 {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice (&dev) != cudaSuccess || cudaDeviceGetAttribute (&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess
-      || cudaDeviceGetAttribute (&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 || minor != 0)
-    return false;
-  cudaFuncAttributes a;
-  return cudaFuncGetAttributes (&a, prefill_kernel<true, false>) == cudaSuccess && a.ptxVersion >= 90;
+  return sift_tma::machine_code_runs (reinterpret_cast<const void *> (prefill_kernel<true, false>));
 }
 
 template <bool BF16, bool PAGED> using Kernel = Launch<prefill_kernel<BF16, PAGED>, THREADS, SMEM, BM>;

@@ -1,9 +1,11 @@
 /* Hopper (sm_90a) primitives of the prefill kernel (prefill.cu):
  * wgmma.mma_async m64n128k16 with f32 accumulators, its operands read by
  * the tensor cores from shared memory through matrix descriptors, in the
- * 128-byte swizzled layout. Only code compiled for sm_90a may call these
- * (guard: __CUDA_ARCH_FEAT_SM90_ALL). docs/kernels.md ("GPU kernels")
- * describes the layouts. */
+ * 128-byte swizzled layout. Only code compiled for sm_90a may call the
+ * wgmma and setmaxnreg ones (guard: __CUDA_ARCH_FEAT_SM90_ALL); the
+ * mbarrier and TMA ones need sm_90 (the TMA decode kernel in attn.cu
+ * uses them too; guard: __CUDA_ARCH__ >= 900). docs/kernels.md ("GPU
+ * kernels") describes the layouts. */
 #pragma once
 
 #include <stdint.h>
