@@ -83,26 +83,35 @@ cmp_double (const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* Median seconds per call; NAN with `error` set if a call fails. */
+typedef struct {
+  Problem *p;
+  gboolean decode;
+  SiftAttnOpts opts;
+} Call;
+
+static gboolean
+one_call (gpointer data, GError **error)
+{
+  Call *c = data;
+  Problem *p = c->p;
+  return c->decode ? sift_cuda_attn_decode (&p->qv, &p->kv, &p->vv, &c->opts, &p->ov, p->lse, error)
+                   : sift_cuda_attn_dense (&p->qv, &p->kv, &p->vv, &c->opts, &p->ov, p->lse, error);
+}
+
+/* Median device seconds per call over `repeats` runs of `calls` calls,
+ * timed by CUDA events as bench/sdpa.py times SDPA (after one warm-up
+ * call); NAN with `error` set if a call fails. */
 static double
 time_calls (Problem *p, gboolean decode, int repeats, int calls, GError **error)
 {
-  SiftAttnOpts opts = { .causal = !decode, .q_offset = p->kv.n_tokens - p->qv.n_tokens };
+  Call c = { p, decode, { .causal = !decode, .q_offset = p->kv.n_tokens - p->qv.n_tokens } };
   g_autofree double *t = g_new (double, repeats);
-  for (int s = -1; s < repeats; s++)
-    {
-      if (!sift_cuda_synchronize (error))
-        return NAN;
-      gint64 t0 = g_get_monotonic_time ();
-      for (int c = 0; c < (s < 0 ? 1 : calls); c++)
-        if (!(decode ? sift_cuda_attn_decode (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, error)
-                     : sift_cuda_attn_dense (&p->qv, &p->kv, &p->vv, &opts, &p->ov, p->lse, error)))
-          return NAN;
-      if (!sift_cuda_synchronize (error))
-        return NAN;
-      if (s >= 0)
-        t[s] = (double) (g_get_monotonic_time () - t0) * 1e-6 / calls;
-    }
+  double warm;
+  if (!sift_cuda_time_calls (one_call, &c, 1, &warm, error))
+    return NAN;
+  for (int s = 0; s < repeats; s++)
+    if (!sift_cuda_time_calls (one_call, &c, calls, &t[s], error))
+      return NAN;
   qsort (t, (gsize) repeats, sizeof (double), cmp_double);
   return t[repeats / 2];
 }

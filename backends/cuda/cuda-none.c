@@ -88,6 +88,13 @@ sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error)
   return unavailable (error);
 }
 
+gboolean
+sift_cuda_time_calls (SiftCudaCallFn fn, gpointer data, gint calls, double *seconds, GError **error)
+{
+  (void) fn, (void) data, (void) calls, (void) seconds;
+  return unavailable (error);
+}
+
 /* The engine's CUDA backend (engine/backend.h) is not built either. */
 #include "backend.h"
 

@@ -175,6 +175,31 @@ sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error)
   return ok;
 }
 
+gboolean
+sift_cuda_time_calls (SiftCudaCallFn fn, gpointer data, gint calls, double *seconds, GError **error)
+{
+  g_return_val_if_fail (fn != NULL && calls > 0 && seconds != NULL, FALSE);
+  if (!sift_cuda_init (error))
+    return FALSE;
+  cudaEvent_t a = NULL, b = NULL;
+  float ms = 0;
+  gboolean ok = check (cudaEventCreate (&a), "cudaEventCreate", error)
+                && check (cudaEventCreate (&b), "cudaEventCreate", error)
+                && check (cudaEventRecord (a, 0), "cudaEventRecord", error);
+  for (gint i = 0; i < calls && ok; i++)
+    ok = fn (data, error);
+  ok = ok && check (cudaEventRecord (b, 0), "cudaEventRecord", error)
+       && check (cudaEventSynchronize (b), "the timed calls", error)
+       && check (cudaEventElapsedTime (&ms, a, b), "cudaEventElapsedTime", error);
+  if (ok)
+    *seconds = ms / 1000.0 / calls;
+  if (a != NULL)
+    cudaEventDestroy (a);
+  if (b != NULL)
+    cudaEventDestroy (b);
+  return ok;
+}
+
 /* Device scratch for the block table and the split partials, grown on
  * demand. Calls run in order on one stream, so a call's scratch is free
  * again once the next call's work starts; growing frees the old buffer,

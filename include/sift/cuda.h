@@ -58,6 +58,16 @@ SIFT_API gboolean sift_cuda_synchronize (GError **error);
  * that an offload pipeline's loads are held against. */
 SIFT_API gboolean sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds, GError **error);
 
+/* Device seconds per call of `calls` back-to-back calls of fn (data,
+ * error) that issue work to the legacy default stream (the kernels below
+ * run there): one CUDA event recorded before the first call, one after
+ * the last, the elapsed time divided by `calls`, as PyTorch's benchmarks
+ * time theirs (host launch latency and the final wait excluded). FALSE
+ * with fn's error if a call fails. */
+typedef gboolean (*SiftCudaCallFn) (gpointer data, GError **error);
+SIFT_API gboolean sift_cuda_time_calls (SiftCudaCallFn fn, gpointer data, gint calls, double *seconds,
+                                        GError **error);
+
 /* The kernels: what their CPU namesakes in <sift/attn.h> compute, on
  * device views. Shape and argument errors are SIFT_ATTN_ERROR as on the
  * CPU; f32 K/V or another head_dim is SIFT_CUDA_ERROR_UNSUPPORTED. */
