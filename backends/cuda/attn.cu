@@ -303,23 +303,27 @@ merge_last (const SiftCudaAttnCall &c, int kvh, int rows, int group)
       const int r = e / (D / 4), d = (e % (D / 4)) * 4;
       const int h = kvh * group + r % group, i = r / group;
       const int64_t row = (int64_t) h * c.n_q + i;
-      float mm = -CUDART_INF_F;
-#pragma unroll 8
-      for (int s = 0; s < c.n_splits; s++)
-        mm = fmaxf (mm, __ldcg (c.part_l + s * per_split + row));
-      const float base = mm == -CUDART_INF_F ? 0.0f : mm;
-      float sum = 0.0f;
+      /* One pass, the running max rescaling the sums: every split's loads
+       * are independent of the arithmetic, so an unrolled stretch has all
+       * of them in flight at once (one L2 round trip, not one for the
+       * maxima and another for the partials). */
+      float mm = -CUDART_INF_F, sum = 0.0f;
       float4 acc = make_float4 (0.0f, 0.0f, 0.0f, 0.0f);
       const float4 *p = reinterpret_cast<const float4 *> (c.part_o + row * D + d);
       const int64_t step = per_split * D / 4;
-#pragma unroll 8
+#pragma unroll 16
       for (int s = 0; s < c.n_splits; s++)
         {
-          const float w = __expf (__ldcg (c.part_l + s * per_split + row) - base);
+          const float ls = __ldcg (c.part_l + s * per_split + row);
           const float4 x = __ldcg (p + s * step);
-          sum += w;
-          acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+          const float nm = fmaxf (mm, ls), b = nm == -CUDART_INF_F ? 0.0f : nm; /* b: nothing attended yet */
+          const float a = __expf (mm - b), w = __expf (ls - b);
+          sum = sum * a + w;
+          acc.x = acc.x * a + w * x.x, acc.y = acc.y * a + w * x.y;
+          acc.z = acc.z * a + w * x.z, acc.w = acc.w * a + w * x.w;
+          mm = nm;
         }
+      const float base = mm == -CUDART_INF_F ? 0.0f : mm;
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
       float *o = c.out + h * c.out_hs + i * c.out_ts + d;
       o[0] = acc.x * inv, o[1] = acc.y * inv, o[2] = acc.z * inv, o[3] = acc.w * inv;
@@ -1141,14 +1145,11 @@ decode_resident (int rows, bool paged)
 
 /* The TMA decode kernel's shape: 8 consumer warps (128-key tiles), 3
  * stages (193 KB: one block an SM). On an H200 (docs/benchmarks.md,
- * session 9) it beat 2 stages, 4 warps with 3, 4 or 6 stages, 2 warps
- * with 4, more than one block an SM, several waves of splits, tiles in a
- * rotated or interleaved order and whole-row boxes. */
+ * session 9, all with the L2 promotion on) it beat 2 stages, 4 warps
+ * with 3, 4 or 6 stages, 2 warps with 4, more than one block an SM,
+ * several waves of splits, tiles in a rotated or interleaved order and
+ * whole-row boxes. */
 constexpr int TMA_DW = 8, TMA_S = 3;
-/* Calls of more keys take decode_kq_kernel: at 128K keys the TMA kernel
- * was 0.5-1 us slower than it in three calls that alternated the two
- * (and about 1 us faster at 16K to 64K in all of them). */
-constexpr int32_t TMA_MAX_KEYS = 98304;
 
 /* Whether contiguous decode of up to 8 rows at head_dim 128 takes
  * decode_tma_kernel: its sm_90 machine code runs on the current device
@@ -1178,8 +1179,8 @@ tma_decode_resident ()
 }
 
 /* Launches decode_tma_kernel for a call it serves; cudaErrorNotSupported
- * where it does not (a table, masked blocks, more than TMA_MAX_KEYS keys,
- * or strides the tensor maps cannot describe): the caller takes
+ * where it does not (a table, masked blocks, or strides the tensor maps
+ * cannot describe): the caller takes
  * decode_kq_kernel. */
 template <bool BF16>
 cudaError_t
@@ -1187,9 +1188,12 @@ launch_tma_decode (const SiftCudaAttnCall &c, cudaStream_t stream)
 {
   constexpr int TK = 16 * TMA_DW;
   CUtensorMap tk, tv;
-  if (c.masked || c.n_blocks != 1 || c.one.n <= 0 || c.n_kv > TMA_MAX_KEYS || !tma_decode_runs ()
-      || !sift_tma::kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16, TK)
-      || !sift_tma::kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16, TK))
+  /* Without L2 sector promotion: each key is read once, and the 256-byte
+   * promotion cut the steady read rate from 4.7 to 4.25 TB/s (126.5 us at
+   * 128K against 134.8, docs/benchmarks.md, session 10). */
+  if (c.masked || c.n_blocks != 1 || c.one.n <= 0 || !tma_decode_runs ()
+      || !sift_tma::kv_map (&tk, c.one.k, c.one.k_hs, c.one.k_ts, c.one.n, c.kv_heads, BF16, TK, false)
+      || !sift_tma::kv_map (&tv, c.one.v, c.one.v_hs, c.one.v_ts, c.one.n, c.kv_heads, BF16, TK, false))
     return cudaErrorNotSupported;
   constexpr auto FN = decode_tma_kernel<BF16, TMA_DW, TMA_S>;
   constexpr size_t SMEM = tma_decode_smem<TMA_DW, TMA_S> ();
