@@ -6,9 +6,9 @@
  * Prefill: causal, L queries against L keys; TFLOP/s counts the matmuls of
  * the visible half, 2 * L * L * head_dim per query head. Decode: one query
  * row against L keys; GB/s counts the K and V bytes. Times are the median
- * of --repeats samples, each sample a host clock around `calls` back-to-back
- * calls between two synchronisations (launch cost included). sift's q and
- * out are f32, SDPA's bf16. */
+ * of --repeats samples, each sample CUDA events around `calls` back-to-back
+ * calls (sift_cuda_time_calls), as bench/sdpa.py times SDPA's. sift's q
+ * and out are f32, SDPA's bf16. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -316,7 +316,8 @@ merge_last (const SiftCudaAttnCall &c, int kvh, int rows, int group)
         {
           const float ls = __ldcg (c.part_l + s * per_split + row);
           const float4 x = __ldcg (p + s * step);
-          const float nm = fmaxf (mm, ls), b = nm == -CUDART_INF_F ? 0.0f : nm; /* b: nothing attended yet */
+          /* b is 0 while every split so far is empty: exp (-inf - b) stays 0, not NaN */
+          const float nm = fmaxf (mm, ls), b = nm == -CUDART_INF_F ? 0.0f : nm;
           const float a = __expf (mm - b), w = __expf (ls - b);
           sum = sum * a + w;
           acc.x = acc.x * a + w * x.x, acc.y = acc.y * a + w * x.y;
@@ -1180,8 +1181,7 @@ tma_decode_resident ()
 
 /* Launches decode_tma_kernel for a call it serves; cudaErrorNotSupported
  * where it does not (a table, masked blocks, or strides the tensor maps
- * cannot describe): the caller takes
- * decode_kq_kernel. */
+ * cannot describe): the caller takes decode_kq_kernel. */
 template <bool BF16>
 cudaError_t
 launch_tma_decode (const SiftCudaAttnCall &c, cudaStream_t stream)

@@ -187,7 +187,8 @@ sift_cuda_time_calls (SiftCudaCallFn fn, gpointer data, gint calls, double *seco
                 && check (cudaEventCreate (&b), "cudaEventCreate", error)
                 && check (cudaEventRecord (a, 0), "cudaEventRecord", error);
   for (gint i = 0; i < calls && ok; i++)
-    ok = fn (data, error);
+    if (!(ok = fn (data, error)) && error != NULL && *error == NULL)
+      g_set_error (error, SIFT_CUDA_ERROR, SIFT_CUDA_ERROR_FAILED, "timed call %d of %d failed", i + 1, calls);
   ok = ok && check (cudaEventRecord (b, 0), "cudaEventRecord", error)
        && check (cudaEventSynchronize (b), "the timed calls", error)
        && check (cudaEventElapsedTime (&ms, a, b), "cudaEventElapsedTime", error);

@@ -62,8 +62,10 @@ SIFT_API gboolean sift_cuda_h2d_seconds (gsize bytes, gint reps, double *seconds
  * error) that issue work to the legacy default stream (the kernels below
  * run there): one CUDA event recorded before the first call, one after
  * the last, the elapsed time divided by `calls`, as PyTorch's benchmarks
- * time theirs (host launch latency and the final wait excluded). FALSE
- * with fn's error if a call fails. */
+ * time theirs. The final wait is not counted; the first call's host work
+ * and launch latency are (spread over `calls`), and later calls' host work
+ * only where it outlasts the device's. fn returns FALSE with `error` set
+ * if it fails; that error is passed on (a generic one if fn set none). */
 typedef gboolean (*SiftCudaCallFn) (gpointer data, GError **error);
 SIFT_API gboolean sift_cuda_time_calls (SiftCudaCallFn fn, gpointer data, gint calls, double *seconds,
                                         GError **error);
