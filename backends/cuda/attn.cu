@@ -881,7 +881,6 @@ template <int DW, int S> __host__ __device__ constexpr size_t tma_decode_smem ()
   return 1024 + (size_t) S * 16 * DW * 4 * 128; /* 1024: the panels' alignment; a stage: K and V, 2 panels each */
 }
 
-
 /* Byte offset of 16-byte piece `piece` (0..15: columns 8 piece ..) of key
  * row r in a tile of TK rows stored as two swizzled 64-column panels. */
 template <int TK>
